@@ -1,0 +1,155 @@
+//! `matmul`: tap every matmul site (MatMul of any rank, DequantMatMul, fused matmuls) and
+//! sketch its operands and output.
+
+use rlx_ir::{NodeId, Op};
+
+use crate::error::Error;
+use crate::manifest::Role;
+use crate::pass::{OptionSpec, OptionType, OptionValue, Options, Pass, PassKind, PassRegistration};
+use crate::rewrite::Rewrite;
+use crate::sketch::{static_dims, HistRange, SketchSpec, Stat};
+
+/// Words accepted by the `stats` option: every selectable statistic, plus `all`.
+const STAT_WORDS: &[&str] = &[
+    "all", "min", "max", "mean", "l1", "sumsq", "nnz", "kurtosis", "hist", "elemsig", "chan_maxabs",
+    "chan_outlier", "pos_sumsq", "adj_sumsq", "nan_count", "posinf_count", "neginf_count",
+];
+
+const OPTIONS: &[OptionSpec] = &[
+    OptionSpec {
+        name: "sites",
+        ty: OptionType::Globs,
+        default: "[*]",
+        doc: "glob patterns over site names (ONNX node names without the leading '/', else matmul.K)",
+    },
+    OptionSpec {
+        name: "roles",
+        ty: OptionType::ListOf(&["lhs", "rhs", "out"]),
+        default: "[lhs,rhs,out]",
+        doc: "which tensors to sketch: lhs (activation), rhs (weight or 2nd operand), out",
+    },
+    OptionSpec {
+        name: "stats",
+        ty: OptionType::ListOf(STAT_WORDS),
+        default: "[all]",
+        doc: "statistics to compute (count is always recorded; hist adds hist_lo/hist_hi/hist_outside)",
+    },
+    OptionSpec {
+        name: "hist_bins",
+        ty: OptionType::UInt { min: 1, max: 65536 },
+        default: "32",
+        doc: "value-histogram bins",
+    },
+    OptionSpec {
+        name: "hist_range",
+        ty: OptionType::Range,
+        default: "absmax",
+        doc: "histogram range: absmax = [-max|x|, max|x|] per tensor and run, or a fixed LO:HI",
+    },
+    OptionSpec {
+        name: "elemsig",
+        ty: OptionType::UInt { min: 1, max: 65536 },
+        default: "16",
+        doc: "elements sampled at evenly spaced flat indices (exact-repeat detection)",
+    },
+];
+
+/// The `matmul` tap pass.
+pub struct MatmulTap;
+
+/// Operand node ids `(lhs, rhs)` if `op` is a matmul site.
+fn matmul_operands(op: &Op, inputs: &[NodeId]) -> Option<(NodeId, Option<NodeId>)> {
+    match op {
+        Op::MatMul | Op::FusedMatMulBiasAct { .. } | Op::FusedMatMulResidual => {
+            Some((*inputs.first()?, inputs.get(1).copied()))
+        }
+        // The packed weight of a DequantMatMul is not f32; its rhs is reported as skipped.
+        Op::DequantMatMul { .. } => Some((*inputs.first()?, inputs.get(1).copied())),
+        _ => None,
+    }
+}
+
+impl Pass for MatmulTap {
+    fn name(&self) -> &'static str {
+        "matmul"
+    }
+    fn kind(&self) -> PassKind {
+        PassKind::Tap
+    }
+    fn doc(&self) -> &'static str {
+        "sketch lhs, rhs and out of every MatMul, DequantMatMul and fused matmul"
+    }
+    fn options(&self) -> &'static [OptionSpec] {
+        OPTIONS
+    }
+
+    fn run(&self, opts: &Options, rw: &mut Rewrite) -> Result<(), Error> {
+        let patterns: Vec<glob::Pattern> = opts
+            .list("sites")?
+            .iter()
+            .map(|p| glob::Pattern::new(p).map_err(|e| Error::Internal(e.to_string())))
+            .collect::<Result<_, _>>()?;
+        let roles: Vec<Role> = opts
+            .list("roles")?
+            .iter()
+            .filter_map(|r| match r.as_str() {
+                "lhs" => Some(Role::Lhs),
+                "rhs" => Some(Role::Rhs),
+                "out" => Some(Role::Out),
+                _ => None,
+            })
+            .collect();
+        let words = opts.list("stats")?;
+        let stats: Vec<Stat> = if words.iter().any(|w| w == "all") {
+            Stat::SELECTABLE.to_vec()
+        } else {
+            words.iter().filter_map(|w| Stat::parse(w)).collect()
+        };
+        let hist_range = match opts.value("hist_range")? {
+            OptionValue::Range(lo, hi) => HistRange::Fixed { lo: *lo, hi: *hi },
+            _ => HistRange::Absmax,
+        };
+        let hist_bins = opts.uint("hist_bins")? as usize;
+        let elemsig = opts.uint("elemsig")? as usize;
+
+        let nodes: Vec<NodeId> = rw.original_nodes().collect();
+        for id in nodes {
+            let node = rw.graph().node(id);
+            let Some((lhs, rhs)) = matmul_operands(&node.op, &node.inputs) else {
+                continue;
+            };
+            let site_name = rw.site_name(id);
+            if !patterns.iter().any(|p| p.matches(&site_name)) {
+                continue;
+            }
+            // FLOPs of one execution: 2 * numel(out) * K, K = lhs's last dim. This is
+            // 2 x batch x M x K x N for batched (and broadcast) shapes.
+            let out_dims = static_dims(&node.shape);
+            let k = static_dims(&rw.graph().node(lhs).shape).and_then(|d| d.last().copied());
+            let flops = match (out_dims, k) {
+                (Some(d), Some(k)) => Some(2 * d.iter().product::<usize>() as u64 * k as u64),
+                _ => None,
+            };
+            let site = rw.add_site(self.name(), id, flops);
+            for &role in &roles {
+                let tensor = match role {
+                    Role::Lhs => Some(lhs),
+                    Role::Rhs => rhs,
+                    Role::Out => Some(id),
+                };
+                let Some(tensor) = tensor else {
+                    rw.skip(&site, Some(role), None, "the op has no such operand".into());
+                    continue;
+                };
+                let shape = rw.graph().node(tensor).shape.clone();
+                match SketchSpec::for_shape(&shape, &stats, hist_bins, hist_range, elemsig) {
+                    Ok(spec) => rw.tap(&site, role, tensor, spec),
+                    Err(why) => rw.skip(&site, Some(role), Some(tensor), why.to_string()),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+inventory::submit! { PassRegistration(&MatmulTap) }

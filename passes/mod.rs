@@ -1,0 +1,4 @@
+//! Registered passes, one file each. Each file ends with `inventory::submit!`; nothing outside
+//! this folder names a concrete pass.
+
+mod matmul;

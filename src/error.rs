@@ -1,0 +1,50 @@
+//! Errors. Every error names the problem and, where there is one, the fix.
+
+use std::path::PathBuf;
+
+/// An opscope error.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The pipeline text does not parse or names an unknown pass, option or value.
+    #[error("{0}")]
+    Pipeline(#[from] crate::pipeline::ParseError),
+    /// Writing or finishing a recording failed.
+    #[error("recording {path}: {source}")]
+    Io {
+        /// The file being written.
+        path: PathBuf,
+        /// The underlying I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// CSV encoding failed.
+    #[error("recording {path}: {source}")]
+    Csv {
+        /// The file being written.
+        path: PathBuf,
+        /// The underlying CSV error.
+        #[source]
+        source: csv::Error,
+    },
+    /// The outputs a tapped graph returned do not match what its manifest says it appended.
+    #[error("tap outputs of graph '{graph}' do not match its manifest: {detail}")]
+    Mismatch {
+        /// Graph name.
+        graph: String,
+        /// What differed.
+        detail: String,
+    },
+    /// A bug in opscope.
+    #[error("opscope internal error: {0}")]
+    Internal(String),
+}
+
+/// `candidates` sorted closest-first to `word` (Jaro-Winkler similarity, ties by name).
+pub fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut v: Vec<(f64, &str)> = candidates
+        .into_iter()
+        .map(|c| (strsim::jaro_winkler(word, c), c))
+        .collect();
+    v.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(b.1)));
+    v.into_iter().map(|(_, c)| c).collect()
+}

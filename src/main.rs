@@ -1,0 +1,145 @@
+//! `opscope`: list passes; record a real ONNX encoder over real text.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use opscope::model::{split_entries, OnnxEncoder, TextEncoder};
+use opscope::summary::SummarySink;
+use opscope::{CsvSink, Pipeline};
+
+#[derive(Parser)]
+#[command(name = "opscope", version, about = "Record what flows through an RLX model's op sites")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// List every registered pass with its kind, options, defaults and doc.
+    Passes,
+    /// Run an ONNX sentence encoder over text with a tap pipeline and write a recording.
+    Record(RecordArgs),
+}
+
+#[derive(clap::Args)]
+struct RecordArgs {
+    /// ONNX model (BERT-style encoder with inputs input_ids, attention_mask).
+    #[arg(long)]
+    onnx: PathBuf,
+    /// Hugging Face tokenizer.json.
+    #[arg(long)]
+    tokenizer: PathBuf,
+    /// Text file: entries separated by lines holding only '%' (fortune format) or blank lines.
+    #[arg(long)]
+    text: PathBuf,
+    /// Pass pipeline, e.g. `matmul{hist_bins=16}`.
+    #[arg(long, default_value = "matmul")]
+    pipeline: String,
+    /// Sentences per batch.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    batch: u32,
+    /// Tokens per sentence (truncate and pad to this length).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(2..=512))]
+    seq: u32,
+    /// Use at most this many text entries.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Recording path (CSV); the manifest goes to `<out>.manifest.json`.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+fn passes() {
+    for p in opscope::pass::registered() {
+        println!("{}  ({})  {}", p.name(), p.kind(), p.doc());
+        for o in p.options() {
+            println!("    {:<12} {:<28} default {:<14} {}", o.name, o.ty.describe(), o.default, o.doc);
+        }
+    }
+}
+
+fn record(a: RecordArgs) -> Result<()> {
+    let pipeline = Pipeline::parse(&a.pipeline)?;
+    let (batch, seq) = (a.batch as usize, a.seq as usize);
+    let text = std::fs::read_to_string(&a.text).with_context(|| format!("reading {}", a.text.display()))?;
+    let mut entries = split_entries(&text);
+    if let Some(n) = a.limit {
+        entries.truncate(n);
+    }
+    anyhow::ensure!(!entries.is_empty(), "{}: no text entries found", a.text.display());
+    let encoder = TextEncoder::load(&a.tokenizer, seq)?;
+    let full = OnnxEncoder::load(&a.onnx, batch, seq)?;
+    let rest = entries.len() % batch;
+    let tail = if rest > 0 && entries.len() > batch {
+        Some(OnnxEncoder::load(&a.onnx, rest, seq)?)
+    } else {
+        None
+    };
+
+    let csv = CsvSink::create(&a.out)?;
+    let summary = SummarySink::default();
+    let sink = opscope::sink::Tee(vec![Box::new(csv), Box::new(summary.clone())]);
+    let session = rlx_runtime::Session::new(rlx_runtime::Device::Cpu);
+    let bar = ProgressBar::new(entries.len() as u64).with_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} sentences {elapsed} {msg}")
+            .context("progress template")?,
+    );
+    let (res, recorded) = opscope::scope_with_result(&pipeline, Box::new(sink), || -> Result<()> {
+        let mut compiled_full = if entries.len() >= batch { Some(full.compile(&session)) } else { None };
+        let mut compiled_tail = tail.as_ref().map(|m| (m, m.compile(&session)));
+        for chunk in entries.chunks(batch) {
+            let enc = encoder.encode(chunk)?;
+            match (chunk.len() == batch, compiled_full.as_mut(), compiled_tail.as_mut()) {
+                (true, Some(c), _) => {
+                    full.run(c, &enc)?;
+                }
+                (false, _, Some((m, c))) => {
+                    m.run(c, &enc)?;
+                }
+                _ => {
+                    // Fewer entries than one batch: import for exactly that many.
+                    let m = OnnxEncoder::load(&a.onnx, chunk.len(), seq)?;
+                    let mut c = m.compile(&session);
+                    m.run(&mut c, &enc)?;
+                }
+            }
+            bar.inc(chunk.len() as u64);
+        }
+        Ok(())
+    });
+    bar.finish();
+    res?;
+    recorded?;
+    print!("{}", summary.table());
+    println!(
+        "recorded {} sentences ({} per batch, {} tokens) with '{}' to {} (+ .manifest.json)",
+        entries.len(),
+        batch,
+        seq,
+        pipeline,
+        a.out.display()
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Passes => {
+            passes();
+            Ok(())
+        }
+        Cmd::Record(a) => record(a),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("opscope: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

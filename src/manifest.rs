@@ -1,0 +1,117 @@
+//! The manifest: what every appended output of a tapped graph is, in typed form.
+//!
+//! Strings for sites and roles appear here because they are names; statistics stay typed
+//! ([`Stat`]) until a sink writes them.
+
+use serde::{Deserialize, Serialize};
+
+use crate::sketch::{Slot, SketchSpec};
+
+/// The role a tensor plays at a site.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Left operand of a matmul (the activation `x` of `x @ W`).
+    Lhs,
+    /// Right operand of a matmul (the weight `W` of `x @ W`, or the second activation of a
+    /// batched matmul such as attention scores `Q @ K^T`).
+    Rhs,
+    /// The op's output.
+    Out,
+}
+
+impl Role {
+    /// Name used in the `role` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Lhs => "lhs",
+            Role::Rhs => "rhs",
+            Role::Out => "out",
+        }
+    }
+}
+
+/// An op site found by a pass.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Site {
+    /// Site name: the node's own name (ONNX node name, leading '/' removed) or `{op}.{k}`.
+    pub site: String,
+    /// Op name as RLX prints it (`matmul`, `dequant_matmul`, ...).
+    pub op: String,
+    /// Node id in the graph the pass saw.
+    pub node: u32,
+    /// Floating-point operations of one execution (2 x batch x M x K x N for a matmul), or
+    /// `None` when a dim is symbolic.
+    pub flops: Option<u64>,
+    /// Pass that found the site.
+    pub pass: String,
+}
+
+/// One use of an appended sketch output: the same tensor tapped at several sites with the same
+/// spec (the shared input of Q, K and V projections) is computed once and listed once per use.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TapUse {
+    /// Site name.
+    pub site: String,
+    /// Role of the tensor there.
+    pub role: Role,
+}
+
+/// One appended output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TapOutput {
+    /// Index of this output among the graph's outputs (after the caller's own); `None` for a
+    /// zero-size tensor, which gets no node and is recorded as `count = 0` on every run.
+    pub output_index: Option<usize>,
+    /// Node id of the tapped tensor.
+    pub tensor: u32,
+    /// Shape of the tapped tensor (`[2,16,384]`).
+    pub shape: String,
+    /// Number of elements.
+    pub numel: u64,
+    /// Where it is used.
+    pub uses: Vec<TapUse>,
+    /// What is computed.
+    pub spec: SketchSpec,
+    /// Where each statistic sits in the output vector.
+    pub layout: Vec<Slot>,
+}
+
+/// A site or role that could not be tapped, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Skipped {
+    /// Site name.
+    pub site: String,
+    /// Role, if the problem is one operand's.
+    pub role: Option<Role>,
+    /// Shape of the tensor, if known.
+    pub shape: Option<String>,
+    /// Why.
+    pub reason: String,
+}
+
+/// Everything a pipeline appended to one graph.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Graph name.
+    pub graph: String,
+    /// Canonical pipeline text.
+    pub pipeline: String,
+    /// Compile tag written into every sketch output (value 0).
+    pub tag: u32,
+    /// Number of the caller's own outputs (tap outputs follow them).
+    pub user_outputs: usize,
+    /// Sites found, in graph order.
+    pub sites: Vec<Site>,
+    /// Appended outputs, in output order.
+    pub outputs: Vec<TapOutput>,
+    /// Sites or roles that could not be tapped.
+    pub skipped: Vec<Skipped>,
+}
+
+impl Manifest {
+    /// Look a site up by name.
+    pub fn site(&self, name: &str) -> Option<&Site> {
+        self.sites.iter().find(|s| s.site == name)
+    }
+}

@@ -1,0 +1,173 @@
+//! The real-model job: an ONNX sentence encoder imported with rlx-onnx-import, real text split
+//! into entries and tokenized exactly as Hugging Face `tokenizers` does.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use rlx_ir::{DType, Graph};
+use rlx_onnx_import::{build_hir_from_onnx_file, ImportOptions};
+use rlx_runtime::{CompileOptions, CompiledGraph, Session};
+use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
+
+/// Split text into entries: on lines holding only `%` (the fortune format) if there are any,
+/// else on blank lines. Entries are trimmed; empty ones are dropped.
+pub fn split_entries(text: &str) -> Vec<String> {
+    let fortune = text.lines().any(|l| l.trim_end() == "%");
+    let mut entries = Vec::new();
+    let mut cur = String::new();
+    for line in text.lines() {
+        let sep = if fortune { line.trim_end() == "%" } else { line.trim().is_empty() };
+        if sep {
+            if !cur.trim().is_empty() {
+                entries.push(cur.trim().to_string());
+            }
+            cur.clear();
+        } else {
+            if !cur.is_empty() {
+                cur.push('\n');
+            }
+            cur.push_str(line);
+        }
+    }
+    if !cur.trim().is_empty() {
+        entries.push(cur.trim().to_string());
+    }
+    entries
+}
+
+/// A Hugging Face tokenizer set to add special tokens, truncate to `seq` and pad to exactly
+/// `seq` with its own `[PAD]` id (attention mask 0 on padding), as `tokenizer(texts,
+/// padding="max_length", truncation=True, max_length=seq)` does.
+pub struct TextEncoder {
+    tok: Tokenizer,
+    seq: usize,
+}
+
+/// One batch of encoded text: row-major `[batch, seq]` ids and attention mask.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Encoded {
+    /// Token ids.
+    pub ids: Vec<i64>,
+    /// 1 on real tokens, 0 on padding.
+    pub mask: Vec<i64>,
+}
+
+impl TextEncoder {
+    /// Load `tokenizer.json`. Errors if it does not load or has no `[PAD]` token.
+    pub fn load(path: &Path, seq: usize) -> Result<TextEncoder> {
+        if seq < 2 {
+            bail!("--seq {seq} is too short: [CLS] and [SEP] alone need 2 tokens");
+        }
+        let mut tok = Tokenizer::from_file(path)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .with_context(|| format!("loading tokenizer {}", path.display()))?;
+        let pad_id = tok
+            .token_to_id("[PAD]")
+            .with_context(|| format!("{} has no [PAD] token", path.display()))?;
+        tok.with_truncation(Some(TruncationParams {
+            max_length: seq,
+            ..Default::default()
+        }))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        tok.with_padding(Some(PaddingParams {
+            strategy: PaddingStrategy::Fixed(seq),
+            pad_id,
+            pad_token: "[PAD]".into(),
+            ..Default::default()
+        }));
+        Ok(TextEncoder { tok, seq })
+    }
+
+    /// Encode texts (with special tokens) into `[texts.len(), seq]` ids and mask.
+    pub fn encode(&self, texts: &[String]) -> Result<Encoded> {
+        let encs = self
+            .tok
+            .encode_batch(texts.to_vec(), true)
+            .map_err(|e| anyhow::anyhow!("tokenizing: {e}"))?;
+        let mut ids = Vec::with_capacity(texts.len() * self.seq);
+        let mut mask = Vec::with_capacity(texts.len() * self.seq);
+        for e in &encs {
+            if e.get_ids().len() != self.seq {
+                bail!("tokenizer produced {} tokens, expected {}", e.get_ids().len(), self.seq);
+            }
+            ids.extend(e.get_ids().iter().map(|&i| i as i64));
+            mask.extend(e.get_attention_mask().iter().map(|&m| m as i64));
+        }
+        Ok(Encoded { ids, mask })
+    }
+}
+
+/// An ONNX encoder imported for a fixed `[batch, seq]`.
+pub struct OnnxEncoder {
+    /// The imported MIR graph (what a tap sees).
+    pub graph: Graph,
+    params: HashMap<String, Vec<f32>>,
+    /// Batch size the graph was imported for.
+    pub batch: usize,
+    /// Sequence length the graph was imported for.
+    pub seq: usize,
+}
+
+impl OnnxEncoder {
+    /// Import `path` for `[batch, seq]` inputs `input_ids` and `attention_mask` (I64).
+    pub fn load(path: &Path, batch: usize, seq: usize) -> Result<OnnxEncoder> {
+        if !path.is_file() {
+            bail!("{}: no such ONNX file (run scripts/fetch-assets.sh to fetch MiniLM)", path.display());
+        }
+        let opts = ImportOptions {
+            sequence_length: seq,
+            named_lengths: HashMap::from([("batch_size".to_string(), batch)]),
+            ..Default::default()
+        };
+        let (hir, params, _report, _manifest) = build_hir_from_onnx_file(path, opts)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .with_context(|| format!("importing {}", path.display()))?;
+        let mut graph = hir
+            .lower_to_mir()
+            .map_err(|e| anyhow::anyhow!("{e:?}"))
+            .context("lowering the imported model to MIR")?
+            .into_graph();
+        graph.name = format!("{}_b{batch}_s{seq}", stem(path));
+        for input in ["input_ids", "attention_mask"] {
+            if graph.input_id(input).is_none() {
+                bail!("{}: the model has no '{input}' input; expected a BERT-style encoder", path.display());
+            }
+        }
+        Ok(OnnxEncoder {
+            graph,
+            params,
+            batch,
+            seq,
+        })
+    }
+
+    /// Compile (through `Session::compile_with`, so taps see it) and bind the weights.
+    pub fn compile(&self, session: &Session) -> CompiledGraph {
+        let mut c = session.compile_with(self.graph.clone(), &CompileOptions::default());
+        for (name, data) in &self.params {
+            c.set_param(name, data);
+        }
+        let shape = [self.batch as i64, self.seq as i64];
+        let bytes: Vec<u8> = shape.iter().flat_map(|v| v.to_le_bytes()).collect();
+        c.set_param_typed("__onnx_runtime__/input_ids_shape", &bytes, DType::I64);
+        c
+    }
+
+    /// Run one batch; returns the model's outputs as f32.
+    pub fn run(&self, compiled: &mut CompiledGraph, enc: &Encoded) -> Result<Vec<Vec<f32>>> {
+        if enc.ids.len() != self.batch * self.seq {
+            bail!("batch holds {} ids, graph expects {}x{}", enc.ids.len(), self.batch, self.seq);
+        }
+        let ids: Vec<u8> = enc.ids.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mask: Vec<u8> = enc.mask.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let outs = compiled.run_typed(&[("input_ids", &ids, DType::I64), ("attention_mask", &mask, DType::I64)]);
+        Ok(outs.iter().map(|(b, d)| rlx_runtime::taps::to_f32(b, *d)).collect())
+    }
+}
+
+fn stem(path: &Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().replace(|c: char| !c.is_ascii_alphanumeric(), "_"))
+        .unwrap_or_else(|| "model".into())
+}

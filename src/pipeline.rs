@@ -1,0 +1,320 @@
+//! Pipeline text: `name`, `name{key=value,key=[a,b]}`, comma-separated.
+//!
+//! ```text
+//! pipeline := pass (',' pass)*
+//! pass     := NAME ('{' option (',' option)* '}')?
+//! option   := NAME '=' value
+//! value    := WORD | '[' (WORD (',' WORD)*)? ']'
+//! ```
+//! `NAME` is `[a-z0-9_]+`; a `WORD` is any run of characters other than `,{}[]=` and whitespace.
+//! Whitespace around tokens is ignored. A pipeline prints back to canonical text (passes in
+//! order; per pass only the options that were set, in declaration order); parsing canonical
+//! text gives the same pipeline.
+
+use std::fmt;
+
+use rlx_ir::Graph;
+
+use crate::error::{closest, Error};
+use crate::manifest::Manifest;
+use crate::pass::{lookup, registered, OptionValue, Options, Pass, RawValue};
+use crate::rewrite::Rewrite;
+
+/// A pipeline text error: what, where (byte offset into the text), and what is known.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub struct ParseError {
+    /// The whole pipeline text.
+    pub text: String,
+    /// Byte offset of the problem.
+    pub offset: usize,
+    /// What is wrong.
+    pub message: String,
+    /// What would be accepted there, closest first (may be empty).
+    pub known: Vec<String>,
+    /// What the `known` list names (`passes`, `options of matmul`).
+    pub known_what: String,
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "bad opscope pipeline: {} (at column {})", self.message, self.offset + 1)?;
+        writeln!(f, "  {}", self.text)?;
+        write!(f, "  {}^", " ".repeat(self.text[..self.offset.min(self.text.len())].chars().count()))?;
+        if !self.known.is_empty() {
+            write!(f, "\n  known {} (closest first): {}", self.known_what, self.known.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+/// One pass of a pipeline with its options.
+#[derive(Clone)]
+pub struct PassInstance {
+    /// The registered pass.
+    pub pass: &'static dyn Pass,
+    /// Options set explicitly, in declaration order (what the canonical text prints).
+    pub set: Vec<(&'static str, OptionValue)>,
+    /// All options, defaults filled in.
+    pub options: Options,
+}
+
+impl fmt::Debug for PassInstance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self}")
+    }
+}
+
+impl PartialEq for PassInstance {
+    fn eq(&self, other: &Self) -> bool {
+        self.pass.name() == other.pass.name() && self.set == other.set
+    }
+}
+
+impl fmt::Display for PassInstance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.pass.name())?;
+        if !self.set.is_empty() {
+            let opts: Vec<String> = self.set.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            write!(f, "{{{}}}", opts.join(","))?;
+        }
+        Ok(())
+    }
+}
+
+/// A typed pipeline of passes.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Pipeline {
+    /// Passes in the order they run.
+    pub passes: Vec<PassInstance>,
+}
+
+impl fmt::Display for Pipeline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = self.passes.iter().map(|p| p.to_string()).collect();
+        f.write_str(&parts.join(","))
+    }
+}
+
+impl std::str::FromStr for Pipeline {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Pipeline::parse(s)
+    }
+}
+
+/// Split `[a,b,c]` (or `a`) into trimmed items; used for option defaults.
+pub fn split_list(text: &str) -> Vec<String> {
+    let inner = text.trim().trim_start_matches('[').trim_end_matches(']');
+    inner
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+struct Parser<'a> {
+    text: &'a str,
+    pos: usize,
+}
+
+impl<'a> Parser<'a> {
+    fn err(&self, offset: usize, message: impl Into<String>) -> ParseError {
+        ParseError {
+            text: self.text.to_string(),
+            offset,
+            message: message.into(),
+            known: Vec::new(),
+            known_what: String::new(),
+        }
+    }
+
+    fn skip_ws(&mut self) {
+        while let Some(c) = self.text[self.pos..].chars().next() {
+            if c.is_whitespace() {
+                self.pos += c.len_utf8();
+            } else {
+                break;
+            }
+        }
+    }
+
+    fn peek(&mut self) -> Option<char> {
+        self.skip_ws();
+        self.text[self.pos..].chars().next()
+    }
+
+    fn eat(&mut self, c: char) -> bool {
+        if self.peek() == Some(c) {
+            self.pos += c.len_utf8();
+            true
+        } else {
+            false
+        }
+    }
+
+    /// A name `[A-Za-z0-9_]+` (case is kept so that errors can point at it).
+    fn name(&mut self, what: &str) -> Result<(usize, &'a str), ParseError> {
+        self.skip_ws();
+        let start = self.pos;
+        let rest = &self.text[start..];
+        let len = rest
+            .char_indices()
+            .find(|(_, c)| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
+            .map(|(i, _)| i)
+            .unwrap_or(rest.len());
+        if len == 0 {
+            let found = rest.chars().next().map(|c| format!("'{c}'")).unwrap_or("the end".into());
+            return Err(self.err(start, format!("expected {what}, found {found}")));
+        }
+        self.pos += len;
+        Ok((start, &rest[..len]))
+    }
+
+    fn word(&mut self) -> Result<(usize, String), ParseError> {
+        self.skip_ws();
+        let start = self.pos;
+        let rest = &self.text[start..];
+        let len = rest
+            .char_indices()
+            .find(|(_, c)| ",{}[]=".contains(*c) || c.is_whitespace())
+            .map(|(i, _)| i)
+            .unwrap_or(rest.len());
+        if len == 0 {
+            let found = rest.chars().next().map(|c| format!("'{c}'")).unwrap_or("the end".into());
+            return Err(self.err(start, format!("expected a value, found {found}")));
+        }
+        self.pos += len;
+        Ok((start, rest[..len].to_string()))
+    }
+
+    fn value(&mut self) -> Result<(usize, RawValue), ParseError> {
+        let start = {
+            self.skip_ws();
+            self.pos
+        };
+        if self.eat('[') {
+            let mut items = Vec::new();
+            if self.eat(']') {
+                return Ok((start, RawValue::List(items)));
+            }
+            loop {
+                items.push(self.word()?.1);
+                if self.eat(']') {
+                    break;
+                }
+                if !self.eat(',') {
+                    let at = self.pos;
+                    return Err(self.err(at, "expected ',' or ']' in a list"));
+                }
+            }
+            Ok((start, RawValue::List(items)))
+        } else {
+            let (at, w) = self.word()?;
+            Ok((at, RawValue::Scalar(w)))
+        }
+    }
+
+    fn pass(&mut self) -> Result<PassInstance, ParseError> {
+        let (at, name) = self.name("a pass name")?;
+        let pass = lookup(name).ok_or_else(|| {
+            let names: Vec<&str> = registered().iter().map(|p| p.name()).collect();
+            let mut e = self.err(at, format!("unknown pass '{name}'"));
+            e.known = closest(name, names).into_iter().map(String::from).collect();
+            e.known_what = "passes".into();
+            e
+        })?;
+        let specs = pass.options();
+        let mut set: Vec<(&'static str, OptionValue)> = Vec::new();
+        if self.eat('{') {
+            if !self.eat('}') {
+                loop {
+                    let (kat, key) = self.name("an option name")?;
+                    let spec = specs.iter().find(|s| s.name == key).ok_or_else(|| {
+                        let mut e = self.err(kat, format!("unknown option '{key}' of pass '{}'", pass.name()));
+                        e.known = closest(key, specs.iter().map(|s| s.name))
+                            .into_iter()
+                            .map(String::from)
+                            .collect();
+                        e.known_what = format!("options of {}", pass.name());
+                        e
+                    })?;
+                    if set.iter().any(|(k, _)| *k == spec.name) {
+                        return Err(self.err(kat, format!("option '{key}' is set twice")));
+                    }
+                    if !self.eat('=') {
+                        let at = self.pos;
+                        return Err(self.err(at, format!("expected '=' after option '{key}'")));
+                    }
+                    let (vat, raw) = self.value()?;
+                    let value = spec.parse_value(&raw).map_err(|m| {
+                        self.err(vat, format!("bad value for option '{key}' of pass '{}': {m}", pass.name()))
+                    })?;
+                    set.push((spec.name, value));
+                    if self.eat('}') {
+                        break;
+                    }
+                    if !self.eat(',') {
+                        let at = self.pos;
+                        return Err(self.err(at, "expected ',' or '}' after an option"));
+                    }
+                }
+            }
+        }
+        set.sort_by_key(|(k, _)| specs.iter().position(|s| s.name == *k));
+        let options = Options::resolve(specs, &set);
+        Ok(PassInstance { pass, set, options })
+    }
+}
+
+impl Pipeline {
+    /// Parse pipeline text. Errors name the problem, its column, and what is known there
+    /// (closest first).
+    pub fn parse(text: &str) -> Result<Pipeline, ParseError> {
+        let mut p = Parser { text, pos: 0 };
+        let mut passes = Vec::new();
+        if p.peek().is_none() {
+            let mut e = p.err(0, "empty pipeline");
+            e.known = registered().iter().map(|p| p.name().to_string()).collect();
+            e.known_what = "passes".into();
+            return Err(e);
+        }
+        loop {
+            passes.push(p.pass()?);
+            match p.peek() {
+                None => break,
+                Some(',') => {
+                    p.pos += 1;
+                }
+                Some(c) => {
+                    let at = p.pos;
+                    return Err(p.err(at, format!("expected ',' or the end, found '{c}'")));
+                }
+            }
+        }
+        Ok(Pipeline { passes })
+    }
+
+    /// True if the pipeline holds no pass.
+    pub fn is_empty(&self) -> bool {
+        self.passes.is_empty()
+    }
+
+    /// Rewrite `graph` with every pass in order. Returns the rewritten graph and the manifest
+    /// of what was appended (site, role, stat layout per appended output) and what was skipped.
+    ///
+    /// The graph's own outputs keep their count, order and node ids; tap outputs follow them.
+    pub fn apply(&self, graph: &Graph) -> Result<(Graph, Manifest), Error> {
+        self.apply_tagged(graph, 0)
+    }
+
+    /// [`Pipeline::apply`] with a compile tag written as the first value of every sketch, so
+    /// that a recorder receiving outputs can tell which compiled graph produced them.
+    pub fn apply_tagged(&self, graph: &Graph, tag: u32) -> Result<(Graph, Manifest), Error> {
+        crate::sketch::register();
+        let mut rw = Rewrite::new(graph, self.to_string(), tag);
+        for p in &self.passes {
+            p.pass.run(&p.options, &mut rw)?;
+        }
+        Ok(rw.finish())
+    }
+}

@@ -1,0 +1,236 @@
+//! Sinks: where recorded numbers go. A recording is a tidy long table, one row per sketch
+//! element, keyed by `run_id, step, graph, site, role, stat, idx`.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+use crate::manifest::Manifest;
+
+/// One row of a recording.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    /// Recording run id (one per recorder).
+    pub run_id: String,
+    /// Run index of this compiled graph (0-based).
+    pub step: u64,
+    /// Graph name.
+    pub graph: String,
+    /// Site name.
+    pub site: String,
+    /// Op at the site.
+    pub op: String,
+    /// Role of the tensor at the site (`lhs`, `rhs`, `out`).
+    pub role: String,
+    /// Statistic (`min`, `hist`, ...; see [`crate::sketch::Stat`]).
+    pub stat: String,
+    /// Element index within a vector statistic (0 for scalars).
+    pub idx: u64,
+    /// The value.
+    pub value: f64,
+    /// Elements in the tensor.
+    pub numel: u64,
+    /// Shape of the tensor (`[2,16,384]`).
+    pub shape: String,
+    /// FLOPs of one execution of the site, empty if unknown.
+    pub flops: Option<u64>,
+}
+
+/// A destination for recorded rows.
+///
+/// `write` is called once per run of a tapped graph; `finish` once at the end. Errors are
+/// returned, never swallowed: the recorder keeps the first and reports it when the scope ends.
+pub trait Sink: Send {
+    /// A tapped graph was compiled; its manifest describes the rows that will follow.
+    fn manifest(&mut self, manifest: &Manifest) -> Result<(), Error>;
+    /// Rows of one run.
+    fn write(&mut self, rows: &[Row]) -> Result<(), Error>;
+    /// All runs are done: make the recording complete and durable.
+    fn finish(&mut self) -> Result<(), Error>;
+}
+
+/// The manifest sidecar written next to a recording (`<recording>.manifest.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Sidecar {
+    /// Recording format version.
+    pub format: u32,
+    /// One manifest per tapped compile.
+    pub graphs: Vec<Manifest>,
+}
+
+/// Path of the manifest sidecar of a recording.
+pub fn sidecar_path(recording: &Path) -> PathBuf {
+    let mut s = recording.as_os_str().to_owned();
+    s.push(".manifest.json");
+    PathBuf::from(s)
+}
+
+fn partial_path(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".partial");
+    PathBuf::from(s)
+}
+
+/// Write `bytes` to `path` atomically (temporary name, fsync, rename).
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let tmp = partial_path(path);
+    let mut f = File::create(&tmp).map_err(io)?;
+    f.write_all(bytes).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// A CSV recording (via the `csv` crate) plus a JSON manifest sidecar.
+///
+/// Rows go to `<path>.partial`, flushed after every run, so a crash leaves every finished run
+/// on disk; `finish` syncs and renames it to `<path>` and writes `<path>.manifest.json` the same
+/// way. An existing file at `<path>` is replaced only at that rename.
+pub struct CsvSink {
+    path: PathBuf,
+    writer: Option<csv::Writer<File>>,
+    manifests: Vec<Manifest>,
+}
+
+impl CsvSink {
+    /// Create the recording. Errors if `<path>.partial` cannot be created (missing directory,
+    /// permissions): fix the path or create the directory.
+    pub fn create(path: impl AsRef<Path>) -> Result<CsvSink, Error> {
+        let path = path.as_ref().to_path_buf();
+        let tmp = partial_path(&path);
+        let file = File::create(&tmp).map_err(|source| Error::Io {
+            path: tmp.clone(),
+            source,
+        })?;
+        Ok(CsvSink {
+            path,
+            writer: Some(csv::Writer::from_writer(file)),
+            manifests: Vec::new(),
+        })
+    }
+
+    fn csv_err(&self, source: csv::Error) -> Error {
+        Error::Csv {
+            path: partial_path(&self.path),
+            source,
+        }
+    }
+}
+
+impl Sink for CsvSink {
+    fn manifest(&mut self, manifest: &Manifest) -> Result<(), Error> {
+        self.manifests.push(manifest.clone());
+        Ok(())
+    }
+
+    fn write(&mut self, rows: &[Row]) -> Result<(), Error> {
+        let Some(w) = self.writer.as_mut() else {
+            return Err(Error::Internal("write after finish".into()));
+        };
+        let mut res = Ok(());
+        for r in rows {
+            if let Err(e) = w.serialize(r) {
+                res = Err(e);
+                break;
+            }
+        }
+        let res = res.and_then(|_| w.flush().map_err(csv::Error::from));
+        res.map_err(|e| self.csv_err(e))
+    }
+
+    fn finish(&mut self) -> Result<(), Error> {
+        let Some(w) = self.writer.take() else {
+            return Ok(());
+        };
+        let tmp = partial_path(&self.path);
+        let io = |source| Error::Io {
+            path: tmp.clone(),
+            source,
+        };
+        let file = w.into_inner().map_err(|e| io(e.into_error()))?;
+        file.sync_all().map_err(io)?;
+        let sidecar = Sidecar {
+            format: 1,
+            graphs: std::mem::take(&mut self.manifests),
+        };
+        let json = serde_json::to_vec_pretty(&sidecar)
+            .map_err(|e| Error::Internal(format!("manifest JSON: {e}")))?;
+        write_atomic(&sidecar_path(&self.path), &json)?;
+        std::fs::rename(&tmp, &self.path).map_err(|source| Error::Io {
+            path: self.path.clone(),
+            source,
+        })
+    }
+}
+
+impl Drop for CsvSink {
+    fn drop(&mut self) {
+        if self.writer.is_some() {
+            if let Err(e) = self.finish() {
+                eprintln!("opscope: finishing {}: {e}", self.path.display());
+            }
+        }
+    }
+}
+
+/// An in-memory sink (tests, and programs that mine right away). Clones share storage.
+#[derive(Clone, Default)]
+pub struct MemorySink {
+    /// Rows written so far.
+    pub rows: Arc<Mutex<Vec<Row>>>,
+    /// Manifests seen so far.
+    pub manifests: Arc<Mutex<Vec<Manifest>>>,
+}
+
+impl MemorySink {
+    /// A copy of the rows.
+    pub fn rows(&self) -> Vec<Row> {
+        self.rows.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+    /// A copy of the manifests.
+    pub fn manifests(&self) -> Vec<Manifest> {
+        self.manifests.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+}
+
+impl Sink for MemorySink {
+    fn manifest(&mut self, manifest: &Manifest) -> Result<(), Error> {
+        self.manifests
+            .lock()
+            .map_err(|_| Error::Internal("poisoned".into()))?
+            .push(manifest.clone());
+        Ok(())
+    }
+    fn write(&mut self, rows: &[Row]) -> Result<(), Error> {
+        self.rows
+            .lock()
+            .map_err(|_| Error::Internal("poisoned".into()))?
+            .extend_from_slice(rows);
+        Ok(())
+    }
+    fn finish(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+/// Writes to every inner sink.
+pub struct Tee(pub Vec<Box<dyn Sink>>);
+
+impl Sink for Tee {
+    fn manifest(&mut self, manifest: &Manifest) -> Result<(), Error> {
+        self.0.iter_mut().try_for_each(|s| s.manifest(manifest))
+    }
+    fn write(&mut self, rows: &[Row]) -> Result<(), Error> {
+        self.0.iter_mut().try_for_each(|s| s.write(rows))
+    }
+    fn finish(&mut self) -> Result<(), Error> {
+        self.0.iter_mut().try_for_each(|s| s.finish())
+    }
+}

@@ -57,6 +57,48 @@ const OPTIONS: &[OptionSpec] = &[
 /// The `matmul` tap pass.
 pub struct MatmulTap;
 
+/// One logical matmul inside a horizontally merged one: RLX's fusion turns
+/// `x@Wq, x@Wk, x@Wv` into `narrow_i(x @ concat(Wq, Wk, Wv))`.
+struct Part {
+    /// The weight parameter node (an input of the concat).
+    weight: NodeId,
+    /// Its name.
+    param: String,
+    /// The narrow node holding this part's output.
+    out: NodeId,
+}
+
+/// The parts of a merged matmul `id`, if its rhs is a last-axis concat of parameters and its
+/// users are last-axis narrows that cover exactly the concat's segments.
+fn merged_parts(rw: &Rewrite, id: NodeId, rhs: NodeId) -> Option<Vec<Part>> {
+    let g = rw.graph();
+    let cat = g.node(rhs);
+    let Op::Concat { axis } = cat.op else { return None };
+    if axis + 1 != cat.shape.rank() || cat.inputs.len() < 2 {
+        return None;
+    }
+    let out_axis = g.node(id).shape.rank().checked_sub(1)?;
+    let mut parts = Vec::new();
+    let mut start = 0usize;
+    let users = rw.users(id);
+    for &w in &cat.inputs {
+        let wn = g.node(w);
+        let Op::Param { name } = &wn.op else { return None };
+        let len = static_dims(&wn.shape)?.get(axis).copied()?;
+        let narrow = users.iter().copied().find(|&u| {
+            matches!(g.node(u).op, Op::Narrow { axis: a, start: s, len: l } if a == out_axis && s == start && l == len)
+        })?;
+        parts.push(Part { weight: w, param: name.clone(), out: narrow });
+        start += len;
+    }
+    // Every user must be one of the parts' narrows: otherwise the merged output is used whole.
+    if users.iter().all(|u| parts.iter().any(|p| p.out == *u)) {
+        Some(parts)
+    } else {
+        None
+    }
+}
+
 /// Operand node ids `(lhs, rhs)` if `op` is a matmul site.
 fn matmul_operands(op: &Op, inputs: &[NodeId]) -> Option<(NodeId, Option<NodeId>)> {
     match op {
@@ -113,29 +155,48 @@ impl Pass for MatmulTap {
         let elemsig = opts.uint("elemsig")? as usize;
 
         let nodes: Vec<NodeId> = rw.original_nodes().collect();
+        // (site name, node, lhs, rhs, out) of every logical site.
+        let mut sites: Vec<(String, NodeId, NodeId, Option<NodeId>, NodeId)> = Vec::new();
         for id in nodes {
             let node = rw.graph().node(id);
             let Some((lhs, rhs)) = matmul_operands(&node.op, &node.inputs) else {
                 continue;
             };
-            let site_name = rw.site_name(id);
+            let parts = match (&node.op, rhs) {
+                (Op::MatMul, Some(r)) => merged_parts(rw, id, r),
+                _ => None,
+            };
+            match parts {
+                Some(parts) => {
+                    let whole = rw.site_name(id);
+                    for (i, p) in parts.into_iter().enumerate() {
+                        let name = rw
+                            .source_name_for_param("matmul", &p.param)
+                            .unwrap_or_else(|| format!("{whole}[{i}]"));
+                        sites.push((name, id, lhs, Some(p.weight), p.out));
+                    }
+                }
+                None => sites.push((rw.site_name(id), id, lhs, rhs, id)),
+            }
+        }
+        for (site_name, id, lhs, rhs, out) in sites {
             if !patterns.iter().any(|p| p.matches(&site_name)) {
                 continue;
             }
             // FLOPs of one execution: 2 * numel(out) * K, K = lhs's last dim. This is
             // 2 x batch x M x K x N for batched (and broadcast) shapes.
-            let out_dims = static_dims(&node.shape);
+            let out_dims = static_dims(&rw.graph().node(out).shape);
             let k = static_dims(&rw.graph().node(lhs).shape).and_then(|d| d.last().copied());
             let flops = match (out_dims, k) {
                 (Some(d), Some(k)) => Some(2 * d.iter().product::<usize>() as u64 * k as u64),
                 _ => None,
             };
-            let site = rw.add_site(self.name(), id, flops);
+            let site = rw.add_site_named(self.name(), id, site_name, flops);
             for &role in &roles {
                 let tensor = match role {
                     Role::Lhs => Some(lhs),
                     Role::Rhs => rhs,
-                    Role::Out => Some(id),
+                    Role::Out => Some(out),
                 };
                 let Some(tensor) = tensor else {
                     rw.skip(&site, Some(role), None, "the op has no such operand".into());
@@ -143,7 +204,12 @@ impl Pass for MatmulTap {
                 };
                 let shape = rw.graph().node(tensor).shape.clone();
                 match SketchSpec::for_shape(&shape, &stats, hist_bins, hist_range, elemsig) {
-                    Ok(spec) => rw.tap(&site, role, tensor, spec),
+                    Ok(plan) => {
+                        for (stat, why) in plan.dropped {
+                            rw.skip(&site, Some(role), Some(tensor), format!("{} not computed: {why}", stat.as_str()));
+                        }
+                        rw.tap(&site, role, tensor, plan.spec);
+                    }
                     Err(why) => rw.skip(&site, Some(role), Some(tensor), why.to_string()),
                 }
             }

@@ -22,15 +22,62 @@ fn already_tapped(g: &Graph) -> bool {
         .any(|n| matches!(&n.op, Op::Custom { name, .. } if name == SKETCH_OP))
 }
 
+/// Which program a tap observes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Stage {
+    /// The program that runs: the graph after RLX's fusion pipeline for the device (matmul +
+    /// bias + activation fused, Q/K/V projections merged, ...). Taps are appended to the fused
+    /// graph, so the same kernels run and the caller's outputs are bit-identical. Site names
+    /// are recovered from the source graph through the weights each site consumes.
+    #[default]
+    Deployed,
+    /// The graph as the program built it, before fusion. A tap on a matmul output adds a
+    /// consumer, which can stop RLX from fusing it (matmul + bias + GELU): outputs may then
+    /// differ from the untapped run in the last bits.
+    Source,
+}
+
+impl std::str::FromStr for Stage {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Stage, String> {
+        match s {
+            "deployed" => Ok(Stage::Deployed),
+            "source" => Ok(Stage::Source),
+            _ => Err(format!("unknown stage '{s}': expected deployed or source")),
+        }
+    }
+}
+
+/// The fused graph `Session::compile` would run for `graph` on `device` with `options`.
+/// Compiling it again changes nothing (RLX's fusion is idempotent on its own output).
+pub fn fuse(graph: &Graph, device: rlx_runtime::Device, options: &rlx_runtime::CompileOptions) -> Graph {
+    rlx_runtime::stages::pipeline_for(device, options)
+        .optimize(rlx_ir::MirModule::from_graph(graph.clone()))
+        .into_graph()
+}
+
 /// Apply `pipeline` to a graph about to be compiled; on success register the manifest.
 /// Returns the graph to compile and the manifest, or the graph unchanged when nothing was
 /// appended or the pipeline failed (the failure goes to the recorder).
-fn tap_graph(pipeline: &Pipeline, recorder: &Recorder, graph: Graph) -> (Graph, Option<Arc<Manifest>>) {
+fn tap_graph(
+    pipeline: &Pipeline,
+    recorder: &Recorder,
+    graph: Graph,
+    stage: Stage,
+    options: &rlx_runtime::CompileOptions,
+) -> (Graph, Option<Arc<Manifest>>) {
     if already_tapped(&graph) {
         return (graph, None);
     }
     let tag = recorder.next_tag();
-    match pipeline.apply_tagged(&graph, tag) {
+    let applied = match stage {
+        Stage::Deployed => {
+            let fused = fuse(&graph, rlx_runtime::Device::Cpu, options);
+            pipeline.apply_tagged(&fused, Some(&graph), tag)
+        }
+        Stage::Source => pipeline.apply_tagged(&graph, None, tag),
+    };
+    match applied {
         Ok((tapped, manifest)) => {
             let appended = manifest.outputs.iter().any(|o| o.output_index.is_some());
             let m = recorder.register(manifest);
@@ -52,11 +99,16 @@ fn tap_graph(pipeline: &Pipeline, recorder: &Recorder, graph: Graph) -> (Graph, 
 struct ScopeTap {
     pipeline: Pipeline,
     recorder: Arc<Recorder>,
+    stage: Stage,
 }
 
 impl GraphTap for ScopeTap {
     fn on_compile(&self, graph: Graph) -> (Graph, usize) {
-        let (g, m) = tap_graph(&self.pipeline, &self.recorder, graph);
+        // A tap is not told the caller's CompileOptions: fuse with the session defaults
+        // (`CompileOptions::new()`, `RLX_*` overrides applied), which is what
+        // `Session::compile` and `compile_with(CompileOptions::default())` use.
+        let options = rlx_runtime::CompileOptions::new();
+        let (g, m) = tap_graph(&self.pipeline, &self.recorder, graph, self.stage, &options);
         let n = m.map_or(0, |m| m.outputs.iter().filter(|o| o.output_index.is_some()).count());
         (g, n)
     }
@@ -88,11 +140,22 @@ pub fn scope_with_result<T>(
     sink: Box<dyn Sink>,
     f: impl FnOnce() -> T,
 ) -> (T, Result<(), Error>) {
+    scope_at(pipeline, Stage::Deployed, sink, f)
+}
+
+/// Like [`scope_with_result`], observing the program at `stage`.
+pub fn scope_at<T>(
+    pipeline: &Pipeline,
+    stage: Stage,
+    sink: Box<dyn Sink>,
+    f: impl FnOnce() -> T,
+) -> (T, Result<(), Error>) {
     crate::sketch::register();
     let recorder = Arc::new(Recorder::new(sink, new_run_id()));
     let tap = Rc::new(ScopeTap {
         pipeline: pipeline.clone(),
         recorder: recorder.clone(),
+        stage,
     });
     let value = taps::with_tap(tap, f);
     (value, recorder.finish())
@@ -105,10 +168,13 @@ pub fn scope_with_result<T>(
 pub const ENV_PIPELINE: &str = "RLX_OPSCOPE";
 /// Environment variable holding the recording path (default `opscope-recording.csv`).
 pub const ENV_OUT: &str = "RLX_OPSCOPE_OUT";
+/// Environment variable selecting the observed program: `deployed` (default) or `source`.
+pub const ENV_STAGE: &str = "RLX_OPSCOPE_STAGE";
 
 struct EnvState {
     pipeline: Pipeline,
     recorder: Arc<Recorder>,
+    stage: Stage,
 }
 
 static ENV: OnceLock<Result<EnvState, String>> = OnceLock::new();
@@ -118,11 +184,16 @@ fn env_state() -> Option<&'static Result<EnvState, String>> {
     let text = std::env::var(ENV_PIPELINE).ok().filter(|t| !t.trim().is_empty())?;
     Some(ENV.get_or_init(|| {
         let pipeline = Pipeline::parse(&text).map_err(|e| format!("{ENV_PIPELINE}: {e}"))?;
+        let stage = match std::env::var(ENV_STAGE) {
+            Ok(s) => s.parse::<Stage>().map_err(|e| format!("{ENV_STAGE}: {e}"))?,
+            Err(_) => Stage::Deployed,
+        };
         let out = std::env::var(ENV_OUT).unwrap_or_else(|_| "opscope-recording.csv".into());
         let sink = crate::sink::CsvSink::create(&out).map_err(|e| format!("{ENV_OUT}: {e}"))?;
         Ok(EnvState {
             pipeline,
             recorder: Arc::new(Recorder::new(Box::new(sink), new_run_id())),
+            stage,
         })
     }))
 }
@@ -196,10 +267,15 @@ mod env_backend {
             }
         }
 
-        fn tap(&self, graph: rlx_ir::Graph) -> (rlx_ir::Graph, Option<(Arc<Manifest>, Arc<Recorder>)>) {
+        fn tap(
+            &self,
+            graph: rlx_ir::Graph,
+            options: &CompileOptions,
+        ) -> (rlx_ir::Graph, Option<(Arc<Manifest>, Arc<Recorder>)>) {
             match env_state() {
                 Some(Ok(st)) => {
-                    let (g, m) = tap_graph(&st.pipeline, &st.recorder, graph);
+                    // The backend is given the caller's options: fuse exactly as the compile will.
+                    let (g, m) = tap_graph(&st.pipeline, &st.recorder, graph, st.stage, options);
                     (g, m.map(|m| (m, st.recorder.clone())))
                 }
                 Some(Err(msg)) => {
@@ -227,7 +303,7 @@ mod env_backend {
             let Some(graph) = module.as_graph().cloned() else {
                 return CpuBackend.compile_module(module, device, options);
             };
-            let (graph, tapped) = self.tap(graph);
+            let (graph, tapped) = self.tap(graph, options);
             let exec = CpuBackend.compile_module(rlx_ir::GraphModule::from_graph(graph), device, options)?;
             Ok(Self::wrap(exec, tapped))
         }

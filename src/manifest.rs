@@ -67,8 +67,9 @@ pub struct TapOutput {
     pub tensor: u32,
     /// Shape of the tapped tensor (`[2,16,384]`).
     pub shape: String,
-    /// Number of elements.
-    pub numel: u64,
+    /// Number of elements, `None` if the shape is symbolic (the recorded `count` plus the
+    /// non-finite counts give it per run).
+    pub numel: Option<u64>,
     /// Where it is used.
     pub uses: Vec<TapUse>,
     /// What is computed.

@@ -304,14 +304,15 @@ impl Pipeline {
     ///
     /// The graph's own outputs keep their count, order and node ids; tap outputs follow them.
     pub fn apply(&self, graph: &Graph) -> Result<(Graph, Manifest), Error> {
-        self.apply_tagged(graph, 0)
+        self.apply_tagged(graph, None, 0)
     }
 
-    /// [`Pipeline::apply`] with a compile tag written as the first value of every sketch, so
-    /// that a recorder receiving outputs can tell which compiled graph produced them.
-    pub fn apply_tagged(&self, graph: &Graph, tag: u32) -> Result<(Graph, Manifest), Error> {
+    /// [`Pipeline::apply`] on `graph`, the fused form of `source` when given (site names are
+    /// then recovered from `source`), with a compile tag written as the first value of every
+    /// sketch, so that a recorder receiving outputs can tell which compiled graph produced them.
+    pub fn apply_tagged(&self, graph: &Graph, source: Option<&Graph>, tag: u32) -> Result<(Graph, Manifest), Error> {
         crate::sketch::register();
-        let mut rw = Rewrite::new(graph, self.to_string(), tag);
+        let mut rw = Rewrite::new(graph, source, self.to_string(), tag);
         for p in &self.passes {
             p.pass.run(&p.options, &mut rw)?;
         }

@@ -13,12 +13,14 @@ pub struct Rewrite {
     graph: Graph,
     manifest: Manifest,
     names: HashMap<u32, String>,
+    by_param: HashMap<(String, String), String>,
     dedupe: HashMap<(u32, Vec<u8>), usize>,
 }
 
 impl Rewrite {
-    /// Start from a copy of `graph`.
-    pub fn new(graph: &Graph, pipeline: String, tag: u32) -> Rewrite {
+    /// Start from a copy of `graph`. When `graph` is the fused (deployed) form of `source`,
+    /// site names are recovered from `source` (see [`Rewrite::site_name`]).
+    pub fn new(graph: &Graph, source: Option<&Graph>, pipeline: String, tag: u32) -> Rewrite {
         let manifest = Manifest {
             graph: graph.name.clone(),
             pipeline,
@@ -32,30 +34,82 @@ impl Rewrite {
             graph: graph.clone(),
             manifest,
             names: HashMap::new(),
+            by_param: HashMap::new(),
             dedupe: HashMap::new(),
         };
-        rw.name_nodes();
+        rw.name_nodes(source);
         rw
     }
 
-    /// Stable, unique site names: the node's own name without a leading '/', else
-    /// `{op}.{k}` with `k` counting nodes of that op in graph order.
-    fn name_nodes(&mut self) {
-        let mut per_op: HashMap<String, usize> = HashMap::new();
-        let mut taken: HashMap<String, usize> = HashMap::new();
-        for n in self.graph.nodes() {
-            let op = op_name(&n.op);
-            let k = per_op.entry(op.clone()).or_default();
-            let base = match &n.name {
-                Some(name) if !name.is_empty() => name.trim_start_matches('/').to_string(),
-                _ => format!("{op}.{k}"),
-            };
-            *k += 1;
-            let count = taken.entry(base.clone()).or_default();
-            let name = if *count == 0 { base.clone() } else { format!("{base}#{}", n.id.0) };
-            *count += 1;
-            self.names.insert(n.id.0, name);
+    /// Site names. A node's own name (ONNX node name without the leading '/') wins; else, for
+    /// a fused graph, the name of the source node of the same family that consumed the same
+    /// parameter (the weight survives fusion, node names do not), else the name of the k-th
+    /// parameter-less source node of that family when both graphs have the same number of
+    /// them; else `{family}.{k}`. Names are made unique with `#node`.
+    fn name_nodes(&mut self, source: Option<&Graph>) {
+        let own = base_names(&self.graph);
+        let mut names: Vec<String> = own.clone();
+        if let Some(src) = source {
+            let src_names = base_names(src);
+            let mut by_param: HashMap<(String, String), Vec<String>> = HashMap::new();
+            let mut paramless_src: HashMap<String, Vec<String>> = HashMap::new();
+            for n in src.nodes() {
+                let fam = family(&n.op);
+                let params = param_inputs(src, &n.inputs);
+                for p in &params {
+                    by_param.entry((fam.clone(), p.clone())).or_default().push(src_names[n.id.0 as usize].clone());
+                }
+                if params.is_empty() {
+                    paramless_src.entry(fam).or_default().push(src_names[n.id.0 as usize].clone());
+                }
+            }
+            let mut paramless_dst: HashMap<String, Vec<usize>> = HashMap::new();
+            for n in self.graph.nodes() {
+                let i = n.id.0 as usize;
+                if n.name.as_deref().is_some_and(|s| !s.is_empty()) {
+                    continue;
+                }
+                let fam = family(&n.op);
+                let params = param_inputs(&self.graph, &n.inputs);
+                let hit = params.iter().find_map(|p| match by_param.get(&(fam.clone(), p.clone())) {
+                    Some(v) if v.len() == 1 => Some(v[0].clone()),
+                    _ => None,
+                });
+                match hit {
+                    Some(name) => names[i] = name,
+                    None if params.is_empty() => paramless_dst.entry(fam).or_default().push(i),
+                    None => {}
+                }
+            }
+            for (fam, dst) in paramless_dst {
+                if let Some(src) = paramless_src.get(&fam) {
+                    if src.len() == dst.len() {
+                        for (i, name) in dst.into_iter().zip(src) {
+                            names[i] = name.clone();
+                        }
+                    }
+                }
+            }
+            self.by_param = by_param
+                .into_iter()
+                .filter(|(_, v)| v.len() == 1)
+                .map(|(k, mut v)| (k, v.remove(0)))
+                .collect();
         }
+        let mut taken: HashMap<String, usize> = HashMap::new();
+        for (i, base) in names.into_iter().enumerate() {
+            let count = taken.entry(base.clone()).or_default();
+            let name = if *count == 0 { base } else { format!("{base}#{i}") };
+            *count += 1;
+            self.names.insert(i as u32, name);
+        }
+    }
+
+    /// The source site name of the node of `family` that consumed parameter `param`, if the
+    /// graph was fused from a source graph (used to name the parts of a horizontally merged
+    /// matmul after the weights they concatenate).
+    pub fn source_name_for_param(&self, family: &str, param: &str) -> Option<String> {
+        self.by_param.get(&(family.to_string(), param.to_string())).cloned()
     }
 
     /// The graph as rewritten so far.
@@ -74,9 +128,14 @@ impl Rewrite {
         self.names.get(&node.0).cloned().unwrap_or_else(|| format!("node.{}", node.0))
     }
 
-    /// Record a site found by `pass`.
+    /// Record a site found by `pass` at `node`, named [`Rewrite::site_name`].
     pub fn add_site(&mut self, pass: &str, node: NodeId, flops: Option<u64>) -> String {
         let site = self.site_name(node);
+        self.add_site_named(pass, node, site, flops)
+    }
+
+    /// Record a site with an explicit name (a logical part of a merged op).
+    pub fn add_site_named(&mut self, pass: &str, node: NodeId, site: String, flops: Option<u64>) -> String {
         self.manifest.sites.push(Site {
             site: site.clone(),
             op: op_name(&self.graph.node(node).op),
@@ -106,9 +165,8 @@ impl Rewrite {
     pub fn tap(&mut self, site: &str, role: Role, tensor: NodeId, mut spec: SketchSpec) {
         spec.tag = self.manifest.tag;
         let shape = self.graph.node(tensor).shape.clone();
-        let numel: u64 = static_dims(&shape)
-            .map(|d| d.iter().product::<usize>() as u64)
-            .unwrap_or(0);
+        // `None` for a symbolic shape: the element count is only known at run time.
+        let numel: Option<u64> = static_dims(&shape).map(|d| d.iter().product::<usize>() as u64);
         let use_ = TapUse {
             site: site.to_string(),
             role,
@@ -118,7 +176,7 @@ impl Rewrite {
             self.manifest.outputs[i].uses.push(use_);
             return;
         }
-        let output_index = if numel == 0 {
+        let output_index = if numel == Some(0) {
             None
         } else {
             let id = self.graph.custom_op(SKETCH_OP, attrs.clone(), vec![tensor]);
@@ -138,9 +196,64 @@ impl Rewrite {
         });
     }
 
+    /// Users of `node` among the graph's own nodes (not sketch nodes appended by a pass).
+    pub fn users(&self, node: NodeId) -> Vec<NodeId> {
+        self.graph
+            .users(node)
+            .into_iter()
+            .filter(|u| !matches!(&self.graph.node(*u).op, Op::Custom { name, .. } if name == SKETCH_OP))
+            .collect()
+    }
+
     /// Finish: the rewritten graph and its manifest.
     pub fn finish(self) -> (Graph, Manifest) {
         (self.graph, self.manifest)
+    }
+}
+
+/// Base names of every node: own name without a leading '/', else `{family}.{k}`.
+fn base_names(g: &Graph) -> Vec<String> {
+    let mut per: HashMap<String, usize> = HashMap::new();
+    g.nodes()
+        .iter()
+        .map(|n| {
+            let fam = family(&n.op);
+            let k = per.entry(fam.clone()).or_default();
+            let name = match &n.name {
+                Some(name) if !name.is_empty() => name.trim_start_matches('/').to_string(),
+                _ => format!("{fam}.{k}"),
+            };
+            *k += 1;
+            name
+        })
+        .collect()
+}
+
+/// Names of the parameters among `inputs` (looking through reshapes and transposes).
+fn param_inputs(g: &Graph, inputs: &[NodeId]) -> Vec<String> {
+    inputs
+        .iter()
+        .filter_map(|&i| {
+            let mut n = g.node(i);
+            while matches!(n.op, Op::Reshape { .. } | Op::Transpose { .. }) && n.inputs.len() == 1 {
+                n = g.node(n.inputs[0]);
+            }
+            match &n.op {
+                Op::Param { name } => Some(name.clone()),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// The op family used for naming: fusion turns a MatMul into a fused matmul, so all matmul
+/// forms share the family `matmul`; other ops are their own family.
+pub fn family(op: &Op) -> String {
+    match op {
+        Op::MatMul | Op::FusedMatMulBiasAct { .. } | Op::FusedMatMulResidual | Op::DequantMatMul { .. } => {
+            "matmul".into()
+        }
+        _ => op_name(op),
     }
 }
 

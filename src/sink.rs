@@ -32,8 +32,8 @@ pub struct Row {
     pub idx: u64,
     /// The value.
     pub value: f64,
-    /// Elements in the tensor.
-    pub numel: u64,
+    /// Elements in the tensor, empty if its shape is symbolic.
+    pub numel: Option<u64>,
     /// Shape of the tensor (`[2,16,384]`).
     pub shape: String,
     /// FLOPs of one execution of the site, empty if unknown.

@@ -180,13 +180,12 @@ pub struct SketchSpec {
     pub hist_range: HistRange,
     /// Number of sampled elements for `elemsig` (>= 1).
     pub elemsig_k: usize,
-    /// Last-axis length `C` (1 for a scalar).
+    /// Last-axis length `C` (1 for a scalar; 0 if symbolic, with the per-channel statistics
+    /// dropped). Sets the length of `chan_maxabs`.
     pub chans: usize,
-    /// Rows `R = numel / C`.
+    /// Rows `R = numel / C` (0 if symbolic, with `pos_sumsq` dropped). Sets the length of
+    /// `pos_sumsq`.
     pub rows: usize,
-    /// Rows per leading block (the second-to-last axis; 1 for rank <= 1): `adj_sumsq` pairs
-    /// never cross a block boundary.
-    pub block_rows: usize,
     /// Compile tag, written as output value 0 so a recorder can tell which compiled graph a
     /// run's outputs came from. Statistics start at offset 1.
     pub tag: u32,
@@ -209,9 +208,15 @@ pub enum Unsketchable {
     /// The tensor's element type is not F32.
     #[error("dtype {0:?} is not F32 (sketches read f32 values)")]
     NotF32(DType),
-    /// A dimension the selected statistics depend on is symbolic.
-    #[error("symbolic dimension in shape {0}; per-row / per-channel lengths need static dims")]
-    Symbolic(String),
+}
+
+/// A sketch spec, and the statistics that had to be dropped for this shape with the reason.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Planned {
+    /// What will be computed.
+    pub spec: SketchSpec,
+    /// Selected statistics that cannot be computed on this shape, and why.
+    pub dropped: Vec<(Stat, String)>,
 }
 
 /// Render a shape as `[2,16,384]` (symbolic dims as `?N`).
@@ -242,24 +247,32 @@ pub fn static_dims(shape: &Shape) -> Option<Vec<usize>> {
 impl SketchSpec {
     /// Build the spec for a tensor of `shape`.
     ///
-    /// Errors: [`Unsketchable::NotF32`] for a non-f32 tensor, [`Unsketchable::Symbolic`] for a
-    /// shape with a symbolic dim (the output length of per-row and per-channel statistics must be
-    /// known when the graph is built).
+    /// A symbolic dim only drops the statistics whose output length depends on it: `pos_sumsq`
+    /// (one value per row) when a leading dim is symbolic, `chan_maxabs` and `chan_outlier` when
+    /// the last dim is. Everything else has a fixed length and is computed from the shape the
+    /// kernel receives at run time.
+    ///
+    /// Errors: [`Unsketchable::NotF32`] for a non-f32 tensor.
     pub fn for_shape(
         shape: &Shape,
         stats: &[Stat],
         hist_bins: usize,
         hist_range: HistRange,
         elemsig_k: usize,
-    ) -> Result<SketchSpec, Unsketchable> {
+    ) -> Result<Planned, Unsketchable> {
         if shape.dtype() != DType::F32 {
             return Err(Unsketchable::NotF32(shape.dtype()));
         }
-        let dims = static_dims(shape).ok_or_else(|| Unsketchable::Symbolic(shape_text(shape)))?;
-        let numel: usize = dims.iter().product();
-        let chans = dims.last().copied().unwrap_or(1);
-        let rows = if chans == 0 { 0 } else { numel / chans };
-        let block_rows = if dims.len() >= 2 { dims[dims.len() - 2] } else { 1 };
+        let dims = shape.dims();
+        let last_static = match dims.last() {
+            Some(Dim::Static(n)) => Some(*n),
+            Some(Dim::Dynamic(_)) => None,
+            None => Some(1),
+        };
+        let rows_static = static_dims(shape).map(|d| {
+            let c = d.last().copied().unwrap_or(1);
+            if c == 0 { 0 } else { d.iter().product::<usize>() / c }
+        });
         let mut set: Vec<Stat> = stats.to_vec();
         set.push(Stat::Count);
         if set.contains(&Stat::Hist) {
@@ -267,16 +280,27 @@ impl SketchSpec {
         }
         set.sort();
         set.dedup();
-        Ok(SketchSpec {
+        let mut dropped = Vec::new();
+        let text = shape_text(shape);
+        set.retain(|&s| {
+            let why = match s {
+                Stat::PosSumsq if rows_static.is_none() => "a leading dim is symbolic: one value per row has no static length",
+                Stat::ChanMaxabs | Stat::ChanOutlier if last_static.is_none() => "the last (channel) dim is symbolic",
+                _ => return true,
+            };
+            dropped.push((s, format!("{why} (shape {text})")));
+            false
+        });
+        let spec = SketchSpec {
             stats: set,
             hist_bins: hist_bins.max(1),
             hist_range,
             elemsig_k: elemsig_k.max(1),
-            chans,
-            rows,
-            block_rows,
+            chans: last_static.unwrap_or(0),
+            rows: rows_static.unwrap_or(0),
             tag: 0,
-        })
+        };
+        Ok(Planned { spec, dropped })
     }
 
     /// Number of values statistic `s` occupies.
@@ -334,9 +358,9 @@ impl SketchSpec {
 /// Returns exactly `spec.len()` values laid out as [`SketchSpec::layout`]. Counts are f32 (exact
 /// below 2^24 elements). This is the CPU kernel's body; it is public so other backends can stage
 /// through the host, not as a test reference (tests use independent code).
-pub fn compute(data: &[f32], spec: &SketchSpec) -> Vec<f32> {
+pub fn compute(data: &[f32], dims: &[usize], spec: &SketchSpec) -> Vec<f32> {
     let mut out = vec![0f32; spec.len()];
-    compute_into(data, spec, &mut out);
+    compute_into(data, dims, spec, &mut out);
     out
 }
 
@@ -397,11 +421,15 @@ fn row_clean(row: &[f32]) -> (f32, f32, f32, u32, f32, f32) {
     )
 }
 
-/// The kernel body: fill `out` (length `spec.len()`).
-pub fn compute_into(data: &[f32], spec: &SketchSpec, out: &mut [f32]) {
-    let c = spec.chans.max(1);
-    let rows = if spec.chans == 0 { 0 } else { data.len() / c };
-    let block = spec.block_rows.max(1);
+/// The kernel body: fill `out` (length `spec.len()`) from `data` of run-time shape `dims`.
+///
+/// Geometry comes from `dims`: channels `C` = last dim, rows `R = numel / C`, and adjacent-row
+/// pairs for `adj_sumsq` run along the second-to-last dim, never across a leading index.
+pub fn compute_into(data: &[f32], dims: &[usize], spec: &SketchSpec, out: &mut [f32]) {
+    let chans = dims.last().copied().unwrap_or(1);
+    let c = chans.max(1);
+    let rows = if chans == 0 { 0 } else { data.len() / c };
+    let block = if dims.len() >= 2 { dims[dims.len() - 2].max(1) } else { 1 };
     let want_chan = spec.has(Stat::ChanMaxabs) || spec.has(Stat::ChanOutlier);
     let want_pos = spec.has(Stat::PosSumsq);
     let want_adj = spec.has(Stat::AdjSumsq);
@@ -623,10 +651,10 @@ pub fn compute_into(data: &[f32], spec: &SketchSpec, out: &mut [f32]) {
                 }
             }
             Stat::ChanMaxabs => {
-                if rows == 0 {
+                if rows == 0 || chan.len() != slot.len {
                     dst.fill(f32::NAN);
                 } else {
-                    dst.copy_from_slice(&chan[..slot.len]);
+                    dst.copy_from_slice(&chan);
                 }
             }
             Stat::ChanOutlier => {
@@ -638,7 +666,13 @@ pub fn compute_into(data: &[f32], spec: &SketchSpec, out: &mut [f32]) {
                     f32::NAN
                 };
             }
-            Stat::PosSumsq => dst.copy_from_slice(&pos[..slot.len]),
+            Stat::PosSumsq => {
+                if pos.len() == slot.len {
+                    dst.copy_from_slice(&pos);
+                } else {
+                    dst.fill(f32::NAN);
+                }
+            }
             Stat::AdjSumsq => dst[0] = acc.adj as f32,
             Stat::NanCount => dst[0] = acc.nan as f32,
             Stat::PosinfCount => dst[0] = acc.posinf as f32,
@@ -691,7 +725,13 @@ impl CpuKernel for SketchKernel {
                 spec.len()
             ));
         }
-        compute_into(x, &spec, out);
+        let dims = static_dims(inputs[0].shape()).ok_or_else(|| {
+            format!("{SKETCH_OP}: input shape {} is not bound at run time", shape_text(inputs[0].shape()))
+        })?;
+        if dims.iter().product::<usize>() != x.len() {
+            return Err(format!("{SKETCH_OP}: shape {dims:?} does not match {} values", x.len()));
+        }
+        compute_into(x, &dims, &spec, out);
         Ok(())
     }
 }

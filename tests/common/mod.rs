@@ -1,0 +1,255 @@
+//! Shared test helpers: small RLX graphs, running them with and without taps, and statistics
+//! computed independently on the host (plain f64 loops, no code shared with the kernel).
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+
+use opscope::{MemorySink, Pipeline, Row};
+use rlx_ir::{DType, Graph, NodeId, Shape};
+use rlx_runtime::{Device, Session};
+
+/// Deterministic pseudo-random data (SplitMix64 via `rand`'s StdRng).
+pub fn randn(n: usize, seed: u64) -> Vec<f32> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| {
+            // Box-Muller
+            let u1: f64 = rng.gen_range(1e-12..1.0);
+            let u2: f64 = rng.gen::<f64>();
+            ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
+        })
+        .collect()
+}
+
+/// `x[M,K] @ w[K,N]` (w a param), output the matmul.
+pub fn matmul_2d(m: usize, k: usize, n: usize) -> Graph {
+    let mut g = Graph::new("mm2d");
+    let x = g.input("x", Shape::new(&[m, k], DType::F32));
+    let w = g.param("w", Shape::new(&[k, n], DType::F32));
+    let y = g.matmul(x, w, Shape::new(&[m, n], DType::F32));
+    g.set_outputs(vec![y]);
+    g
+}
+
+/// `a[B,M,K] @ b[B,K,N]`, both inputs.
+pub fn matmul_3d(b: usize, m: usize, k: usize, n: usize) -> Graph {
+    let mut g = Graph::new("mm3d");
+    let x = g.input("a", Shape::new(&[b, m, k], DType::F32));
+    let y = g.input("b", Shape::new(&[b, k, n], DType::F32));
+    let z = g.matmul(x, y, Shape::new(&[b, m, n], DType::F32));
+    g.set_outputs(vec![z]);
+    g
+}
+
+/// The host reference of every scalar statistic, over finite values.
+#[derive(Debug, Clone, Default)]
+pub struct Reference {
+    pub count: f64,
+    pub min: Option<f64>,
+    pub max: Option<f64>,
+    pub mean: Option<f64>,
+    pub l1: f64,
+    pub sumsq: f64,
+    pub nnz: f64,
+    pub kurtosis: Option<f64>,
+    pub nan: f64,
+    pub posinf: f64,
+    pub neginf: f64,
+    pub hist: Vec<f64>,
+    pub hist_lo: f64,
+    pub hist_hi: f64,
+    pub chan_maxabs: Vec<f64>,
+    pub chan_outlier: Option<f64>,
+    pub pos_sumsq: Vec<f64>,
+    pub adj_sumsq: f64,
+    pub elemsig: Vec<f64>,
+}
+
+/// Compute the reference for `x` with `dims` (row-major), `bins` absmax-range bins and
+/// `k` signature elements.
+pub fn reference(x: &[f32], dims: &[usize], bins: usize, k: usize) -> Reference {
+    let finite: Vec<f64> = x.iter().filter(|v| v.is_finite()).map(|&v| v as f64).collect();
+    let n = finite.len() as f64;
+    let mut r = Reference {
+        count: n,
+        nan: x.iter().filter(|v| v.is_nan()).count() as f64,
+        posinf: x.iter().filter(|v| **v == f32::INFINITY).count() as f64,
+        neginf: x.iter().filter(|v| **v == f32::NEG_INFINITY).count() as f64,
+        l1: finite.iter().map(|v| v.abs()).sum(),
+        sumsq: finite.iter().map(|v| v * v).sum(),
+        nnz: finite.iter().filter(|v| **v != 0.0).count() as f64,
+        ..Default::default()
+    };
+    if !finite.is_empty() {
+        let mn = finite.iter().cloned().fold(f64::INFINITY, f64::min);
+        let mx = finite.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let mean = finite.iter().sum::<f64>() / n;
+        r.min = Some(mn);
+        r.max = Some(mx);
+        r.mean = Some(mean);
+        let m2 = finite.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
+        let m4 = finite.iter().map(|v| (v - mean).powi(4)).sum::<f64>() / n;
+        r.kurtosis = if m2 > 0.0 { Some(m4 / (m2 * m2)) } else { None };
+        let a = mn.abs().max(mx.abs());
+        let (lo, hi) = if a > 0.0 { (-a, a) } else { (-1.0, 1.0) };
+        r.hist_lo = lo;
+        r.hist_hi = hi;
+        r.hist = vec![0.0; bins];
+        for v in &finite {
+            // bin edges lo + i * (hi - lo) / bins; the top edge belongs to the last bin
+            let mut b = bins - 1;
+            for i in 0..bins {
+                let upper = lo + (i + 1) as f64 * (hi - lo) / bins as f64;
+                if *v < upper {
+                    b = i;
+                    break;
+                }
+            }
+            r.hist[b] += 1.0;
+        }
+    }
+    let c = *dims.last().unwrap_or(&1);
+    let rows = if c == 0 { 0 } else { x.len() / c };
+    let block = if dims.len() >= 2 { dims[dims.len() - 2] } else { 1 };
+    if rows > 0 {
+        r.chan_maxabs = (0..c)
+            .map(|j| {
+                (0..rows)
+                    .map(|i| x[i * c + j])
+                    .filter(|v| v.is_finite())
+                    .map(|v| (v as f64).abs())
+                    .fold(0.0, f64::max)
+            })
+            .collect();
+        let peak = r.chan_maxabs.iter().cloned().fold(0.0, f64::max);
+        let mean = r.chan_maxabs.iter().sum::<f64>() / c as f64;
+        r.chan_outlier = if mean > 0.0 { Some(peak / mean) } else { None };
+    }
+    r.pos_sumsq = (0..rows)
+        .map(|i| {
+            x[i * c..(i + 1) * c]
+                .iter()
+                .filter(|v| v.is_finite())
+                .map(|&v| (v as f64).powi(2))
+                .sum()
+        })
+        .collect();
+    for i in 0..rows {
+        if i % block == 0 {
+            continue;
+        }
+        for j in 0..c {
+            let (p, q) = (x[(i - 1) * c + j], x[i * c + j]);
+            if p.is_finite() && q.is_finite() {
+                r.adj_sumsq += (q as f64 - p as f64).powi(2);
+            }
+        }
+    }
+    r.elemsig = if x.is_empty() {
+        vec![]
+    } else {
+        (0..k).map(|j| x[j * x.len() / k] as f64).collect()
+    };
+    r
+}
+
+/// Rows of one (site, role, step) as stat -> values (by idx).
+pub fn stats_of(rows: &[Row], site: &str, role: &str, step: u64) -> BTreeMap<String, Vec<f64>> {
+    let mut m: BTreeMap<String, Vec<(u64, f64)>> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.site == site && r.role == role && r.step == step) {
+        m.entry(r.stat.clone()).or_default().push((r.idx, r.value));
+    }
+    m.into_iter()
+        .map(|(k, mut v)| {
+            v.sort_by_key(|p| p.0);
+            (k, v.into_iter().map(|p| p.1).collect())
+        })
+        .collect()
+}
+
+/// |a - b| <= tol * max(1, |b|).
+pub fn close(a: f64, b: f64, tol: f64) -> bool {
+    (a - b).abs() <= tol * b.abs().max(1.0)
+}
+
+/// Assert every statistic recorded for (site, role) equals the reference.
+pub fn assert_matches_reference(rows: &[Row], site: &str, role: &str, r: &Reference, tol: f64) {
+    let s = stats_of(rows, site, role, 0);
+    let one = |name: &str| s.get(name).map(|v| v[0]);
+    let check = |name: &str, got: Option<f64>, want: Option<f64>| match (got, want) {
+        (Some(g), Some(w)) => assert!(close(g, w, tol), "{site}/{role} {name}: got {g}, want {w}"),
+        (None, None) => {}
+        (g, w) => panic!("{site}/{role} {name}: got {g:?}, want {w:?}"),
+    };
+    check("count", one("count"), Some(r.count));
+    check("min", one("min"), r.min);
+    check("max", one("max"), r.max);
+    check("mean", one("mean"), r.mean);
+    check("l1", one("l1"), Some(r.l1));
+    check("sumsq", one("sumsq"), Some(r.sumsq));
+    check("nnz", one("nnz"), Some(r.nnz));
+    check("kurtosis", one("kurtosis"), r.kurtosis);
+    check("nan_count", one("nan_count"), Some(r.nan));
+    check("posinf_count", one("posinf_count"), Some(r.posinf));
+    check("neginf_count", one("neginf_count"), Some(r.neginf));
+    check("adj_sumsq", one("adj_sumsq"), Some(r.adj_sumsq));
+    check("chan_outlier", one("chan_outlier"), r.chan_outlier);
+    if r.count > 0.0 {
+        check("hist_lo", one("hist_lo"), Some(r.hist_lo));
+        check("hist_hi", one("hist_hi"), Some(r.hist_hi));
+        assert_eq!(s.get("hist").cloned().unwrap_or_default(), r.hist, "{site}/{role} hist");
+    } else {
+        assert!(s.get("hist_lo").is_none(), "{site}/{role}: hist range recorded for no data");
+    }
+    let vec_eq = |name: &str, want: &[f64]| {
+        let got = s.get(name).cloned().unwrap_or_default();
+        assert_eq!(got.len(), want.len(), "{site}/{role} {name} length");
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(close(*g, *w, tol), "{site}/{role} {name}[{i}]: got {g}, want {w}");
+        }
+    };
+    vec_eq("chan_maxabs", &r.chan_maxabs);
+    vec_eq("pos_sumsq", &r.pos_sumsq);
+    let sig = s.get("elemsig").cloned().unwrap_or_default();
+    assert_eq!(sig.len(), r.elemsig.len(), "{site}/{role} elemsig length");
+    for (g, w) in sig.iter().zip(&r.elemsig) {
+        assert!(g == w || (g.is_nan() && w.is_nan()), "{site}/{role} elemsig: got {g}, want {w}");
+    }
+    for (name, vals) in &s {
+        if name != "elemsig" {
+            assert!(vals.iter().all(|v| !v.is_nan()), "{site}/{role} {name} holds NaN");
+        }
+    }
+}
+
+/// Compile and run `g` untapped; inputs by name.
+pub fn run_plain(g: &Graph, params: &[(&str, &[f32])], inputs: &[(&str, &[f32])]) -> Vec<Vec<f32>> {
+    let mut c = Session::new(Device::Cpu).compile(g.clone());
+    for (n, d) in params {
+        c.set_param(n, d);
+    }
+    c.run(inputs)
+}
+
+/// Compile and run `g` inside an opscope scope; returns outputs and recorded rows.
+pub fn run_tapped(
+    pipeline: &str,
+    g: &Graph,
+    params: &[(&str, &[f32])],
+    inputs: &[(&str, &[f32])],
+) -> (Vec<Vec<f32>>, MemorySink) {
+    let p = Pipeline::parse(pipeline).expect("pipeline parses");
+    let sink = MemorySink::default();
+    let outs = opscope::scope(&p, Box::new(sink.clone()), || run_plain(g, params, inputs)).expect("recording ok");
+    (outs, sink)
+}
+
+/// Bit patterns of outputs, for bit-identity checks.
+pub fn bits(outs: &[Vec<f32>]) -> Vec<Vec<u32>> {
+    outs.iter().map(|o| o.iter().map(|v| v.to_bits()).collect()).collect()
+}
+
+pub fn node_named(g: &Graph, name: &str) -> NodeId {
+    g.nodes().iter().find(|n| n.name.as_deref() == Some(name)).map(|n| n.id).expect("node")
+}

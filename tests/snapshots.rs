@@ -1,0 +1,213 @@
+//! insta snapshots of rewritten graphs (`rlx_ir::text::print`) and their manifests, one per
+//! pass per fixture; every rewritten graph also passes RLX's verifier.
+
+use opscope::{Manifest, Pipeline};
+use rlx_ir::quant::QuantScheme;
+use rlx_ir::op::{Activation, BinaryOp};
+use rlx_ir::{DType, Dim, Graph, Shape};
+
+fn f32s(d: &[usize]) -> Shape {
+    Shape::new(d, DType::F32)
+}
+
+fn fixture_2d() -> Graph {
+    let mut g = Graph::new("mm2d");
+    let x = g.input("x", f32s(&[4, 8]));
+    let w = g.param("w", f32s(&[8, 3]));
+    let y = g.matmul(x, w, f32s(&[4, 3]));
+    g.set_outputs(vec![y]);
+    g
+}
+
+fn fixture_3d() -> Graph {
+    let mut g = Graph::new("mm3d");
+    let a = g.input("a", f32s(&[2, 4, 8]));
+    let b = g.input("b", f32s(&[2, 8, 3]));
+    let y = g.matmul(a, b, f32s(&[2, 4, 3]));
+    g.set_outputs(vec![y]);
+    g
+}
+
+fn fixture_dequant() -> Graph {
+    let mut g = Graph::new("dequant");
+    let x = g.input("x", f32s(&[4, 8]));
+    let wq = g.param("w_q", Shape::new(&[8, 3], DType::I8));
+    let scale = g.param("scale", f32s(&[1, 3]));
+    let zp = g.param("zp", f32s(&[1, 3]));
+    let y = g.dequant_matmul(x, wq, scale, zp, QuantScheme::Int8Block { block_size: 8 }, f32s(&[4, 3]));
+    g.set_outputs(vec![y]);
+    g
+}
+
+fn fixture_no_matmul() -> Graph {
+    let mut g = Graph::new("relu_only");
+    let x = g.input("x", f32s(&[4, 8]));
+    let y = g.activation(Activation::Relu, x, f32s(&[4, 8]));
+    g.set_outputs(vec![y]);
+    g
+}
+
+fn fixture_symbolic() -> Graph {
+    let mut g = Graph::new("symbolic");
+    let x = g.input("x", Shape::from_dims(&[Dim::Dynamic(0), Dim::Static(8)], DType::F32));
+    let w = g.param("w", f32s(&[8, 3]));
+    let y = g.matmul(x, w, Shape::from_dims(&[Dim::Dynamic(0), Dim::Static(3)], DType::F32));
+    g.set_outputs(vec![y]);
+    g
+}
+
+fn fixture_named_mlp() -> Graph {
+    // Two named matmuls sharing an input (like Q and K projections): one lhs sketch, two uses.
+    let mut g = Graph::new("shared_lhs");
+    let x = g.input("x", f32s(&[4, 8]));
+    let wq = g.param("wq", f32s(&[8, 8]));
+    let wk = g.param("wk", f32s(&[8, 8]));
+    let q = g.matmul(x, wq, f32s(&[4, 8]));
+    g.node_mut(q).name = Some("/layer.0/attention/query/MatMul".into());
+    let k = g.matmul(x, wk, f32s(&[4, 8]));
+    g.node_mut(k).name = Some("/layer.0/attention/key/MatMul".into());
+    let s = g.binary(BinaryOp::Add, q, k, f32s(&[4, 8]));
+    g.set_outputs(vec![s]);
+    g
+}
+
+fn render(g: &Graph, m: &Manifest) -> String {
+    let mut s = rlx_ir::text::print(g);
+    s.push_str(&format!("\n# pipeline: {}\n# user outputs: {}\n", m.pipeline, m.user_outputs));
+    for site in &m.sites {
+        s.push_str(&format!("# site {} op={} node=%{} flops={:?}\n", site.site, site.op, site.node, site.flops));
+    }
+    for o in &m.outputs {
+        let uses: Vec<String> = o.uses.iter().map(|u| format!("{}/{}", u.site, u.role.as_str())).collect();
+        let layout: Vec<String> = o.layout.iter().map(|l| format!("{}@{}x{}", l.stat.as_str(), l.offset, l.len)).collect();
+        s.push_str(&format!(
+            "# output {:?} tensor=%{} shape={} numel={:?} uses=[{}]\n#   layout {}\n",
+            o.output_index,
+            o.tensor,
+            o.shape,
+            o.numel,
+            uses.join(", "),
+            layout.join(" ")
+        ));
+    }
+    for k in &m.skipped {
+        s.push_str(&format!("# skipped {}/{:?} shape={:?}: {}\n", k.site, k.role.map(|r| r.as_str()), k.shape, k.reason));
+    }
+    s
+}
+
+fn snap(name: &str, pipeline: &str, g: Graph) {
+    let p = Pipeline::parse(pipeline).unwrap();
+    let (out, m) = p.apply(&g).unwrap();
+    check_and_snap(name, &g, out, m);
+}
+
+/// Tap the deployed program: fuse as `Session::compile` would, then apply with names
+/// recovered from the source graph.
+fn snap_deployed(name: &str, pipeline: &str, g: Graph) {
+    let p = Pipeline::parse(pipeline).unwrap();
+    let fused = opscope::activate::fuse(&g, rlx_runtime::Device::Cpu, &rlx_runtime::CompileOptions::new());
+    let (out, m) = p.apply_tagged(&fused, Some(&g), 0).unwrap();
+    check_and_snap(name, &fused, out, m);
+}
+
+fn check_and_snap(name: &str, g: &Graph, out: Graph, m: Manifest) {
+    let errors = rlx_ir::verify::verify_all(&out);
+    assert!(errors.is_empty(), "{name}: verifier: {errors:?}");
+    // The caller's outputs come first, unchanged.
+    assert_eq!(&out.outputs[..g.outputs.len()], &g.outputs[..]);
+    insta::with_settings!({snapshot_path => "../snapshots", prepend_module_to_snapshot => false}, {
+        insta::assert_snapshot!(name, render(&out, &m));
+    });
+}
+
+#[test]
+fn matmul_2d() {
+    snap("matmul__2d", "matmul", fixture_2d());
+}
+
+#[test]
+fn matmul_batched_3d() {
+    snap("matmul__batched_3d", "matmul", fixture_3d());
+}
+
+#[test]
+fn matmul_dequant() {
+    snap("matmul__dequant", "matmul", fixture_dequant());
+}
+
+#[test]
+fn matmul_no_matmul_graph() {
+    let g = fixture_no_matmul();
+    let (out, m) = Pipeline::parse("matmul").unwrap().apply(&g).unwrap();
+    assert_eq!(rlx_ir::fingerprint(&out), rlx_ir::fingerprint(&g), "graph untouched");
+    assert!(m.sites.is_empty() && m.outputs.is_empty());
+    snap("matmul__no_matmul", "matmul", g);
+}
+
+#[test]
+fn matmul_symbolic_dims_are_skipped_with_reason() {
+    snap("matmul__symbolic", "matmul", fixture_symbolic());
+}
+
+#[test]
+fn matmul_shared_lhs_is_sketched_once() {
+    snap("matmul__shared_lhs", "matmul", fixture_named_mlp());
+}
+
+#[test]
+fn matmul_option_out_only_min_max() {
+    snap("matmul__opt_out_min_max", "matmul{roles=[out],stats=[min,max],hist_bins=4}", fixture_2d());
+}
+
+#[test]
+fn matmul_option_hist_fixed_range() {
+    snap("matmul__opt_hist_fixed", "matmul{roles=[lhs],stats=[hist],hist_bins=4,hist_range=-1:1}", fixture_3d());
+}
+
+#[test]
+fn matmul_option_site_filter() {
+    snap("matmul__opt_sites_key", "matmul{sites=[*key*],stats=[nnz]}", fixture_named_mlp());
+}
+
+/// x[4,8] @ w + b -> gelu: fused into one `FusedMatMulBiasAct`; its output is the fused kernel's.
+fn fixture_bias_gelu() -> Graph {
+    let mut g = Graph::new("bias_gelu");
+    let x = g.input("x", f32s(&[4, 8]));
+    let w = g.param("w", f32s(&[8, 6]));
+    let b = g.param("b", f32s(&[6]));
+    let y = g.matmul(x, w, f32s(&[4, 6]));
+    g.node_mut(y).name = Some("/fc/MatMul".into());
+    let z = g.binary(BinaryOp::Add, y, b, f32s(&[4, 6]));
+    let a = g.activation(Activation::Gelu, z, f32s(&[4, 6]));
+    g.set_outputs(vec![a]);
+    g
+}
+
+/// Three projections of one input (Q, K, V), merged by RLX into one matmul over a concat of
+/// the weights; the tap splits it back into three named logical sites.
+fn fixture_qkv() -> Graph {
+    let mut g = Graph::new("qkv");
+    let x = g.input("x", f32s(&[2, 4, 8]));
+    let mut outs = Vec::new();
+    for p in ["query", "key", "value"] {
+        let w = g.param(format!("{p}.weight"), f32s(&[8, 8]));
+        let y = g.matmul(x, w, f32s(&[2, 4, 8]));
+        g.node_mut(y).name = Some(format!("/attn/{p}/MatMul"));
+        outs.push(y);
+    }
+    let s = g.binary(BinaryOp::Add, outs[0], outs[1], f32s(&[2, 4, 8]));
+    let t = g.binary(BinaryOp::Mul, s, outs[2], f32s(&[2, 4, 8]));
+    g.set_outputs(vec![t]);
+    g
+}
+
+#[test]
+fn matmul_deployed_bias_gelu_fused() {
+    snap_deployed("matmul__deployed_bias_gelu", "matmul{stats=[max]}", fixture_bias_gelu());
+}
+
+#[test]
+fn matmul_deployed_qkv_merged_split_into_sites() {
+    snap_deployed("matmul__deployed_qkv", "matmul{stats=[max]}", fixture_qkv());
+}

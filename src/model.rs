@@ -154,15 +154,15 @@ impl OnnxEncoder {
         c
     }
 
-    /// Run one batch; returns the model's outputs as f32.
-    pub fn run(&self, compiled: &mut CompiledGraph, enc: &Encoded) -> Result<Vec<Vec<f32>>> {
+    /// Run one batch; returns the model's outputs as (little-endian bytes, dtype), in graph
+    /// output order (see [`decode`]).
+    pub fn run(&self, compiled: &mut CompiledGraph, enc: &Encoded) -> Result<Vec<(Vec<u8>, DType)>> {
         if enc.ids.len() != self.batch * self.seq {
             bail!("batch holds {} ids, graph expects {}x{}", enc.ids.len(), self.batch, self.seq);
         }
         let ids: Vec<u8> = enc.ids.iter().flat_map(|v| v.to_le_bytes()).collect();
         let mask: Vec<u8> = enc.mask.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let outs = compiled.run_typed(&[("input_ids", &ids, DType::I64), ("attention_mask", &mask, DType::I64)]);
-        Ok(outs.iter().map(|(b, d)| rlx_runtime::taps::to_f32(b, *d)).collect())
+        Ok(compiled.run_typed(&[("input_ids", &ids, DType::I64), ("attention_mask", &mask, DType::I64)]))
     }
 }
 
@@ -170,4 +170,17 @@ fn stem(path: &Path) -> String {
     path.file_stem()
         .map(|s| s.to_string_lossy().replace(|c: char| !c.is_ascii_alphanumeric(), "_"))
         .unwrap_or_else(|| "model".into())
+}
+
+/// Decode little-endian output bytes of `dtype` to f64 (F32, F64, I32, I64).
+///
+/// Errors for any other dtype.
+pub fn decode(bytes: &[u8], dtype: DType) -> Result<Vec<f64>> {
+    Ok(match dtype {
+        DType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
+        DType::F64 => bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect(),
+        DType::I32 => bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
+        DType::I64 => bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
+        other => bail!("cannot decode an output of dtype {other:?}"),
+    })
 }

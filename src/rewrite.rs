@@ -229,21 +229,20 @@ fn base_names(g: &Graph) -> Vec<String> {
         .collect()
 }
 
-/// Names of the parameters among `inputs` (looking through reshapes and transposes).
+/// Names of the parameters among `inputs`, looking through reshapes, transposes and concats
+/// (fusion concatenates the weights of merged projections).
 fn param_inputs(g: &Graph, inputs: &[NodeId]) -> Vec<String> {
-    inputs
-        .iter()
-        .filter_map(|&i| {
-            let mut n = g.node(i);
-            while matches!(n.op, Op::Reshape { .. } | Op::Transpose { .. }) && n.inputs.len() == 1 {
-                n = g.node(n.inputs[0]);
-            }
-            match &n.op {
-                Op::Param { name } => Some(name.clone()),
-                _ => None,
-            }
-        })
-        .collect()
+    let mut out = Vec::new();
+    let mut stack: Vec<NodeId> = inputs.to_vec();
+    while let Some(i) = stack.pop() {
+        let n = g.node(i);
+        match &n.op {
+            Op::Param { name } => out.push(name.clone()),
+            Op::Reshape { .. } | Op::Transpose { .. } | Op::Concat { .. } => stack.extend(n.inputs.iter().rev()),
+            _ => {}
+        }
+    }
+    out
 }
 
 /// The op family used for naming: fusion turns a MatMul into a fused matmul, so all matmul

@@ -1,0 +1,110 @@
+//! The real model: paraphrase-MiniLM-L3-v2 over real text. Token ids equal Hugging Face's
+//! (Python `tokenizers`), the model's outputs are bit-identical with taps on, and every recorded
+//! sketch of the 24 MatMul sites x 3 roles agrees with statistics computed by numpy on
+//! onnxruntime's intermediate tensors for the same token ids.
+//!
+//! Needs the assets of `scripts/fetch-assets.sh` and the Python packages of
+//! `scripts/requirements-test.txt` (README's test command installs both).
+
+mod common;
+use common::*;
+use opscope::model::{decode, split_entries, OnnxEncoder, TextEncoder};
+use opscope::{MemorySink, Pipeline};
+use std::path::PathBuf;
+
+fn asset(name: &str) -> PathBuf {
+    let dir = std::env::var_os("OPSCOPE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/opscope"));
+    let p = dir.join(name);
+    assert!(p.is_file(), "{} is missing: run scripts/fetch-assets.sh first", p.display());
+    p
+}
+
+#[test]
+fn minilm_sketches_match_onnxruntime_and_outputs_are_bit_identical() {
+    let (onnx, tok, text) = (asset("paraphrase-MiniLM-L3-v2.onnx"), asset("tokenizer.json"), asset("fortunes.txt"));
+    let (batch, seq) = (4usize, 32usize);
+    let texts: Vec<String> = split_entries(&std::fs::read_to_string(&text).unwrap()).into_iter().take(batch).collect();
+    let enc = TextEncoder::load(&tok, seq).unwrap().encode(&texts).unwrap();
+    let model = OnnxEncoder::load(&onnx, batch, seq).unwrap();
+    let session = rlx_runtime::Session::new(rlx_runtime::Device::Cpu);
+
+    let plain = model.run(&mut model.compile(&session), &enc).unwrap();
+    let sink = MemorySink::default();
+    let p = Pipeline::parse("matmul").unwrap();
+    let tapped = opscope::scope(&p, Box::new(sink.clone()), || model.run(&mut model.compile(&session), &enc).unwrap()).unwrap();
+    assert_eq!(plain.len(), tapped.len());
+    assert_eq!(plain, tapped, "model outputs must be bit-identical with taps on (bytes and dtypes)");
+
+    // The independent reference.
+    let dir = tempfile::tempdir().unwrap();
+    let req = dir.path().join("req.json");
+    let res = dir.path().join("ref.json");
+    let rows2d = |v: &[i64]| -> Vec<Vec<i64>> { v.chunks(seq).map(|c| c.to_vec()).collect() };
+    std::fs::write(
+        &req,
+        serde_json::to_vec(&serde_json::json!({"texts": texts, "seq": seq, "ids": rows2d(&enc.ids), "mask": rows2d(&enc.mask)})).unwrap(),
+    )
+    .unwrap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/ort_reference.py");
+    let st = std::process::Command::new("python3")
+        .arg(&script)
+        .args(["--onnx".as_ref(), onnx.as_os_str(), "--tokenizer".as_ref(), tok.as_os_str()])
+        .args(["--input".as_ref(), req.as_os_str(), "--out".as_ref(), res.as_os_str()])
+        .status()
+        .expect("python3 runs");
+    assert!(st.success(), "{} failed: pip install -r scripts/requirements-test.txt", script.display());
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&res).unwrap()).unwrap();
+
+    assert_eq!(r["ids"], serde_json::json!(rows2d(&enc.ids)), "token ids equal Hugging Face tokenizers'");
+    assert_eq!(r["mask"], serde_json::json!(rows2d(&enc.mask)), "attention mask equals Hugging Face's");
+
+    // The model's outputs agree with onnxruntime.
+    let order = r["output_order"].as_array().unwrap();
+    assert_eq!(order.len(), plain.len());
+    for (i, name) in order.iter().enumerate() {
+        let want: Vec<f64> = serde_json::from_value(r["outputs"][name.as_str().unwrap()].clone()).unwrap();
+        let got = decode(&plain[i].0, plain[i].1).unwrap();
+        assert_eq!(want.len(), got.len(), "output {name}");
+        let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(worst < 1e-4, "output {name}: max |rlx - onnxruntime| = {worst}");
+    }
+
+    let rows = sink.rows();
+    let sites = r["sites"].as_object().unwrap();
+    assert_eq!(sites.len(), 24, "MiniLM-L3 has 24 MatMuls");
+    let mut checked = 0;
+    for (site, roles) in sites {
+        for role in ["lhs", "rhs", "out"] {
+            let got = stats_of(&rows, site, role, 0);
+            assert!(!got.is_empty(), "{site}/{role} was not recorded");
+            let want = roles[role].as_object().unwrap();
+            for (stat, w) in want {
+                if stat == "tiny" {
+                    continue;
+                }
+                if stat == "nnz" {
+                    // Values that are 0 or subnormal in onnxruntime's tensor may be subnormal
+                    // (non-zero) in RLX's, or the reverse: nnz may differ by at most their count.
+                    let (g, w, tiny) = (got["nnz"][0], w.as_f64().unwrap(), want["tiny"].as_f64().unwrap());
+                    assert!((g - w).abs() <= tiny, "{site}/{role} nnz: opscope {g}, onnxruntime {w} (+/- {tiny} tiny)");
+                    continue;
+                }
+                let g = got.get(stat.as_str()).unwrap_or_else(|| panic!("{site}/{role}: {stat} missing"));
+                let w: Vec<f64> = match w {
+                    serde_json::Value::Array(a) => a.iter().map(|v| v.as_f64().unwrap()).collect(),
+                    v => vec![v.as_f64().unwrap()],
+                };
+                assert_eq!(g.len(), w.len(), "{site}/{role} {stat} length");
+                for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+                    // 1e-4 relative (absolute below 1): both sides hold f32 tensors computed by
+                    // different kernels, so last-bit differences are expected.
+                    assert!(close(*a, *b, 1e-4), "{site}/{role} {stat}[{i}]: opscope {a}, onnxruntime {b}");
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 50_000, "compared {checked} values");
+}

@@ -1,0 +1,109 @@
+//! The binaries as a user runs them: `opscope passes`, `opscope record` with a bad pipeline,
+//! and `examples/mlp` activated from the environment.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn opscope() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_opscope"))
+}
+
+/// `cargo test` builds the examples next to the binaries' `deps` folder.
+fn example(name: &str) -> Command {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_opscope"));
+    let path = bin.parent().unwrap().join("examples").join(name);
+    assert!(path.is_file(), "{} not built", path.display());
+    let mut c = Command::new(path);
+    c.env_remove("RLX_OPSCOPE").env_remove("RLX_OPSCOPE_OUT").env_remove("RLX_OPSCOPE_STAGE");
+    c
+}
+
+#[test]
+fn passes_lists_matmul_with_options() {
+    let out = opscope().arg("passes").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("matmul  (tap)"), "{text}");
+    for opt in ["sites", "roles", "stats", "hist_bins", "hist_range", "elemsig"] {
+        assert!(text.contains(&format!("    {opt} ")), "option {opt} listed: {text}");
+    }
+}
+
+#[test]
+fn record_with_bogus_pipeline_fails_naming_matmul() {
+    let out = opscope()
+        .args(["record", "--onnx", "m.onnx", "--tokenizer", "t.json", "--text", "x.txt", "--out", "r.csv"])
+        .args(["--pipeline", "bogus"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("unknown pass 'bogus'") && err.contains("known passes (closest first): matmul"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn record_with_missing_model_says_how_to_fetch_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, "one\n%\ntwo\n").unwrap();
+    let out = opscope()
+        .args(["record", "--onnx", "missing.onnx", "--tokenizer", "missing.json", "--text"])
+        .arg(&text)
+        .args(["--out"])
+        .arg(dir.path().join("r.csv"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("missing.json"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn env_activation_records_and_leaves_stdout_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("mlp.csv");
+    let plain = example("mlp").output().unwrap();
+    assert!(plain.status.success());
+    let tapped = example("mlp").env("RLX_OPSCOPE", "matmul").env("RLX_OPSCOPE_OUT", &rec).output().unwrap();
+    assert!(tapped.status.success(), "{}", String::from_utf8_lossy(&tapped.stderr));
+    assert_eq!(plain.stdout, tapped.stdout, "stdout is byte-identical with RLX_OPSCOPE");
+    assert!(!plain.stdout.is_empty());
+
+    let mut r = csv::Reader::from_path(&rec).unwrap();
+    let rows: Vec<opscope::Row> = r.deserialize().collect::<Result<_, _>>().unwrap();
+    // 3 fused matmul sites x 3 roles x 3 runs, each with a count row.
+    let counts = rows.iter().filter(|r| r.stat == "count").count();
+    assert_eq!(counts, 3 * 3 * 3, "count rows");
+    assert_eq!(rows.iter().map(|r| r.step).max(), Some(2));
+    let sidecar = opscope::sink::sidecar_path(&rec);
+    let side: opscope::sink::Sidecar = serde_json::from_slice(&std::fs::read(sidecar).unwrap()).unwrap();
+    assert_eq!(side.graphs.len(), 1);
+    assert_eq!(side.graphs[0].pipeline, "matmul");
+    assert!(!dir.path().join("mlp.csv.partial").exists(), "renamed into place");
+}
+
+#[test]
+fn env_activation_with_bad_pipeline_stops_at_first_compile() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = example("mlp")
+        .env("RLX_OPSCOPE", "matmul{hist_bin=4}")
+        .env("RLX_OPSCOPE_OUT", dir.path().join("x.csv"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("RLX_OPSCOPE: bad opscope pipeline: unknown option 'hist_bin' of pass 'matmul'"), "{err}");
+    assert!(err.contains("hist_bins"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(out.stdout.is_empty(), "stopped before any output");
+}
+
+#[test]
+fn without_the_variable_nothing_is_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = example("mlp").current_dir(dir.path()).output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "no file written");
+}

@@ -13,13 +13,13 @@ use crate::manifest::Manifest;
 use crate::pipeline::Pipeline;
 use crate::record::{new_run_id, Recorder};
 use crate::sink::Sink;
-use crate::sketch::SKETCH_OP;
+use crate::sketch::{KEEP_OP, SKETCH_OP};
 
 /// True if a graph already carries opscope sketches (never tap twice).
 fn already_tapped(g: &Graph) -> bool {
     g.nodes()
         .iter()
-        .any(|n| matches!(&n.op, Op::Custom { name, .. } if name == SKETCH_OP))
+        .any(|n| matches!(&n.op, Op::Custom { name, .. } if name == SKETCH_OP || name == KEEP_OP))
 }
 
 /// Which program a tap observes.
@@ -179,9 +179,15 @@ struct EnvState {
 
 static ENV: OnceLock<Result<EnvState, String>> = OnceLock::new();
 
-/// Read `RLX_OPSCOPE` once. `None` when unset or empty (opscope is then inert).
+/// The pipeline text of `RLX_OPSCOPE`, `None` when unset or empty (opscope is then inert).
+fn env_text() -> Option<String> {
+    std::env::var(ENV_PIPELINE).ok().filter(|t| !t.trim().is_empty())
+}
+
+/// Parse `RLX_OPSCOPE` once, at the first compile (not at load time: the pass registry is
+/// filled by load-time constructors too, in no guaranteed order).
 fn env_state() -> Option<&'static Result<EnvState, String>> {
-    let text = std::env::var(ENV_PIPELINE).ok().filter(|t| !t.trim().is_empty())?;
+    let text = env_text()?;
     Some(ENV.get_or_init(|| {
         let pipeline = Pipeline::parse(&text).map_err(|e| format!("{ENV_PIPELINE}: {e}"))?;
         let stage = match std::env::var(ENV_STAGE) {
@@ -204,7 +210,7 @@ fn env_state() -> Option<&'static Result<EnvState, String>> {
 pub fn init_from_env() -> bool {
     static DONE: OnceLock<bool> = OnceLock::new();
     *DONE.get_or_init(|| {
-        if env_state().is_none() {
+        if env_text().is_none() {
             return false;
         }
         crate::sketch::register();

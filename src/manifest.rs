@@ -72,6 +72,10 @@ pub struct TapOutput {
     pub numel: Option<u64>,
     /// Where it is used.
     pub uses: Vec<TapUse>,
+    /// The tensor depends on parameters and constants only (a weight): its sketch is the same
+    /// on every run, is recorded at step 0 only, and is computed once when RLX hoists
+    /// param-invariant work (`cache_param_invariant`).
+    pub invariant: bool,
     /// What is computed.
     pub spec: SketchSpec,
     /// Where each statistic sits in the output vector.

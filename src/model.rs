@@ -143,8 +143,13 @@ impl OnnxEncoder {
     }
 
     /// Compile (through `Session::compile_with`, so taps see it) and bind the weights.
+    ///
+    /// Options: ONNX Level 3 (`CompileOptions::default()`, as `rlx_onnx` uses). Not
+    /// `cache_param_invariant`: under `run_typed` (I64 token ids) RLX 0.2.19 hands a custom op
+    /// reading a hoisted value zeros (measured), so weight sketches would be lost.
     pub fn compile(&self, session: &Session) -> CompiledGraph {
-        let mut c = session.compile_with(self.graph.clone(), &CompileOptions::default());
+        let options = CompileOptions::default();
+        let mut c = session.compile_with(self.graph.clone(), &options);
         for (name, data) in &self.params {
             c.set_param(name, data);
         }

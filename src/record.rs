@@ -170,6 +170,9 @@ pub fn rows_for(run_id: &str, step: u64, m: &Manifest, outputs: &[Vec<f32>]) -> 
             }
             None => None,
         };
+        if out.invariant && step > 0 {
+            continue; // a weight's sketch is the same on every run: recorded at step 0
+        }
         for u in &out.uses {
             let site = m.site(&u.site);
             let row = |stat: Stat, idx: usize, value: f32| Row {

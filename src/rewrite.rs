@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use rlx_ir::{Graph, NodeId, Op};
 
 use crate::manifest::{Manifest, Role, Site, Skipped, TapOutput, TapUse};
-use crate::sketch::{shape_text, static_dims, SketchSpec, SKETCH_OP};
+use crate::sketch::{shape_text, static_dims, SketchSpec, KEEP_OP, SKETCH_OP};
 
 /// A graph being rewritten by a pipeline, and the manifest of what was done to it.
 pub struct Rewrite {
@@ -14,6 +14,10 @@ pub struct Rewrite {
     manifest: Manifest,
     names: HashMap<u32, String>,
     by_param: HashMap<(String, String), String>,
+    /// Per original node: reachable from a graph input or a nondeterministic op.
+    dynamic: Vec<bool>,
+    /// A run-time tensor read by `keep` nodes so that weight sketches can be hoisted.
+    anchor: Option<NodeId>,
     dedupe: HashMap<(u32, Vec<u8>), usize>,
 }
 
@@ -35,8 +39,24 @@ impl Rewrite {
             manifest,
             names: HashMap::new(),
             by_param: HashMap::new(),
+            dynamic: Vec::new(),
+            anchor: None,
             dedupe: HashMap::new(),
         };
+        let mut dynamic = vec![false; graph.len()];
+        for n in graph.nodes() {
+            dynamic[n.id.0 as usize] = matches!(n.op, Op::Input { .. })
+                || n.op.is_nondeterministic()
+                || n.inputs.iter().any(|i| dynamic[i.0 as usize]);
+        }
+        rw.dynamic = dynamic;
+        // The first run-time F32 tensor (measured on MiniLM: an I64 anchor such as `input_ids`
+        // left the hoisted value unfilled).
+        rw.anchor = graph
+            .nodes()
+            .iter()
+            .find(|n| rw.dynamic[n.id.0 as usize] && n.shape.dtype() == rlx_ir::DType::F32)
+            .map(|n| n.id);
         rw.name_nodes(source);
         rw
     }
@@ -176,11 +196,17 @@ impl Rewrite {
             self.manifest.outputs[i].uses.push(use_);
             return;
         }
+        let invariant = !self.dynamic.get(tensor.0 as usize).copied().unwrap_or(true);
         let output_index = if numel == Some(0) {
             None
         } else {
-            let id = self.graph.custom_op(SKETCH_OP, attrs.clone(), vec![tensor]);
-            self.graph.node_mut(id).name = Some(format!("opscope/{site}/{}", role.as_str()));
+            let name = format!("opscope/{site}/{}", role.as_str());
+            let mut id = self.graph.custom_op(SKETCH_OP, attrs.clone(), vec![tensor]);
+            self.graph.node_mut(id).name = Some(name.clone());
+            if let (true, Some(anchor)) = (invariant, self.anchor) {
+                id = self.graph.custom_op(KEEP_OP, Vec::new(), vec![id, anchor]);
+                self.graph.node_mut(id).name = Some(format!("{name}/keep"));
+            }
             self.graph.outputs.push(id);
             Some(self.graph.outputs.len() - 1)
         };
@@ -191,6 +217,7 @@ impl Rewrite {
             shape: shape_text(&shape),
             numel,
             uses: vec![use_],
+            invariant,
             layout: spec.layout(),
             spec,
         });
@@ -201,7 +228,7 @@ impl Rewrite {
         self.graph
             .users(node)
             .into_iter()
-            .filter(|u| !matches!(&self.graph.node(*u).op, Op::Custom { name, .. } if name == SKETCH_OP))
+            .filter(|u| !matches!(&self.graph.node(*u).op, Op::Custom { name, .. } if name == SKETCH_OP || name == KEEP_OP))
             .collect()
     }
 

@@ -24,6 +24,13 @@ use serde::{Deserialize, Serialize};
 /// Name of the custom RLX op that computes a sketch (`Op::Custom { name: SKETCH_OP, .. }`).
 pub const SKETCH_OP: &str = "opscope.sketch";
 
+/// Name of the custom op `keep(sketch, anchor) -> sketch`: a copy of its first input that also
+/// reads a run-time tensor. A sketch of a weight is param-invariant; routing it through `keep`
+/// lets RLX's `cache_param_invariant` hoist the sketch into the run-once prepare graph while the
+/// value still reaches the main graph's outputs (RLX 0.2.19 returns a hoisted value that is
+/// itself a graph output unfilled: measured, all zeros).
+pub const KEEP_OP: &str = "opscope.keep";
+
 /// One statistic of a sketch. The string form (`as_str`) is the `stat` column of a recording.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -736,6 +743,42 @@ impl CpuKernel for SketchKernel {
     }
 }
 
+/// Shape inference for [`KEEP_OP`]: the first input's shape.
+struct KeepOp;
+
+impl OpExtension for KeepOp {
+    fn name(&self) -> &str {
+        KEEP_OP
+    }
+    fn num_inputs(&self) -> usize {
+        2
+    }
+    fn infer_shape(&self, inputs: &[&Shape], _attrs: &[u8]) -> Shape {
+        inputs[0].clone()
+    }
+}
+
+/// CPU kernel for [`KEEP_OP`]: copy input 0.
+struct KeepKernel;
+
+impl CpuKernel for KeepKernel {
+    fn name(&self) -> &str {
+        KEEP_OP
+    }
+    fn execute(&self, inputs: &[CpuTensorRef<'_>], output: CpuTensorMut<'_>, _attrs: &[u8]) -> Result<(), String> {
+        let x = inputs
+            .first()
+            .ok_or_else(|| format!("{KEEP_OP}: no input"))?
+            .expect_f32("opscope.keep input")?;
+        let out = output.expect_f32_mut("opscope.keep output")?;
+        if out.len() != x.len() {
+            return Err(format!("{KEEP_OP}: output holds {} values, input {}", out.len(), x.len()));
+        }
+        out.copy_from_slice(x);
+        Ok(())
+    }
+}
+
 /// Register the sketch op and its CPU kernel (idempotent; called before any tapped compile:
 /// RLX panics when it builds an executable holding a custom op with no registered kernel).
 pub fn register() {
@@ -743,5 +786,7 @@ pub fn register() {
     ONCE.call_once(|| {
         rlx_ir::op_registry::register_op(Arc::new(SketchOp));
         rlx_cpu::op_registry::register_cpu_kernel(Arc::new(SketchKernel));
+        rlx_ir::op_registry::register_op(Arc::new(KeepOp));
+        rlx_cpu::op_registry::register_cpu_kernel(Arc::new(KeepKernel));
     });
 }

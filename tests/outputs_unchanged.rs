@@ -137,3 +137,28 @@ fn dequant_matmul_activation_and_output_are_sketched() {
     assert_matches_reference(&rows, "matmul.0", "out", &reference(&tapped[0], &[m, n], 32, 16), 1e-5);
     assert!(stats_of(&rows, "matmul.0", "rhs", 0).is_empty(), "packed weight is not sketched");
 }
+
+#[test]
+fn weight_sketches_survive_param_hoisting_and_are_recorded_once() {
+    // With cache_param_invariant, RLX hoists weight-only work into a run-once prepare graph;
+    // the weight's sketch goes with it and still reaches the recording (through `keep`).
+    let g = matmul_2d(3, 5, 4);
+    let w = randn(20, 1);
+    let x = randn(15, 2);
+    let p = Pipeline::parse("matmul").unwrap();
+    let sink = opscope::MemorySink::default();
+    let run = |hoist: bool| {
+        let opts = rlx_runtime::CompileOptions::default().with_cache_param_invariant(hoist);
+        let mut c = Session::new(Device::Cpu).compile_with(g.clone(), &opts);
+        c.set_param("w", &w);
+        (0..3).map(|_| c.run(&[("x", &x)])).collect::<Vec<_>>()
+    };
+    let plain = run(true);
+    let tapped = opscope::scope(&p, Box::new(sink.clone()), || run(true)).unwrap();
+    assert_eq!(plain.iter().map(|o| bits(o)).collect::<Vec<_>>(), tapped.iter().map(|o| bits(o)).collect::<Vec<_>>());
+    let rows = sink.rows();
+    assert_matches_reference(&rows, "matmul.0", "rhs", &reference(&w, &[5, 4], 32, 16), 1e-5);
+    assert!(rows.iter().filter(|r| r.role == "rhs").all(|r| r.step == 0), "a weight is recorded at step 0 only");
+    assert!(rows.iter().any(|r| r.role == "lhs" && r.step == 2), "activations are recorded every run");
+    assert!(sink.manifests()[0].outputs.iter().any(|o| o.invariant));
+}

@@ -81,11 +81,12 @@ fn render(g: &Graph, m: &Manifest) -> String {
         let uses: Vec<String> = o.uses.iter().map(|u| format!("{}/{}", u.site, u.role.as_str())).collect();
         let layout: Vec<String> = o.layout.iter().map(|l| format!("{}@{}x{}", l.stat.as_str(), l.offset, l.len)).collect();
         s.push_str(&format!(
-            "# output {:?} tensor=%{} shape={} numel={:?} uses=[{}]\n#   layout {}\n",
+            "# output {:?} tensor=%{} shape={} numel={:?} invariant={} uses=[{}]\n#   layout {}\n",
             o.output_index,
             o.tensor,
             o.shape,
             o.numel,
+            o.invariant,
             uses.join(", "),
             layout.join(" ")
         ));

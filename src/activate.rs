@@ -115,7 +115,7 @@ impl GraphTap for ScopeTap {
 
     fn on_outputs(&self, extra: Vec<(Vec<u8>, DType)>) {
         let outs: Vec<Vec<f32>> = extra.iter().map(|(b, d)| taps::to_f32(b, *d)).collect();
-        self.recorder.record_tagged(&outs);
+        self.recorder.record_tagged(outs);
     }
 }
 
@@ -331,7 +331,7 @@ mod env_backend {
         fn strip(&self, mut outs: Vec<Vec<f32>>) -> Vec<Vec<f32>> {
             if outs.len() >= self.extra {
                 let tail = outs.split_off(outs.len() - self.extra);
-                self.recorder.record(&self.manifest, &tail);
+                self.recorder.record(&self.manifest, tail);
             }
             outs
         }
@@ -376,7 +376,7 @@ mod env_backend {
                     // valid until the next run; they are copied right away.
                     .map(|&(p, n)| unsafe { std::slice::from_raw_parts(p, n) }.to_vec())
                     .collect();
-                self.recorder.record(&self.manifest, &tail);
+                self.recorder.record(&self.manifest, tail);
                 raw.truncate(self.user_outputs());
             }
             raw
@@ -393,7 +393,7 @@ mod env_backend {
                         // the next run; offsets are in f32 elements as `arena_ptr` documents.
                         .map(|&(o, l)| unsafe { std::slice::from_raw_parts(arena.add(o), l) }.to_vec())
                         .collect();
-                    self.recorder.record(&self.manifest, &tail);
+                    self.recorder.record(&self.manifest, tail);
                 }
             }
             self.slots = slots.into_iter().take(n).collect();
@@ -449,7 +449,7 @@ mod env_backend {
                     .iter()
                     .map(|(b, d)| rlx_runtime::taps::to_f32(b, *d))
                     .collect();
-                self.recorder.record(&self.manifest, &tail);
+                self.recorder.record(&self.manifest, tail);
             }
             outs
         }

@@ -3,26 +3,79 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
 use crate::error::Error;
 use crate::manifest::Manifest;
 use crate::sink::{Row, Sink};
 use crate::sketch::Stat;
 
-struct State {
-    sink: Box<dyn Sink>,
+/// Shared strings for the rows of one manifest, built once per compile.
+struct Interned {
+    graph: Arc<str>,
+    /// Per output: per use: (site, op, role, flops).
+    uses: Vec<Vec<(Arc<str>, Arc<str>, Arc<str>, Option<u64>)>>,
+    /// Per output: shape.
+    shapes: Vec<Arc<str>>,
+    /// Per statistic (index in `Stat::ALL`): name.
+    stats: Vec<Arc<str>>,
+}
+
+impl Interned {
+    fn new(m: &Manifest) -> Interned {
+        let uses = m
+            .outputs
+            .iter()
+            .map(|o| {
+                o.uses
+                    .iter()
+                    .map(|u| {
+                        let site = m.site(&u.site);
+                        (
+                            Arc::from(u.site.as_str()),
+                            Arc::from(site.map(|s| s.op.as_str()).unwrap_or("")),
+                            Arc::from(u.role.as_str()),
+                            site.and_then(|s| s.flops),
+                        )
+                    })
+                    .collect()
+            })
+            .collect();
+        Interned {
+            graph: Arc::from(m.graph.as_str()),
+            uses,
+            shapes: m.outputs.iter().map(|o| Arc::from(o.shape.as_str())).collect(),
+            stats: Stat::ALL.iter().map(|s| Arc::from(s.as_str())).collect(),
+        }
+    }
+}
+
+enum Msg {
+    Manifest(Arc<Manifest>),
+    Run { manifest: Arc<Manifest>, step: u64, outputs: Vec<Vec<f32>> },
+}
+
+/// Runs queued for the writer before a tapped run waits for it (bounded memory).
+const QUEUE: usize = 64;
+
+struct Front {
     manifests: HashMap<u32, Arc<Manifest>>,
     steps: HashMap<u32, u64>,
     error: Option<Error>,
-    finished: bool,
+    tx: Option<SyncSender<Msg>>,
+    writer: Option<JoinHandle<Result<(), Error>>>,
 }
 
 /// Shared recording state of one scope (or of the environment-activated process).
+///
+/// The tapped run only hands its sketch vectors to a writer thread (a bounded queue); rows are
+/// decoded and written to the sink there, off the model's critical path.
 pub struct Recorder {
-    run_id: String,
+    run_id: Arc<str>,
     next_tag: AtomicU32,
-    state: Mutex<State>,
+    front: Mutex<Front>,
 }
 
 /// A run id: `run-<unix seconds>-<pid>`.
@@ -34,18 +87,58 @@ pub fn new_run_id() -> String {
     format!("run-{secs}-{}", std::process::id())
 }
 
+/// The writer thread: decode each run into rows and write them; keep the first error and
+/// drain the rest of the queue (so the producer never blocks on a dead writer).
+fn writer(mut sink: Box<dyn Sink>, run_id: Arc<str>, rx: Receiver<Msg>) -> Result<(), Error> {
+    let mut first: Option<Error> = None;
+    let mut interned: HashMap<u32, Arc<Interned>> = HashMap::new();
+    for msg in rx {
+        if first.is_some() {
+            continue;
+        }
+        let res = match msg {
+            Msg::Manifest(m) => sink.manifest(&m),
+            Msg::Run { manifest, step, outputs } => {
+                let names = interned
+                    .entry(manifest.tag)
+                    .or_insert_with(|| Arc::new(Interned::new(&manifest)))
+                    .clone();
+                decode_rows(&run_id, &names, step, &manifest, &outputs).and_then(|rows| sink.write(&rows))
+            }
+        };
+        if let Err(e) = res {
+            first = Some(e);
+        }
+    }
+    let fin = sink.finish();
+    match first {
+        Some(e) => Err(e),
+        None => fin,
+    }
+}
+
 impl Recorder {
-    /// A recorder writing to `sink`.
+    /// A recorder writing to `sink` from a writer thread.
     pub fn new(sink: Box<dyn Sink>, run_id: String) -> Recorder {
+        let run_id: Arc<str> = Arc::from(run_id);
+        let (tx, rx) = sync_channel(QUEUE);
+        let id = run_id.clone();
+        let writer = std::thread::Builder::new()
+            .name("opscope-writer".into())
+            .spawn(move || writer(sink, id, rx));
+        let (tx, writer, error) = match writer {
+            Ok(h) => (Some(tx), Some(h), None),
+            Err(e) => (None, None, Some(Error::Internal(format!("cannot start the writer thread: {e}")))),
+        };
         Recorder {
             run_id,
             next_tag: AtomicU32::new(1),
-            state: Mutex::new(State {
-                sink,
+            front: Mutex::new(Front {
                 manifests: HashMap::new(),
                 steps: HashMap::new(),
-                error: None,
-                finished: false,
+                error,
+                tx,
+                writer,
             }),
         }
     }
@@ -60,16 +153,13 @@ impl Recorder {
         self.next_tag.fetch_add(1, Ordering::Relaxed) % (1 << 24)
     }
 
-    fn with_state<T>(&self, f: impl FnOnce(&mut State) -> T) -> Option<T> {
-        match self.state.lock() {
-            Ok(mut s) => Some(f(&mut s)),
-            Err(_) => None,
-        }
+    fn with_front<T>(&self, f: impl FnOnce(&mut Front) -> T) -> Option<T> {
+        self.front.lock().ok().map(|mut s| f(&mut s))
     }
 
     /// Keep the first error; later ones are printed.
     pub fn fail(&self, e: Error) {
-        self.with_state(|s| {
+        self.with_front(|s| {
             if s.error.is_none() {
                 s.error = Some(e);
             } else {
@@ -78,26 +168,28 @@ impl Recorder {
         });
     }
 
+    fn send(&self, msg: Msg) {
+        let tx = self.with_front(|s| s.tx.clone()).flatten();
+        if let Some(tx) = tx {
+            // A send fails only if the writer has gone; its error is reported by `finish`.
+            let _ = tx.send(msg);
+        }
+    }
+
     /// A tapped compile: remember its manifest and tell the sink.
     pub fn register(&self, manifest: Manifest) -> Arc<Manifest> {
         let m = Arc::new(manifest);
-        let res = self.with_state(|s| {
-            s.manifests.insert(m.tag, m.clone());
-            s.sink.manifest(&m)
-        });
-        if let Some(Err(e)) = res {
-            self.fail(e);
-        }
+        self.with_front(|s| s.manifests.insert(m.tag, m.clone()));
+        self.send(Msg::Manifest(m.clone()));
         m
     }
 
     /// The extra outputs of one run whose manifest is identified by the tag in value 0.
-    pub fn record_tagged(&self, outputs: &[Vec<f32>]) {
+    pub fn record_tagged(&self, outputs: Vec<Vec<f32>>) {
         let Some(tag) = outputs.first().and_then(|o| o.first()).map(|&t| t as u32) else {
             return;
         };
-        let m = self.with_state(|s| s.manifests.get(&tag).cloned()).flatten();
-        match m {
+        match self.with_front(|s| s.manifests.get(&tag).cloned()).flatten() {
             Some(m) => self.record(&m, outputs),
             None => self.fail(Error::Mismatch {
                 graph: "?".into(),
@@ -107,35 +199,49 @@ impl Recorder {
     }
 
     /// The extra outputs of one run of the graph `manifest` describes.
-    pub fn record(&self, manifest: &Manifest, outputs: &[Vec<f32>]) {
-        let res = self.with_state(|s| {
-            if s.finished {
-                return Ok(());
-            }
+    pub fn record(&self, manifest: &Arc<Manifest>, outputs: Vec<Vec<f32>>) {
+        let step = self.with_front(|s| {
             let step = s.steps.entry(manifest.tag).or_default();
-            let rows = rows_for(&self.run_id, *step, manifest, outputs)?;
+            let now = *step;
             *step += 1;
-            s.sink.write(&rows)
+            now
         });
-        if let Some(Err(e)) = res {
-            self.fail(e);
+        if let Some(step) = step {
+            self.send(Msg::Run {
+                manifest: manifest.clone(),
+                step,
+                outputs,
+            });
         }
     }
 
-    /// Finish the sink; return the first error seen while recording, if any.
+    /// Finish: close the queue, wait for the writer to write every run and finish the sink.
+    /// Returns the first error seen while recording, if any. Later calls return `Ok`.
     pub fn finish(&self) -> Result<(), Error> {
-        self.with_state(|s| {
-            if s.finished {
-                return s.error.take().map_or(Ok(()), Err);
-            }
-            s.finished = true;
-            let fin = s.sink.finish();
-            match s.error.take() {
-                Some(e) => Err(e),
-                None => fin,
-            }
-        })
-        .unwrap_or_else(|| Err(Error::Internal("recorder lock poisoned".into())))
+        let (writer, early) = self
+            .with_front(|s| {
+                s.tx = None;
+                (s.writer.take(), s.error.take())
+            })
+            .ok_or_else(|| Error::Internal("recorder lock poisoned".into()))?;
+        let written = match writer {
+            Some(h) => h
+                .join()
+                .unwrap_or_else(|_| Err(Error::Internal("the writer thread panicked".into()))),
+            None => Ok(()),
+        };
+        match early {
+            Some(e) => Err(e),
+            None => written,
+        }
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        if let Err(e) = self.finish() {
+            eprintln!("opscope: recording failed: {e}");
+        }
     }
 }
 
@@ -145,6 +251,16 @@ impl Recorder {
 /// manifest says. Statistics that are undefined for the data (NaN in a slot whose
 /// [`Stat::nan_means_undefined`]) are left out.
 pub fn rows_for(run_id: &str, step: u64, m: &Manifest, outputs: &[Vec<f32>]) -> Result<Vec<Row>, Error> {
+    decode_rows(&Arc::from(run_id), &Interned::new(m), step, m, outputs)
+}
+
+fn decode_rows(
+    run_id: &Arc<str>,
+    names: &Interned,
+    step: u64,
+    m: &Manifest,
+    outputs: &[Vec<f32>],
+) -> Result<Vec<Row>, Error> {
     let mismatch = |detail: String| Error::Mismatch {
         graph: m.graph.clone(),
         detail,
@@ -155,7 +271,7 @@ pub fn rows_for(run_id: &str, step: u64, m: &Manifest, outputs: &[Vec<f32>]) -> 
     }
     let mut rows = Vec::new();
     let mut k = 0;
-    for out in &m.outputs {
+    for (oi, out) in m.outputs.iter().enumerate() {
         let values: Option<&Vec<f32>> = match out.output_index {
             Some(_) => {
                 let v = &outputs[k];
@@ -173,21 +289,20 @@ pub fn rows_for(run_id: &str, step: u64, m: &Manifest, outputs: &[Vec<f32>]) -> 
         if out.invariant && step > 0 {
             continue; // a weight's sketch is the same on every run: recorded at step 0
         }
-        for u in &out.uses {
-            let site = m.site(&u.site);
+        for (site, op, role, flops) in &names.uses[oi] {
             let row = |stat: Stat, idx: usize, value: f32| Row {
-                run_id: run_id.to_string(),
+                run_id: run_id.clone(),
                 step,
-                graph: m.graph.clone(),
-                site: u.site.clone(),
-                op: site.map(|s| s.op.clone()).unwrap_or_default(),
-                role: u.role.as_str().to_string(),
-                stat: stat.as_str().to_string(),
+                graph: names.graph.clone(),
+                site: site.clone(),
+                op: op.clone(),
+                role: role.clone(),
+                stat: names.stats[stat as usize].clone(),
                 idx: idx as u64,
                 value: value as f64,
                 numel: out.numel,
-                shape: out.shape.clone(),
-                flops: site.and_then(|s| s.flops),
+                shape: names.shapes[oi].clone(),
+                flops: *flops,
             };
             match values {
                 None => rows.push(row(Stat::Count, 0, 0.0)),

@@ -184,6 +184,8 @@ impl Rewrite {
     /// The same tensor with the same spec is computed once and listed once per use.
     pub fn tap(&mut self, site: &str, role: Role, tensor: NodeId, mut spec: SketchSpec) {
         spec.tag = self.manifest.tag;
+        let invariant = !self.dynamic.get(tensor.0 as usize).copied().unwrap_or(true);
+        spec.memo = invariant;
         let shape = self.graph.node(tensor).shape.clone();
         // `None` for a symbolic shape: the element count is only known at run time.
         let numel: Option<u64> = static_dims(&shape).map(|d| d.iter().product::<usize>() as u64);
@@ -196,7 +198,6 @@ impl Rewrite {
             self.manifest.outputs[i].uses.push(use_);
             return;
         }
-        let invariant = !self.dynamic.get(tensor.0 as usize).copied().unwrap_or(true);
         let output_index = if numel == Some(0) {
             None
         } else {

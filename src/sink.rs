@@ -11,23 +11,24 @@ use serde::{Deserialize, Serialize};
 use crate::error::Error;
 use crate::manifest::Manifest;
 
-/// One row of a recording.
+/// One row of a recording. Repeated strings are shared (`Arc<str>`), so a run's rows cost one
+/// allocation each, not seven.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Row {
     /// Recording run id (one per recorder).
-    pub run_id: String,
+    pub run_id: Arc<str>,
     /// Run index of this compiled graph (0-based).
     pub step: u64,
     /// Graph name.
-    pub graph: String,
+    pub graph: Arc<str>,
     /// Site name.
-    pub site: String,
+    pub site: Arc<str>,
     /// Op at the site.
-    pub op: String,
+    pub op: Arc<str>,
     /// Role of the tensor at the site (`lhs`, `rhs`, `out`).
-    pub role: String,
+    pub role: Arc<str>,
     /// Statistic (`min`, `hist`, ...; see [`crate::sketch::Stat`]).
-    pub stat: String,
+    pub stat: Arc<str>,
     /// Element index within a vector statistic (0 for scalars).
     pub idx: u64,
     /// The value.
@@ -35,7 +36,7 @@ pub struct Row {
     /// Elements in the tensor, empty if its shape is symbolic.
     pub numel: Option<u64>,
     /// Shape of the tensor (`[2,16,384]`).
-    pub shape: String,
+    pub shape: Arc<str>,
     /// FLOPs of one execution of the site, empty if unknown.
     pub flops: Option<u64>,
 }

@@ -88,16 +88,16 @@ impl Sink for SummarySink {
         let mut seen_run: std::collections::HashSet<(String, String)> = Default::default();
         for r in rows {
             let next = map.len();
-            let key = (r.site.clone(), r.role.clone());
+            let key = (r.site.to_string(), r.role.to_string());
             let s = map.entry(key.clone()).or_insert_with(|| SiteSummary {
                 order: next,
-                shape: r.shape.clone(),
+                shape: r.shape.to_string(),
                 ..Default::default()
             });
             if seen_run.insert(key) {
                 s.runs += 1;
             }
-            match r.stat.as_str() {
+            match &*r.stat {
                 "count" => s.count += r.value,
                 "nnz" => s.nnz += r.value,
                 "min" | "max" => s.absmax = s.absmax.max(r.value.abs()),

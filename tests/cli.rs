@@ -74,7 +74,7 @@ fn env_activation_records_and_leaves_stdout_unchanged() {
     let mut r = csv::Reader::from_path(&rec).unwrap();
     let rows: Vec<opscope::Row> = r.deserialize().collect::<Result<_, _>>().unwrap();
     // 3 fused matmul sites: lhs and out on each of 3 runs, the weight (rhs) once.
-    let counts = rows.iter().filter(|r| r.stat == "count").count();
+    let counts = rows.iter().filter(|r| &*r.stat == "count").count();
     assert_eq!(counts, 3 * (2 * 3 + 1), "count rows");
     assert_eq!(rows.iter().map(|r| r.step).max(), Some(2));
     let sidecar = opscope::sink::sidecar_path(&rec);

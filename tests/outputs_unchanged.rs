@@ -158,7 +158,7 @@ fn weight_sketches_survive_param_hoisting_and_are_recorded_once() {
     assert_eq!(plain.iter().map(|o| bits(o)).collect::<Vec<_>>(), tapped.iter().map(|o| bits(o)).collect::<Vec<_>>());
     let rows = sink.rows();
     assert_matches_reference(&rows, "matmul.0", "rhs", &reference(&w, &[5, 4], 32, 16), 1e-5);
-    assert!(rows.iter().filter(|r| r.role == "rhs").all(|r| r.step == 0), "a weight is recorded at step 0 only");
-    assert!(rows.iter().any(|r| r.role == "lhs" && r.step == 2), "activations are recorded every run");
+    assert!(rows.iter().filter(|r| &*r.role == "rhs").all(|r| r.step == 0), "a weight is recorded at step 0 only");
+    assert!(rows.iter().any(|r| &*r.role == "lhs" && r.step == 2), "activations are recorded every run");
     assert!(sink.manifests()[0].outputs.iter().any(|o| o.invariant));
 }

@@ -95,7 +95,7 @@ fn rank_3_batched() {
     assert_matches_reference(&rows, SITE, "rhs", &reference(&bb, &[b, k, n], 10, 7), 1e-5);
     assert_matches_reference(&rows, SITE, "out", &reference(&outs[0], &[b, m, n], 10, 7), 1e-5);
     // adj_sumsq pairs stay inside each batch: m-1 pairs per batch, never across batches.
-    let flops = rows.iter().find(|r| r.site == SITE).and_then(|r| r.flops);
+    let flops = rows.iter().find(|r| &*r.site == SITE).and_then(|r| r.flops);
     assert_eq!(flops, Some((2 * b * m * k * n) as u64));
 }
 

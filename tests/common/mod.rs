@@ -157,8 +157,8 @@ pub fn reference(x: &[f32], dims: &[usize], bins: usize, k: usize) -> Reference 
 /// Rows of one (site, role, step) as stat -> values (by idx).
 pub fn stats_of(rows: &[Row], site: &str, role: &str, step: u64) -> BTreeMap<String, Vec<f64>> {
     let mut m: BTreeMap<String, Vec<(u64, f64)>> = BTreeMap::new();
-    for r in rows.iter().filter(|r| r.site == site && r.role == role && r.step == step) {
-        m.entry(r.stat.clone()).or_default().push((r.idx, r.value));
+    for r in rows.iter().filter(|r| &*r.site == site && &*r.role == role && r.step == step) {
+        m.entry(r.stat.to_string()).or_default().push((r.idx, r.value));
     }
     m.into_iter()
         .map(|(k, mut v)| {

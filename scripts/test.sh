@@ -5,6 +5,6 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bash "$here/fetch-assets.sh"
-python3 -m pip install --quiet --disable-pip-version-check -r "$here/requirements-test.txt"
+python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -r "$here/requirements-test.txt"
 cd "$here/.."
 cargo test --release "$@"

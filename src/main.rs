@@ -45,6 +45,10 @@ struct RecordArgs {
     /// Tokens per sentence (truncate and pad to this length).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(2..=512))]
     seq: u32,
+    /// Which program to observe: `deployed` (after RLX's fusion; outputs bit-identical) or
+    /// `source` (the graph as imported, before fusion).
+    #[arg(long, default_value = "deployed")]
+    stage: opscope::activate::Stage,
     /// Use at most this many text entries.
     #[arg(long)]
     limit: Option<usize>,
@@ -88,7 +92,7 @@ fn record(a: RecordArgs) -> Result<()> {
         ProgressStyle::with_template("{bar:40} {pos}/{len} sentences {elapsed} {msg}")
             .context("progress template")?,
     );
-    let (res, recorded) = opscope::scope_with_result(&pipeline, Box::new(sink), || -> Result<()> {
+    let (res, recorded) = opscope::activate::scope_at(&pipeline, a.stage, Box::new(sink), || -> Result<()> {
         let mut compiled_full = if entries.len() >= batch { Some(full.compile(&session)) } else { None };
         let mut compiled_tail = tail.as_ref().map(|m| (m, m.compile(&session)));
         for chunk in entries.chunks(batch) {

@@ -212,3 +212,24 @@ fn matmul_deployed_bias_gelu_fused() {
 fn matmul_deployed_qkv_merged_split_into_sites() {
     snap_deployed("matmul__deployed_qkv", "matmul{stats=[max]}", fixture_qkv());
 }
+
+/// A rank-1 activation `x[8] @ w[8,3] -> [3]`: sketched as one row of 8 channels.
+fn fixture_rank1() -> Graph {
+    let mut g = Graph::new("rank1");
+    let x = g.input("x", f32s(&[8]));
+    let w = g.param("w", f32s(&[8, 3]));
+    let y = g.matmul(x, w, f32s(&[3]));
+    g.set_outputs(vec![y]);
+    g
+}
+
+#[test]
+fn matmul_rank1_operand_is_sketched_not_a_panic() {
+    // RLX's verifier rejects a rank-1 matmul; the pass must still not panic on one.
+    let p = Pipeline::parse("matmul{stats=[max,chan_maxabs,pos_sumsq,adj_sumsq]}").unwrap();
+    let (out, m) = p.apply(&fixture_rank1()).unwrap();
+    assert_eq!(out.outputs.len(), 4);
+    let lhs = &m.outputs[0];
+    assert_eq!((lhs.shape.as_str(), lhs.spec.chans, lhs.spec.rows), ("[8]", 8, 1));
+    assert_eq!(m.sites[0].flops, Some(2 * 3 * 8));
+}

@@ -1,0 +1,85 @@
+//! Recordings: complete, renamed into place, readable back with the csv crate; errors are
+//! returned, never swallowed.
+
+mod common;
+use common::*;
+use opscope::{CsvSink, Error, Manifest, Pipeline, Row, Sink};
+
+fn run_into(sink: Box<dyn Sink>) -> Result<Vec<Vec<f32>>, Error> {
+    let g = matmul_2d(4, 6, 3);
+    let w = randn(18, 1);
+    let x = randn(24, 2);
+    let p = Pipeline::parse("matmul{stats=[min,max,hist],hist_bins=4}").unwrap();
+    opscope::scope(&p, sink, || {
+        let mut c = rlx_runtime::Session::new(rlx_runtime::Device::Cpu).compile(g.clone());
+        c.set_param("w", &w);
+        (0..2).map(|_| c.run(&[("x", &x)]).remove(0)).collect()
+    })
+}
+
+#[test]
+fn csv_recording_round_trips_and_is_renamed_into_place() {
+    for name in ["rec.csv", "rec.csv.gz"] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(name);
+        run_into(Box::new(CsvSink::create(&path).unwrap())).unwrap();
+        assert!(path.is_file(), "{name}");
+        assert!(!dir.path().join(format!("{name}.partial")).exists());
+        let file = std::fs::File::open(&path).unwrap();
+        let reader: Box<dyn std::io::Read> = if name.ends_with(".gz") {
+            Box::new(flate2::read::GzDecoder::new(file))
+        } else {
+            Box::new(file)
+        };
+        let rows: Vec<Row> = csv::Reader::from_reader(reader).deserialize().collect::<Result<_, _>>().unwrap();
+        // lhs and out on 2 runs, rhs once: count, min, max, hist x4, hist_lo, hist_hi, hist_outside
+        assert_eq!(rows.len(), (2 * 2 + 1) * 10, "{name}");
+        assert!(rows.iter().all(|r| &*r.site == "matmul.0" && r.numel.is_some() && r.flops == Some(2 * 4 * 6 * 3)));
+        let side: opscope::sink::Sidecar =
+            serde_json::from_slice(&std::fs::read(opscope::sink::sidecar_path(&path)).unwrap()).unwrap();
+        assert_eq!(side.graphs[0].pipeline, "matmul{stats=[min,max,hist],hist_bins=4}");
+    }
+}
+
+#[test]
+fn a_missing_directory_is_a_clear_error() {
+    let err = CsvSink::create("/nonexistent-dir/rec.csv").err().expect("error");
+    let msg = err.to_string();
+    assert!(msg.contains("/nonexistent-dir/rec.csv.partial") && msg.contains("No such file"), "{msg}");
+}
+
+struct FailingSink;
+
+impl Sink for FailingSink {
+    fn manifest(&mut self, _: &Manifest) -> Result<(), Error> {
+        Ok(())
+    }
+    fn write(&mut self, _: &[Row]) -> Result<(), Error> {
+        Err(Error::Io {
+            path: "disk".into(),
+            source: std::io::Error::other("disk full"),
+        })
+    }
+    fn finish(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_sink_error_is_returned_by_the_scope() {
+    let err = run_into(Box::new(FailingSink)).expect_err("the write error surfaces");
+    assert!(err.to_string().contains("disk full"), "{err}");
+}
+
+#[test]
+fn the_callers_value_survives_a_recording_error() {
+    let g = matmul_2d(2, 2, 2);
+    let p = Pipeline::parse("matmul").unwrap();
+    let (value, res) = opscope::scope_with_result(&p, Box::new(FailingSink), || {
+        let mut c = rlx_runtime::Session::new(rlx_runtime::Device::Cpu).compile(g.clone());
+        c.set_param("w", &[1.0, 0.0, 0.0, 1.0]);
+        c.run(&[("x", &[1.0, 2.0, 3.0, 4.0])])
+    });
+    assert_eq!(value, vec![vec![1.0, 2.0, 3.0, 4.0]]);
+    assert!(res.is_err());
+}

@@ -99,14 +99,13 @@ fn merged_parts(rw: &Rewrite, id: NodeId, rhs: NodeId) -> Option<Vec<Part>> {
     }
 }
 
-/// Operand node ids `(lhs, rhs)` if `op` is a matmul site.
+/// Operand node ids `(lhs, rhs)` if `op` is a matmul site. (The packed weight of a
+/// DequantMatMul is not f32: its rhs is reported as skipped by the sketch planner.)
 fn matmul_operands(op: &Op, inputs: &[NodeId]) -> Option<(NodeId, Option<NodeId>)> {
     match op {
-        Op::MatMul | Op::FusedMatMulBiasAct { .. } | Op::FusedMatMulResidual => {
+        Op::MatMul | Op::FusedMatMulBiasAct { .. } | Op::FusedMatMulResidual | Op::DequantMatMul { .. } => {
             Some((*inputs.first()?, inputs.get(1).copied()))
         }
-        // The packed weight of a DequantMatMul is not f32; its rhs is reported as skipped.
-        Op::DequantMatMul { .. } => Some((*inputs.first()?, inputs.get(1).copied())),
         _ => None,
     }
 }

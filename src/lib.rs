@@ -8,6 +8,8 @@
 //!   opscope (`use opscope as _;`);
 //! - direct: [`Pipeline::apply`] for code that manages compiles itself.
 
+#![warn(missing_docs)]
+
 pub mod activate;
 pub mod error;
 pub mod manifest;

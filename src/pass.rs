@@ -35,7 +35,12 @@ pub enum OptionType {
     /// `true` / `false`.
     Bool,
     /// An unsigned integer in `[min, max]`.
-    UInt { min: u64, max: u64 },
+    UInt {
+        /// Smallest accepted value.
+        min: u64,
+        /// Largest accepted value.
+        max: u64,
+    },
     /// One of a fixed set of words.
     Enum(&'static [&'static str]),
     /// A bracketed list `[a,b,c]` whose items are each one of a fixed set of words.

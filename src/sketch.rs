@@ -171,7 +171,12 @@ pub enum HistRange {
     Absmax,
     /// A fixed `[lo, hi]` range (`hi` falls in the last bin, as in `numpy.histogram`); finite
     /// values outside it are counted in `hist_outside`.
-    Fixed { lo: f32, hi: f32 },
+    Fixed {
+        /// Lower edge (the first bin starts here).
+        lo: f32,
+        /// Upper edge (included in the last bin).
+        hi: f32,
+    },
 }
 
 /// What to compute on one tensor, and the geometry needed to lay the result out.

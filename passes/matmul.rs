@@ -190,7 +190,7 @@ impl Pass for MatmulTap {
                 (Some(d), Some(k)) => Some(2 * d.iter().product::<usize>() as u64 * k as u64),
                 _ => None,
             };
-            let site = rw.add_site_named(self.name(), id, site_name, flops);
+            let site = rw.add_site_named(id, site_name, flops);
             for &role in &roles {
                 let tensor = match role {
                     Role::Lhs => Some(lhs),

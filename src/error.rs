@@ -8,23 +8,30 @@ pub enum Error {
     /// The pipeline text does not parse or names an unknown pass, option or value.
     #[error("{0}")]
     Pipeline(#[from] crate::pipeline::ParseError),
-    /// Writing or finishing a recording failed.
-    #[error("recording {path}: {source}")]
+    /// Writing or finishing a recording failed. (The cause is part of the message, not a
+    /// separate `source`, so that error chains print it once.)
+    #[error("recording {path}: {error}")]
     Io {
         /// The file being written.
         path: PathBuf,
         /// The underlying I/O error.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// CSV encoding failed.
-    #[error("recording {path}: {source}")]
+    #[error("recording {path}: {error}")]
     Csv {
         /// The file being written.
         path: PathBuf,
         /// The underlying CSV error.
-        #[source]
-        source: csv::Error,
+        error: csv::Error,
+    },
+    /// The recording path cannot be used.
+    #[error("recording {path}: {why}")]
+    BadPath {
+        /// The path given.
+        path: PathBuf,
+        /// What is wrong with it, and the fix.
+        why: String,
     },
     /// The outputs a tapped graph returned do not match what its manifest says it appended.
     #[error("tap outputs of graph '{graph}' do not match its manifest: {detail}")]

@@ -50,8 +50,8 @@ struct RecordArgs {
     #[arg(long, default_value = "deployed")]
     stage: opscope::activate::Stage,
     /// Use at most this many text entries.
-    #[arg(long)]
-    limit: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    limit: Option<u64>,
     /// Recording path (CSV); the manifest goes to `<out>.manifest.json`.
     #[arg(long)]
     out: PathBuf,
@@ -60,8 +60,11 @@ struct RecordArgs {
 fn passes() {
     for p in opscope::pass::registered() {
         println!("{}  ({})  {}", p.name(), p.kind(), p.doc());
+        let w = p.options().iter().map(|o| o.name.len()).max().unwrap_or(0);
+        let d = p.options().iter().map(|o| o.default.len()).max().unwrap_or(0);
         for o in p.options() {
-            println!("    {:<12} {:<28} default {:<14} {}", o.name, o.ty.describe(), o.default, o.doc);
+            println!("    {:<w$}  default {:<d$}  {}", o.name, o.default, o.doc);
+            println!("    {:<w$}  {:<8}{}", "", "type", o.ty.describe());
         }
     }
 }
@@ -72,9 +75,11 @@ fn record(a: RecordArgs) -> Result<()> {
     let text = std::fs::read_to_string(&a.text).with_context(|| format!("reading {}", a.text.display()))?;
     let mut entries = split_entries(&text);
     if let Some(n) = a.limit {
-        entries.truncate(n);
+        entries.truncate(n as usize);
     }
     anyhow::ensure!(!entries.is_empty(), "{}: no text entries found", a.text.display());
+    // Open the recording first: a bad --out fails before the model is imported.
+    let csv = CsvSink::create(&a.out)?;
     let encoder = TextEncoder::load(&a.tokenizer, seq)?;
     let full = OnnxEncoder::load(&a.onnx, batch, seq)?;
     let rest = entries.len() % batch;
@@ -84,7 +89,6 @@ fn record(a: RecordArgs) -> Result<()> {
         None
     };
 
-    let csv = CsvSink::create(&a.out)?;
     let summary = SummarySink::default();
     let sink = opscope::sink::Tee(vec![Box::new(csv), Box::new(summary.clone())]);
     let session = rlx_runtime::Session::new(rlx_runtime::Device::Cpu);
@@ -118,9 +122,17 @@ fn record(a: RecordArgs) -> Result<()> {
     bar.finish();
     res?;
     recorded?;
+    if summary.sites().is_empty() {
+        anyhow::bail!(
+            "nothing was recorded: the pipeline '{pipeline}' matched no site in {} (the header-only \
+             recording is at {}; run with --pipeline matmul to see every site's name)",
+            a.onnx.display(),
+            a.out.display()
+        );
+    }
     print!("{}", summary.table());
     println!(
-        "recorded {} sentences ({} per batch, {} tokens) with '{}' to {} (+ .manifest.json)",
+        "recorded {} text entries ({} per batch, {} tokens) with '{}' to {} (+ .manifest.json)",
         entries.len(),
         batch,
         seq,

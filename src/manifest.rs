@@ -45,12 +45,19 @@ pub struct Site {
     pub flops: Option<u64>,
     /// Pass that found the site.
     pub pass: String,
+    /// Position of that pass in the pipeline (0-based).
+    pub pass_idx: usize,
 }
 
 /// One use of an appended sketch output: the same tensor tapped at several sites with the same
 /// spec (the shared input of Q, K and V projections) is computed once and listed once per use.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TapUse {
+    /// Pass that asked for it.
+    pub pass: String,
+    /// Position of that pass in the pipeline (0-based): two passes may sketch one tensor
+    /// differently, and rows are told apart by it.
+    pub pass_idx: usize,
     /// Site name.
     pub site: String,
     /// Role of the tensor there.

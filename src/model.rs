@@ -59,9 +59,12 @@ impl TextEncoder {
         if seq < 2 {
             bail!("--seq {seq} is too short: [CLS] and [SEP] alone need 2 tokens");
         }
-        let mut tok = Tokenizer::from_file(path)
-            .map_err(|e| anyhow::anyhow!("{e}"))
-            .with_context(|| format!("loading tokenizer {}", path.display()))?;
+        if !path.is_file() {
+            bail!("{}: no such tokenizer file (run scripts/fetch-assets.sh to fetch MiniLM's)", path.display());
+        }
+        let mut tok = Tokenizer::from_file(path).map_err(|e| {
+            anyhow::anyhow!("{} is not a Hugging Face tokenizer.json ({e})", path.display())
+        })?;
         let pad_id = tok
             .token_to_id("[PAD]")
             .with_context(|| format!("{} has no [PAD] token", path.display()))?;

@@ -103,8 +103,17 @@ impl fmt::Display for OptionValue {
             OptionValue::Word(w) => f.write_str(w),
             OptionValue::List(items) => write!(f, "[{}]", items.join(",")),
             OptionValue::Absmax => f.write_str("absmax"),
-            OptionValue::Range(lo, hi) => write!(f, "{lo}:{hi}"),
+            OptionValue::Range(lo, hi) => write!(f, "{}:{}", short(*lo), short(*hi)),
         }
+    }
+}
+
+/// The shortest text that parses back to `x`: plain decimals in [1e-4, 1e7), else exponent form.
+fn short(x: f32) -> String {
+    if x == 0.0 || (1e-4..1e7).contains(&x.abs()) {
+        format!("{x}")
+    } else {
+        format!("{x:e}")
     }
 }
 
@@ -144,6 +153,9 @@ impl OptionSpec {
                     RawValue::List(items) => items.clone(),
                     RawValue::Scalar(s) => vec![s.clone()],
                 };
+                if let Some(dup) = items.iter().enumerate().find(|(i, it)| items[..*i].contains(it)) {
+                    return Err(format!("'{}' is listed twice", dup.1));
+                }
                 for it in &items {
                     if !words.contains(&it.as_str()) {
                         let near = crate::error::closest(it, words.iter().copied());

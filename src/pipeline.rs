@@ -6,7 +6,8 @@
 //! option   := NAME '=' value
 //! value    := WORD | '[' (WORD (',' WORD)*)? ']'
 //! ```
-//! `NAME` is `[a-z0-9_]+`; a `WORD` is any run of characters other than `,{}[]=` and whitespace.
+//! `NAME` is a run of letters, digits, `_` and `-` (registered names are lowercase ASCII); a
+//! `WORD` is any run of characters other than `,{}[]=` and whitespace.
 //! Whitespace around tokens is ignored. A pipeline prints back to canonical text (passes in
 //! order; per pass only the options that were set, in declaration order); parsing canonical
 //! text gives the same pipeline.
@@ -152,14 +153,14 @@ impl<'a> Parser<'a> {
         }
     }
 
-    /// A name `[A-Za-z0-9_]+` (case is kept so that errors can point at it).
+    /// A name: letters (any script, so that a typo is shown whole), digits, `_`, `-`.
     fn name(&mut self, what: &str) -> Result<(usize, &'a str), ParseError> {
         self.skip_ws();
         let start = self.pos;
         let rest = &self.text[start..];
         let len = rest
             .char_indices()
-            .find(|(_, c)| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
+            .find(|(_, c)| !(c.is_alphanumeric() || *c == '_' || *c == '-'))
             .map(|(i, _)| i)
             .unwrap_or(rest.len());
         if len == 0 {
@@ -313,7 +314,8 @@ impl Pipeline {
     pub fn apply_tagged(&self, graph: &Graph, source: Option<&Graph>, tag: u32) -> Result<(Graph, Manifest), Error> {
         crate::sketch::register();
         let mut rw = Rewrite::new(graph, source, self.to_string(), tag);
-        for p in &self.passes {
+        for (i, p) in self.passes.iter().enumerate() {
+            rw.begin_pass(i, p.pass.name());
             p.pass.run(&p.options, &mut rw)?;
         }
         Ok(rw.finish())

@@ -12,11 +12,13 @@ use crate::manifest::Manifest;
 use crate::sink::{Row, Sink};
 use crate::sketch::Stat;
 
+type Use = (Arc<str>, u32, Arc<str>, Arc<str>, Arc<str>, Option<u64>);
+
 /// Shared strings for the rows of one manifest, built once per compile.
 struct Interned {
     graph: Arc<str>,
-    /// Per output: per use: (site, op, role, flops).
-    uses: Vec<Vec<(Arc<str>, Arc<str>, Arc<str>, Option<u64>)>>,
+    /// Per output: per use: (pass, pass_idx, site, op, role, flops).
+    uses: Vec<Vec<Use>>,
     /// Per output: shape.
     shapes: Vec<Arc<str>>,
     /// Per statistic (index in `Stat::ALL`): name.
@@ -34,6 +36,8 @@ impl Interned {
                     .map(|u| {
                         let site = m.site(&u.site);
                         (
+                            Arc::from(u.pass.as_str()),
+                            u.pass_idx as u32,
                             Arc::from(u.site.as_str()),
                             Arc::from(site.map(|s| s.op.as_str()).unwrap_or("")),
                             Arc::from(u.role.as_str()),
@@ -289,11 +293,14 @@ fn decode_rows(
         if out.invariant && step > 0 {
             continue; // a weight's sketch is the same on every run: recorded at step 0
         }
-        for (site, op, role, flops) in &names.uses[oi] {
+        for (pass, pass_idx, site, op, role, flops) in &names.uses[oi] {
             let row = |stat: Stat, idx: usize, value: f32| Row {
                 run_id: run_id.clone(),
+                compile: m.tag,
                 step,
                 graph: names.graph.clone(),
+                pass: pass.clone(),
+                pass_idx: *pass_idx,
                 site: site.clone(),
                 op: op.clone(),
                 role: role.clone(),

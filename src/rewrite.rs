@@ -18,6 +18,8 @@ pub struct Rewrite {
     dynamic: Vec<bool>,
     /// A run-time tensor read by `keep` nodes so that weight sketches can be hoisted.
     anchor: Option<NodeId>,
+    /// (position in the pipeline, name) of the pass running now.
+    current: (usize, &'static str),
     dedupe: HashMap<(u32, Vec<u8>), usize>,
 }
 
@@ -41,6 +43,7 @@ impl Rewrite {
             by_param: HashMap::new(),
             dynamic: Vec::new(),
             anchor: None,
+            current: (0, ""),
             dedupe: HashMap::new(),
         };
         let mut dynamic = vec![false; graph.len()];
@@ -148,20 +151,28 @@ impl Rewrite {
         self.names.get(&node.0).cloned().unwrap_or_else(|| format!("node.{}", node.0))
     }
 
-    /// Record a site found by `pass` at `node`, named [`Rewrite::site_name`].
-    pub fn add_site(&mut self, pass: &str, node: NodeId, flops: Option<u64>) -> String {
+    /// The pipeline is about to run its `idx`-th pass, `name`: sites and taps recorded from
+    /// now on are attributed to it.
+    pub fn begin_pass(&mut self, idx: usize, name: &'static str) {
+        self.current = (idx, name);
+    }
+
+    /// Record a site at `node`, named [`Rewrite::site_name`].
+    pub fn add_site(&mut self, node: NodeId, flops: Option<u64>) -> String {
         let site = self.site_name(node);
-        self.add_site_named(pass, node, site, flops)
+        self.add_site_named(node, site, flops)
     }
 
     /// Record a site with an explicit name (a logical part of a merged op).
-    pub fn add_site_named(&mut self, pass: &str, node: NodeId, site: String, flops: Option<u64>) -> String {
+    pub fn add_site_named(&mut self, node: NodeId, site: String, flops: Option<u64>) -> String {
+        let (pass_idx, pass) = self.current;
         self.manifest.sites.push(Site {
             site: site.clone(),
             op: op_name(&self.graph.node(node).op),
             node: node.0,
             flops,
             pass: pass.to_string(),
+            pass_idx,
         });
         site
     }
@@ -190,6 +201,8 @@ impl Rewrite {
         // `None` for a symbolic shape: the element count is only known at run time.
         let numel: Option<u64> = static_dims(&shape).map(|d| d.iter().product::<usize>() as u64);
         let use_ = TapUse {
+            pass: self.current.1.to_string(),
+            pass_idx: self.current.0,
             site: site.to_string(),
             role,
         };

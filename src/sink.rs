@@ -11,16 +11,23 @@ use serde::{Deserialize, Serialize};
 use crate::error::Error;
 use crate::manifest::Manifest;
 
-/// One row of a recording. Repeated strings are shared (`Arc<str>`), so a run's rows cost one
-/// allocation each, not seven.
+/// One row of a recording. The key is `run_id, compile, step, pass_idx, site, role, stat, idx`
+/// (unique: a test checks it); repeated strings are shared (`Arc<str>`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Row {
     /// Recording run id (one per recorder).
     pub run_id: Arc<str>,
+    /// Compile within the recording (the tag of its manifest): one graph compiled twice gives
+    /// two compiles, each with its own steps.
+    pub compile: u32,
     /// Run index of this compiled graph (0-based).
     pub step: u64,
     /// Graph name.
     pub graph: Arc<str>,
+    /// Pass that recorded the row.
+    pub pass: Arc<str>,
+    /// Position of that pass in the pipeline (0-based).
+    pub pass_idx: u32,
     /// Site name.
     pub site: Arc<str>,
     /// Op at the site.
@@ -54,6 +61,12 @@ pub trait Sink: Send {
     fn finish(&mut self) -> Result<(), Error>;
 }
 
+/// Column names of a CSV recording, in [`Row`]'s field order.
+pub const HEADER: [&str; 15] = [
+    "run_id", "compile", "step", "graph", "pass", "pass_idx", "site", "op", "role", "stat", "idx", "value", "numel",
+    "shape", "flops",
+];
+
 /// The manifest sidecar written next to a recording (`<recording>.manifest.json`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Sidecar {
@@ -80,7 +93,7 @@ fn partial_path(path: &Path) -> PathBuf {
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
     let io = |source| Error::Io {
         path: path.to_path_buf(),
-        source,
+        error: source,
     };
     let tmp = partial_path(path);
     let mut f = File::create(&tmp).map_err(io)?;
@@ -139,10 +152,16 @@ impl CsvSink {
     /// permissions): fix the path or create the directory.
     pub fn create(path: impl AsRef<Path>) -> Result<CsvSink, Error> {
         let path = path.as_ref().to_path_buf();
+        if path.is_dir() {
+            return Err(Error::BadPath {
+                path,
+                why: "is a directory; give a file path such as <dir>/recording.csv.gz".into(),
+            });
+        }
         let tmp = partial_path(&path);
         let file = File::create(&tmp).map_err(|source| Error::Io {
             path: tmp.clone(),
-            source,
+            error: source,
         })?;
         let buffered = std::io::BufWriter::with_capacity(1 << 20, file);
         let out = if path.extension().is_some_and(|e| e == "gz") {
@@ -150,9 +169,15 @@ impl CsvSink {
         } else {
             Out::Plain(buffered)
         };
+        // The header is written up front, so a recording with no rows is still a valid table.
+        let mut writer = csv::WriterBuilder::new().has_headers(false).from_writer(out);
+        writer.write_record(HEADER).map_err(|e| Error::Csv {
+            path: tmp.clone(),
+            error: e,
+        })?;
         Ok(CsvSink {
             path,
-            writer: Some(csv::Writer::from_writer(out)),
+            writer: Some(writer),
             manifests: Vec::new(),
         })
     }
@@ -160,7 +185,7 @@ impl CsvSink {
     fn csv_err(&self, source: csv::Error) -> Error {
         Error::Csv {
             path: partial_path(&self.path),
-            source,
+            error: source,
         }
     }
 }
@@ -193,22 +218,22 @@ impl Sink for CsvSink {
         let tmp = partial_path(&self.path);
         let io = |source| Error::Io {
             path: tmp.clone(),
-            source,
+            error: source,
         };
         let out = w.into_inner().map_err(|e| io(e.into_error()))?;
         let file = out.into_file().map_err(io)?;
         file.sync_all().map_err(io)?;
+        std::fs::rename(&tmp, &self.path).map_err(|source| Error::Io {
+            path: self.path.clone(),
+            error: source,
+        })?;
         let sidecar = Sidecar {
             format: 1,
             graphs: std::mem::take(&mut self.manifests),
         };
         let json = serde_json::to_vec_pretty(&sidecar)
             .map_err(|e| Error::Internal(format!("manifest JSON: {e}")))?;
-        write_atomic(&sidecar_path(&self.path), &json)?;
-        std::fs::rename(&tmp, &self.path).map_err(|source| Error::Io {
-            path: self.path.clone(),
-            source,
-        })
+        write_atomic(&sidecar_path(&self.path), &json)
     }
 }
 

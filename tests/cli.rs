@@ -101,6 +101,16 @@ fn env_activation_with_bad_pipeline_stops_at_first_compile() {
 }
 
 #[test]
+fn env_activation_with_a_directory_as_output_stops_at_first_compile() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = example("mlp").env("RLX_OPSCOPE", "matmul").env("RLX_OPSCOPE_OUT", dir.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("RLX_OPSCOPE_OUT: recording") && err.contains("is a directory"), "{err}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing left behind");
+}
+
+#[test]
 fn without_the_variable_nothing_is_recorded() {
     let dir = tempfile::tempdir().unwrap();
     let out = example("mlp").current_dir(dir.path()).output().unwrap();

@@ -25,6 +25,7 @@ fn canonical_text_round_trips() {
         // options print in declaration order, lists keep their order
         ("matmul{hist_bins=16,sites=attention.*},matmul", "matmul{sites=[attention.*],hist_bins=16},matmul"),
         ("matmul{roles=[out, lhs],stats=[min,hist],hist_range=-1.5:2}", "matmul{roles=[out,lhs],stats=[min,hist],hist_range=-1.5:2}"),
+        ("matmul{hist_range=0:1e-45}", "matmul{hist_range=0:1e-45}"),
         ("matmul{}", "matmul"),
         ("matmul{sites=[]}", "matmul{sites=[]}"),
     ];
@@ -77,6 +78,8 @@ fn bad_values_say_what_was_expected() {
         ("matmul;attn", "expected ',' or the end", 6),
         ("", "empty pipeline", 0),
         ("matmul{sites=[a[b]}", "expected ',' or ']'", 15),
+        ("matmul{roles=[lhs,lhs]}", "'lhs' is listed twice", 13),
+        ("matmul{sités=[x]}", "unknown option 'sités'", 7),
     ] {
         let e = err(text);
         assert!(e.message.contains(needle), "{text}: {e}");

@@ -57,7 +57,7 @@ impl Sink for FailingSink {
     fn write(&mut self, _: &[Row]) -> Result<(), Error> {
         Err(Error::Io {
             path: "disk".into(),
-            source: std::io::Error::other("disk full"),
+            error: std::io::Error::other("disk full"),
         })
     }
     fn finish(&mut self) -> Result<(), Error> {
@@ -82,4 +82,52 @@ fn the_callers_value_survives_a_recording_error() {
     });
     assert_eq!(value, vec![vec![1.0, 2.0, 3.0, 4.0]]);
     assert!(res.is_err());
+}
+
+#[test]
+fn rows_are_keyed_uniquely_across_passes_and_compiles() {
+    // Two passes sketch the same tensor differently, and one graph is compiled twice.
+    let g = matmul_2d(4, 6, 3);
+    let w = randn(18, 1);
+    let x = randn(24, 2);
+    let p = Pipeline::parse("matmul{stats=[hist],hist_bins=4,roles=[out]},matmul{stats=[hist],hist_bins=8,roles=[out]},matmul{stats=[nnz]}").unwrap();
+    let sink = opscope::MemorySink::default();
+    opscope::scope(&p, Box::new(sink.clone()), || {
+        for _ in 0..2 {
+            let mut c = rlx_runtime::Session::new(rlx_runtime::Device::Cpu).compile(g.clone());
+            c.set_param("w", &w);
+            c.run(&[("x", &x)]);
+            c.run(&[("x", &x)]);
+        }
+    })
+    .unwrap();
+    let rows = sink.rows();
+    let mut keys = std::collections::HashSet::new();
+    for r in &rows {
+        let key = (r.run_id.clone(), r.compile, r.step, r.pass_idx, r.site.clone(), r.role.clone(), r.stat.clone(), r.idx);
+        assert!(keys.insert(key), "duplicate key: {r:?}");
+    }
+    let compiles: std::collections::BTreeSet<u32> = rows.iter().map(|r| r.compile).collect();
+    assert_eq!(compiles.len(), 2);
+    let bins = |pass: u32| rows.iter().filter(|r| r.pass_idx == pass && &*r.stat == "hist" && r.compile == 1 && r.step == 0).count();
+    assert_eq!((bins(0), bins(1)), (4, 8));
+}
+
+#[test]
+fn the_summary_shows_nothing_it_did_not_measure() {
+    use opscope::summary::SummarySink;
+    let g = matmul_2d(4, 6, 3);
+    let p = Pipeline::parse("matmul{stats=[max]}").unwrap();
+    let summary = SummarySink::default();
+    opscope::scope(&p, Box::new(summary.clone()), || {
+        let mut c = rlx_runtime::Session::new(rlx_runtime::Device::Cpu).compile(g.clone());
+        c.set_param("w", &randn(18, 1));
+        c.run(&[("x", &randn(24, 2))]);
+    })
+    .unwrap();
+    for (key, s) in summary.sites() {
+        assert!(s.max.is_some(), "{key:?}");
+        assert_eq!((s.absmax(), s.density(), s.kurtosis_mean(), s.nonfinite), (None, None, None, None), "{key:?}");
+    }
+    assert!(summary.table().lines().nth(1).unwrap().ends_with("-"), "{}", summary.table());
 }

@@ -107,7 +107,8 @@ fn writer(mut sink: Box<dyn Sink>, run_id: Arc<str>, rx: Receiver<Msg>) -> Resul
                     .entry(manifest.tag)
                     .or_insert_with(|| Arc::new(Interned::new(&manifest)))
                     .clone();
-                decode_rows(&run_id, &names, step, &manifest, &outputs).and_then(|rows| sink.write(&rows))
+                decode_each(&run_id, &names, step, &manifest, &outputs, |rows| sink.write(rows))
+                    .and_then(|_| sink.flush())
             }
         };
         if let Err(e) = res {
@@ -265,6 +266,24 @@ fn decode_rows(
     m: &Manifest,
     outputs: &[Vec<f32>],
 ) -> Result<Vec<Row>, Error> {
+    let mut rows = Vec::new();
+    decode_each(run_id, names, step, m, outputs, |r| {
+        rows.extend_from_slice(r);
+        Ok(())
+    })?;
+    Ok(rows)
+}
+
+/// Check the outputs against the manifest, then hand the rows of each appended output to
+/// `emit` in turn (the writer never holds a whole run's rows at once).
+fn decode_each(
+    run_id: &Arc<str>,
+    names: &Interned,
+    step: u64,
+    m: &Manifest,
+    outputs: &[Vec<f32>],
+    mut emit: impl FnMut(&[Row]) -> Result<(), Error>,
+) -> Result<(), Error> {
     let mismatch = |detail: String| Error::Mismatch {
         graph: m.graph.clone(),
         detail,
@@ -273,10 +292,11 @@ fn decode_rows(
     if outputs.len() != appended {
         return Err(mismatch(format!("{} outputs, manifest lists {appended}", outputs.len())));
     }
-    let mut rows = Vec::new();
+    // Validate everything before writing anything: a run is recorded whole or not at all.
+    let mut values: Vec<Option<&Vec<f32>>> = Vec::with_capacity(m.outputs.len());
     let mut k = 0;
-    for (oi, out) in m.outputs.iter().enumerate() {
-        let values: Option<&Vec<f32>> = match out.output_index {
+    for out in &m.outputs {
+        values.push(match out.output_index {
             Some(_) => {
                 let v = &outputs[k];
                 k += 1;
@@ -289,10 +309,14 @@ fn decode_rows(
                 Some(v)
             }
             None => None,
-        };
+        });
+    }
+    let mut rows = Vec::new();
+    for (oi, out) in m.outputs.iter().enumerate() {
         if out.invariant && step > 0 {
             continue; // a weight's sketch is the same on every run: recorded at step 0
         }
+        rows.clear();
         for (pass, pass_idx, site, op, role, flops) in &names.uses[oi] {
             let row = |stat: Stat, idx: usize, value: f32| Row {
                 run_id: run_id.clone(),
@@ -311,7 +335,7 @@ fn decode_rows(
                 shape: names.shapes[oi].clone(),
                 flops: *flops,
             };
-            match values {
+            match values[oi] {
                 None => rows.push(row(Stat::Count, 0, 0.0)),
                 Some(v) => {
                     for slot in &out.layout {
@@ -325,6 +349,7 @@ fn decode_rows(
                 }
             }
         }
+        emit(&rows)?;
     }
-    Ok(rows)
+    Ok(())
 }

@@ -50,13 +50,19 @@ pub struct Row {
 
 /// A destination for recorded rows.
 ///
-/// `write` is called once per run of a tapped graph; `finish` once at the end. Errors are
-/// returned, never swallowed: the recorder keeps the first and reports it when the scope ends.
+/// `write` is called one or more times per run of a tapped graph (once per appended output),
+/// then `flush` once; `finish` once at the end. Errors are returned, never swallowed: the
+/// recorder keeps the first and reports it when the scope ends.
 pub trait Sink: Send {
     /// A tapped graph was compiled; its manifest describes the rows that will follow.
     fn manifest(&mut self, manifest: &Manifest) -> Result<(), Error>;
-    /// Rows of one run.
+    /// Rows of (part of) one run.
     fn write(&mut self, rows: &[Row]) -> Result<(), Error>;
+    /// A run's rows are all written: make them durable enough to survive a crash of the
+    /// process (the CSV sink flushes its buffers to the OS).
+    fn flush(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
     /// All runs are done: make the recording complete and durable.
     fn finish(&mut self) -> Result<(), Error>;
 }
@@ -207,7 +213,14 @@ impl Sink for CsvSink {
                 break;
             }
         }
-        let res = res.and_then(|_| w.flush().map_err(csv::Error::from));
+        res.map_err(|e| self.csv_err(e))
+    }
+
+    fn flush(&mut self) -> Result<(), Error> {
+        let Some(w) = self.writer.as_mut() else {
+            return Ok(());
+        };
+        let res = w.flush().map_err(csv::Error::from);
         res.map_err(|e| self.csv_err(e))
     }
 
@@ -296,6 +309,9 @@ impl Sink for Tee {
     }
     fn write(&mut self, rows: &[Row]) -> Result<(), Error> {
         self.0.iter_mut().try_for_each(|s| s.write(rows))
+    }
+    fn flush(&mut self) -> Result<(), Error> {
+        self.0.iter_mut().try_for_each(|s| s.flush())
     }
     fn finish(&mut self) -> Result<(), Error> {
         self.0.iter_mut().try_for_each(|s| s.finish())

@@ -566,6 +566,8 @@ pub fn compute_into(data: &[f32], dims: &[usize], spec: &SketchSpec, out: &mut [
     };
     let bins = spec.hist_bins;
     let mut hist = if want_hist { vec![0u64; bins] } else { Vec::new() };
+    // Four interleaved counter sets of the fast histogram path.
+    let mut lanes = if want_hist { vec![0u64; 4 * bins] } else { Vec::new() };
     let mut outside = 0u64;
     let (mut m2, mut m4) = (0f64, 0f64);
     if (want_kurt || want_hist) && acc.count > 0 {
@@ -618,9 +620,20 @@ pub fn compute_into(data: &[f32], dims: &[usize], spec: &SketchSpec, out: &mut [
                 if absmax_range && row.iter().all(|x| x.is_finite()) {
                     // Every finite value lies in [-max|x|, max|x|]: no range test, f32 math.
                     // Bin edges in f32 can differ from exact ones by one ulp of the scaled value.
-                    for &x in row {
-                        let b = ((x - lo32) * inv32).clamp(0.0, last) as usize;
-                        hist[b] += 1;
+                    // Four interleaved counter sets break the store-to-load chain of repeated
+                    // bins; bin indices are computed four at a time.
+                    // SAFETY (to_int_unchecked): the value is finite and clamped to [0, bins-1].
+                    let bin = |x: f32| unsafe { ((x - lo32) * inv32).clamp(0.0, last).to_int_unchecked::<u32>() } as usize;
+                    let ch = row.chunks_exact(4);
+                    let rem = ch.remainder();
+                    for q in ch {
+                        let b: [usize; 4] = std::array::from_fn(|l| bin(q[l]));
+                        for l in 0..4 {
+                            lanes[l * bins + b[l]] += 1;
+                        }
+                    }
+                    for &x in rem {
+                        lanes[bin(x)] += 1;
                     }
                 } else {
                     for &x in row {
@@ -662,8 +675,9 @@ pub fn compute_into(data: &[f32], dims: &[usize], spec: &SketchSpec, out: &mut [
                 }
             }
             Stat::Hist => {
-                for (d, &h) in dst.iter_mut().zip(&hist) {
-                    *d = h as f32;
+                for (i, (d, &h)) in dst.iter_mut().zip(&hist).enumerate() {
+                    let fast: u64 = (0..4).map(|l| lanes[l * bins + i]).sum();
+                    *d = (h + fast) as f32;
                 }
             }
             Stat::HistLo => dst[0] = v(lo as f64),

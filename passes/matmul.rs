@@ -218,3 +218,15 @@ impl Pass for MatmulTap {
 }
 
 inventory::submit! { PassRegistration(&MatmulTap) }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_words_are_all_plus_every_selectable_stat() {
+        let names: Vec<&str> = Stat::SELECTABLE.iter().map(|s| s.as_str()).collect();
+        assert_eq!(STAT_WORDS[0], "all");
+        assert_eq!(&STAT_WORDS[1..], names.as_slice());
+    }
+}

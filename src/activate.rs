@@ -328,15 +328,13 @@ mod env_backend {
     }
 
     impl Tapped {
-        fn strip(&self, mut outs: Vec<Vec<f32>>) -> Vec<Vec<f32>> {
+        /// Record the trailing `extra` outputs and return the caller's.
+        fn strip<T>(&self, mut outs: Vec<T>, to_f32: impl Fn(&T) -> Vec<f32>) -> Vec<T> {
             if outs.len() >= self.extra {
                 let tail = outs.split_off(outs.len() - self.extra);
-                self.recorder.record(&self.manifest, tail);
+                self.recorder.record(&self.manifest, tail.iter().map(to_f32).collect());
             }
             outs
-        }
-        fn user_outputs(&self) -> usize {
-            self.manifest.user_outputs
         }
     }
 
@@ -356,7 +354,7 @@ mod env_backend {
         }
         fn run(&mut self, inputs: &[(&str, &[f32])]) -> Vec<Vec<f32>> {
             let outs = self.inner.run(inputs);
-            self.strip(outs)
+            self.strip(outs, |v| v.clone())
         }
         fn run_read_outputs(&mut self, inputs: &[(&str, &[f32])], read_indices: Option<&[usize]>) -> Vec<Vec<f32>> {
             // Run everything so the sketches are recorded, then pick the caller's indices.
@@ -368,35 +366,29 @@ mod env_backend {
         }
         fn optimizer_step_resident(&mut self, trainable: &[(String, Vec<usize>)], step: &mut dyn FnMut(&str, &[usize], &mut [f32], &[f32])) -> bool { self.inner.optimizer_step_resident(trainable, step) }
         fn run_raw(&mut self, inputs: &[(&str, &[f32])]) -> Vec<(*const f32, usize)> {
-            let mut raw = self.inner.run_raw(inputs);
-            if raw.len() >= self.extra {
-                let tail: Vec<Vec<f32>> = raw[raw.len() - self.extra..]
-                    .iter()
-                    // SAFETY: the backend's run_raw returns pointers into its arena that stay
-                    // valid until the next run; they are copied right away.
-                    .map(|&(p, n)| unsafe { std::slice::from_raw_parts(p, n) }.to_vec())
-                    .collect();
-                self.recorder.record(&self.manifest, tail);
-                raw.truncate(self.user_outputs());
-            }
-            raw
+            let raw = self.inner.run_raw(inputs);
+            // SAFETY: the backend's run_raw returns pointers into its arena that stay valid
+            // until the next run; the tap outputs are copied right away.
+            self.strip(raw, |&(p, n)| unsafe { std::slice::from_raw_parts(p, n) }.to_vec())
         }
         fn run_slots(&mut self, inputs: &[&[f32]]) -> &[(usize, usize)] {
-            let n = self.user_outputs();
             let slots = self.inner.run_slots(inputs).to_vec();
-            if slots.len() >= n + self.extra && self.extra > 0 {
-                let arena = self.inner.arena_ptr() as *const f32;
-                if !arena.is_null() {
-                    let tail: Vec<Vec<f32>> = slots[n..]
-                        .iter()
-                        // SAFETY: (offset, len) pairs index the backend's arena, valid until
-                        // the next run; offsets are in f32 elements as `arena_ptr` documents.
-                        .map(|&(o, l)| unsafe { std::slice::from_raw_parts(arena.add(o), l) }.to_vec())
-                        .collect();
-                    self.recorder.record(&self.manifest, tail);
-                }
-            }
-            self.slots = slots.into_iter().take(n).collect();
+            let arena = self.inner.arena_ptr();
+            self.slots = if slots.len() >= self.extra && !arena.is_null() {
+                // (byte offset, f32 length) pairs into the arena, valid until the next run;
+                // an output without a buffer has offset usize::MAX.
+                self.strip(slots, |&(o, l)| {
+                    if o == usize::MAX {
+                        Vec::new()
+                    } else {
+                        // SAFETY: `o` is a byte offset of an f32 output inside the arena
+                        // (`CpuExecutable::run_slots`), `l` its element count.
+                        unsafe { std::slice::from_raw_parts(arena.add(o).cast::<f32>(), l) }.to_vec()
+                    }
+                })
+            } else {
+                slots
+            };
             &self.slots
         }
         fn arena_ptr(&self) -> *const u8 { self.inner.arena_ptr() }
@@ -434,24 +426,20 @@ mod env_backend {
         fn executable_as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> { self.inner.executable_as_any_mut() }
         fn read_output_row(&self, out_idx: usize, row: usize, row_inner: usize) -> Option<Vec<f32>> { self.inner.read_output_row(out_idx, row, row_inner) }
         fn run_feed_gpu_handle(&mut self, inputs: &[(&str, &[f32])], handle_name: &str, output_index: usize) -> Option<Vec<f32>> { self.inner.run_feed_gpu_handle(inputs, handle_name, output_index) }
-        fn commit_no_wait(&mut self, inputs: &[(&str, &[f32])]) { self.inner.commit_no_wait(inputs) }
+        fn commit_no_wait(&mut self, inputs: &[(&str, &[f32])]) {
+            // Run synchronously so the tap outputs are stripped and recorded (the CPU backend
+            // has no asynchronous commit either).
+            let _ = self.run(inputs);
+        }
         fn sync_pending(&mut self) { self.inner.sync_pending() }
         fn run_pipelined(&mut self, input_sets: &[Vec<(&str, &[f32])>]) -> Vec<Vec<Vec<f32>>> {
             let outs = self.inner.run_pipelined(input_sets);
-            outs.into_iter().map(|o| self.strip(o)).collect()
+            outs.into_iter().map(|o| self.strip(o, |v| v.clone())).collect()
         }
         fn set_param_typed(&mut self, name: &str, data: &[u8], dtype: rlx_ir::DType) { self.inner.set_param_typed(name, data, dtype) }
         fn run_typed(&mut self, inputs: &[(&str, &[u8], rlx_ir::DType)]) -> Vec<(Vec<u8>, rlx_ir::DType)> {
-            let mut outs = self.inner.run_typed(inputs);
-            if outs.len() >= self.extra {
-                let tail: Vec<Vec<f32>> = outs
-                    .split_off(outs.len() - self.extra)
-                    .iter()
-                    .map(|(b, d)| rlx_runtime::taps::to_f32(b, *d))
-                    .collect();
-                self.recorder.record(&self.manifest, tail);
-            }
-            outs
+            let outs = self.inner.run_typed(inputs);
+            self.strip(outs, |(b, d)| rlx_runtime::taps::to_f32(b, *d))
         }
         fn wgpu_host_summary(&self) -> Option<String> { self.inner.wgpu_host_summary() }
     }

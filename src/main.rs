@@ -78,8 +78,9 @@ fn record(a: RecordArgs) -> Result<()> {
         entries.truncate(n as usize);
     }
     anyhow::ensure!(!entries.is_empty(), "{}: no text entries found", a.text.display());
-    // Open the recording first: a bad --out fails before the model is imported.
-    let csv = CsvSink::create(&a.out)?;
+    // A bad --out fails before the model is imported; the file is created once the inputs
+    // have loaded, so a failed start never touches an earlier recording.
+    opscope::sink::check_path(&a.out)?;
     let encoder = TextEncoder::load(&a.tokenizer, seq)?;
     let full = OnnxEncoder::load(&a.onnx, batch, seq)?;
     let rest = entries.len() % batch;
@@ -89,6 +90,7 @@ fn record(a: RecordArgs) -> Result<()> {
         None
     };
 
+    let csv = CsvSink::create(&a.out)?;
     let summary = SummarySink::default();
     let sink = opscope::sink::Tee(vec![Box::new(csv), Box::new(summary.clone())]);
     let session = rlx_runtime::Session::new(rlx_runtime::Device::Cpu);

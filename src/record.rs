@@ -59,7 +59,14 @@ impl Interned {
 enum Msg {
     Manifest(Arc<Manifest>),
     Run { manifest: Arc<Manifest>, step: u64, outputs: Vec<Vec<f32>> },
+    /// Every run is in: finish the sink. Without it (a panic, an early drop) the sink is left
+    /// unfinished, so an incomplete recording never looks complete.
+    Finish,
 }
+
+/// Compile tags are unique in the process, so a graph compiled under one recorder and run
+/// under another is never mistaken for one of the other's compiles.
+static NEXT_TAG: AtomicU32 = AtomicU32::new(1);
 
 /// Runs queued for the writer before a tapped run waits for it (bounded memory).
 const QUEUE: usize = 64;
@@ -78,7 +85,6 @@ struct Front {
 /// decoded and written to the sink there, off the model's critical path.
 pub struct Recorder {
     run_id: Arc<str>,
-    next_tag: AtomicU32,
     front: Mutex<Front>,
 }
 
@@ -92,10 +98,15 @@ pub fn new_run_id() -> String {
 }
 
 /// The writer thread: decode each run into rows and write them; keep the first error and
-/// drain the rest of the queue (so the producer never blocks on a dead writer).
+/// drain the rest of the queue (so the producer never blocks on a dead writer). The sink is
+/// finished only on `Msg::Finish` and only if nothing failed.
 fn writer(mut sink: Box<dyn Sink>, run_id: Arc<str>, rx: Receiver<Msg>) -> Result<(), Error> {
     let mut first: Option<Error> = None;
+    let mut finish = false;
     let mut interned: HashMap<u32, Arc<Interned>> = HashMap::new();
+    // Last recorded sketch of each weight (compile tag, output position): a weight is written
+    // again only when it changes (a `set_param` between runs).
+    let mut weights: HashMap<(u32, usize), Vec<f32>> = HashMap::new();
     for msg in rx {
         if first.is_some() {
             continue;
@@ -107,18 +118,34 @@ fn writer(mut sink: Box<dyn Sink>, run_id: Arc<str>, rx: Receiver<Msg>) -> Resul
                     .entry(manifest.tag)
                     .or_insert_with(|| Arc::new(Interned::new(&manifest)))
                     .clone();
-                decode_each(&run_id, &names, step, &manifest, &outputs, |rows| sink.write(rows))
+                let mut changed = |k: usize, v: &[f32]| match weights.get_mut(&(manifest.tag, k)) {
+                    Some(last) if last.as_slice() == v => false,
+                    Some(last) => {
+                        last.clear();
+                        last.extend_from_slice(v);
+                        true
+                    }
+                    None => {
+                        weights.insert((manifest.tag, k), v.to_vec());
+                        true
+                    }
+                };
+                decode_each(&run_id, &names, step, &manifest, &outputs, &mut changed, |rows| sink.write(rows))
                     .and_then(|_| sink.flush())
+            }
+            Msg::Finish => {
+                finish = true;
+                Ok(())
             }
         };
         if let Err(e) = res {
             first = Some(e);
         }
     }
-    let fin = sink.finish();
     match first {
         Some(e) => Err(e),
-        None => fin,
+        None if finish => sink.finish(),
+        None => Ok(()),
     }
 }
 
@@ -137,7 +164,6 @@ impl Recorder {
         };
         Recorder {
             run_id,
-            next_tag: AtomicU32::new(1),
             front: Mutex::new(Front {
                 manifests: HashMap::new(),
                 steps: HashMap::new(),
@@ -153,9 +179,10 @@ impl Recorder {
         &self.run_id
     }
 
-    /// A fresh compile tag (below 2^24, so exact as an f32).
+    /// A fresh compile tag, unique in the process (below 2^24, so exact as an f32; 0 is
+    /// never handed out).
     pub fn next_tag(&self) -> u32 {
-        self.next_tag.fetch_add(1, Ordering::Relaxed) % (1 << 24)
+        (NEXT_TAG.fetch_add(1, Ordering::Relaxed) % ((1 << 24) - 1)) + 1
     }
 
     fn with_front<T>(&self, f: impl FnOnce(&mut Front) -> T) -> Option<T> {
@@ -198,7 +225,10 @@ impl Recorder {
             Some(m) => self.record(&m, outputs),
             None => self.fail(Error::Mismatch {
                 graph: "?".into(),
-                detail: format!("no compile with tag {tag}"),
+                detail: format!(
+                    "a graph compiled outside this recording (compile {tag}) ran inside it; \
+                     compile and run a graph within the same scope"
+                ),
             }),
         }
     }
@@ -220,12 +250,22 @@ impl Recorder {
         }
     }
 
-    /// Finish: close the queue, wait for the writer to write every run and finish the sink.
-    /// Returns the first error seen while recording, if any. Later calls return `Ok`.
+    /// Finish: close the queue, wait for the writer to write every run and finish the sink
+    /// (if nothing failed: a failed recording is left unfinished, never made to look
+    /// complete). Returns the first error seen while recording; a second one is printed.
+    /// Later calls return `Ok`.
     pub fn finish(&self) -> Result<(), Error> {
+        self.close(true)
+    }
+
+    fn close(&self, finish: bool) -> Result<(), Error> {
         let (writer, early) = self
             .with_front(|s| {
-                s.tx = None;
+                if let Some(tx) = s.tx.take() {
+                    if finish && s.error.is_none() {
+                        let _ = tx.send(Msg::Finish);
+                    }
+                }
                 (s.writer.take(), s.error.take())
             })
             .ok_or_else(|| Error::Internal("recorder lock poisoned".into()))?;
@@ -235,17 +275,23 @@ impl Recorder {
                 .unwrap_or_else(|_| Err(Error::Internal("the writer thread panicked".into()))),
             None => Ok(()),
         };
-        match early {
-            Some(e) => Err(e),
-            None => written,
+        match (early, written) {
+            (Some(e), Err(w)) => {
+                eprintln!("opscope: {w}");
+                Err(e)
+            }
+            (Some(e), Ok(())) => Err(e),
+            (None, w) => w,
         }
     }
 }
 
 impl Drop for Recorder {
+    /// Dropped without `finish` (a panic in the scope, an early return): write what arrived,
+    /// leave the recording unfinished.
     fn drop(&mut self) {
-        if let Err(e) = self.finish() {
-            eprintln!("opscope: recording failed: {e}");
+        if let Err(e) = self.close(false) {
+            eprintln!("opscope: recording incomplete: {e}");
         }
     }
 }
@@ -255,19 +301,13 @@ impl Drop for Recorder {
 /// Errors with [`Error::Mismatch`] if the outputs do not have the count, lengths or tag the
 /// manifest says. Statistics that are undefined for the data (NaN in a slot whose
 /// [`Stat::nan_means_undefined`]) are left out.
+///
+/// A weight's sketch (`invariant` output) is included only at step 0 here; the recorder also
+/// writes it again whenever its values change.
 pub fn rows_for(run_id: &str, step: u64, m: &Manifest, outputs: &[Vec<f32>]) -> Result<Vec<Row>, Error> {
-    decode_rows(&Arc::from(run_id), &Interned::new(m), step, m, outputs)
-}
-
-fn decode_rows(
-    run_id: &Arc<str>,
-    names: &Interned,
-    step: u64,
-    m: &Manifest,
-    outputs: &[Vec<f32>],
-) -> Result<Vec<Row>, Error> {
     let mut rows = Vec::new();
-    decode_each(run_id, names, step, m, outputs, |r| {
+    let first = |_: usize, _: &[f32]| step == 0;
+    decode_each(&Arc::from(run_id), &Interned::new(m), step, m, outputs, first, |r| {
         rows.extend_from_slice(r);
         Ok(())
     })?;
@@ -282,6 +322,7 @@ fn decode_each(
     step: u64,
     m: &Manifest,
     outputs: &[Vec<f32>],
+    mut weight_changed: impl FnMut(usize, &[f32]) -> bool,
     mut emit: impl FnMut(&[Row]) -> Result<(), Error>,
 ) -> Result<(), Error> {
     let mismatch = |detail: String| Error::Mismatch {
@@ -313,8 +354,13 @@ fn decode_each(
     }
     let mut rows = Vec::new();
     for (oi, out) in m.outputs.iter().enumerate() {
-        if out.invariant && step > 0 {
-            continue; // a weight's sketch is the same on every run: recorded at step 0
+        if out.invariant {
+            // A weight is recorded when first seen and again only when it changes (value 0,
+            // the compile tag, is the same for every run of a compile).
+            let unchanged = values[oi].is_some_and(|v| !weight_changed(oi, &v[1..]));
+            if unchanged || (values[oi].is_none() && step > 0) {
+                continue;
+            }
         }
         rows.clear();
         for (pass, pass_idx, site, op, role, flops) in &names.uses[oi] {
@@ -330,7 +376,7 @@ fn decode_each(
                 role: role.clone(),
                 stat: names.stats[stat as usize].clone(),
                 idx: idx as u64,
-                value: value as f64,
+                value,
                 numel: out.numel,
                 shape: names.shapes[oi].clone(),
                 flops: *flops,

@@ -94,10 +94,18 @@ impl Rewrite {
                 }
                 let fam = family(&n.op);
                 let params = param_inputs(&self.graph, &n.inputs);
-                let hit = params.iter().find_map(|p| match by_param.get(&(fam.clone(), p.clone())) {
-                    Some(v) if v.len() == 1 => Some(v[0].clone()),
-                    _ => None,
-                });
+                // Every parameter's source node, deduplicated: one source node names the fused
+                // node; several (a merged op that is not split into parts) are joined with '+',
+                // so a site never silently carries another site's name alone.
+                let mut hits: Vec<&String> = Vec::new();
+                for p in &params {
+                    if let Some(v) = by_param.get(&(fam.clone(), p.clone())) {
+                        if v.len() == 1 && !hits.contains(&&v[0]) {
+                            hits.push(&v[0]);
+                        }
+                    }
+                }
+                let hit = (!hits.is_empty()).then(|| hits.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("+"));
                 match hit {
                     Some(name) => names[i] = name,
                     None if params.is_empty() => paramless_dst.entry(fam).or_default().push(i),

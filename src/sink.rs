@@ -1,5 +1,5 @@
 //! Sinks: where recorded numbers go. A recording is a tidy long table, one row per sketch
-//! element, keyed by `run_id, step, graph, site, role, stat, idx`.
+//! element, keyed by `run_id, compile, step, pass_idx, site, role, stat, idx`.
 
 use std::fs::File;
 use std::io::Write;
@@ -38,8 +38,8 @@ pub struct Row {
     pub stat: Arc<str>,
     /// Element index within a vector statistic (0 for scalars).
     pub idx: u64,
-    /// The value.
-    pub value: f64,
+    /// The value (the kernel computes in f32 and f64 and writes f32).
+    pub value: f32,
     /// Elements in the tensor, empty if its shape is symbolic.
     pub numel: Option<u64>,
     /// Shape of the tensor (`[2,16,384]`).
@@ -95,6 +95,26 @@ fn partial_path(path: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
+/// Check that a recording can be written at `path` (not a directory; its directory exists),
+/// without creating anything: for failing before a long job rather than after it.
+pub fn check_path(path: &Path) -> Result<(), Error> {
+    let bad = |why: &str| {
+        Err(Error::BadPath {
+            path: path.to_path_buf(),
+            why: why.into(),
+        })
+    };
+    if path.is_dir() {
+        return bad("is a directory; give a file path such as <dir>/recording.csv.gz");
+    }
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => {
+            bad("its directory does not exist; create it first")
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Write `bytes` to `path` atomically (temporary name, fsync, rename).
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
     let io = |source| Error::Io {
@@ -146,7 +166,8 @@ impl Out {
 ///
 /// Rows go to `<path>.partial`, flushed after every run, so a crash leaves every finished run
 /// on disk; `finish` syncs and renames it to `<path>` and writes `<path>.manifest.json` the same
-/// way. An existing file at `<path>` is replaced only at that rename.
+/// way. An existing file at `<path>` is replaced only at that rename; a sink dropped without
+/// `finish` leaves its rows in `<path>.partial`.
 pub struct CsvSink {
     path: PathBuf,
     writer: Option<csv::Writer<Out>>,
@@ -158,12 +179,7 @@ impl CsvSink {
     /// permissions): fix the path or create the directory.
     pub fn create(path: impl AsRef<Path>) -> Result<CsvSink, Error> {
         let path = path.as_ref().to_path_buf();
-        if path.is_dir() {
-            return Err(Error::BadPath {
-                path,
-                why: "is a directory; give a file path such as <dir>/recording.csv.gz".into(),
-            });
-        }
+        check_path(&path)?;
         let tmp = partial_path(&path);
         let file = File::create(&tmp).map_err(|source| Error::Io {
             path: tmp.clone(),
@@ -251,11 +267,15 @@ impl Sink for CsvSink {
 }
 
 impl Drop for CsvSink {
+    /// Dropped unfinished (an error, a panic): flush what was written and leave it at
+    /// `<path>.partial`; an earlier recording at `<path>` is not touched.
     fn drop(&mut self) {
-        if self.writer.is_some() {
-            if let Err(e) = self.finish() {
-                eprintln!("opscope: finishing {}: {e}", self.path.display());
-            }
+        if let Some(mut w) = self.writer.take() {
+            let _ = w.flush();
+            eprintln!(
+                "opscope: recording not finished; the rows written so far are in {}",
+                partial_path(&self.path).display()
+            );
         }
     }
 }

@@ -156,10 +156,11 @@ impl Stat {
         Stat::NeginfCount,
     ];
 
-    /// True if a NaN in this slot means "undefined for this data" (dropped from recordings)
-    /// rather than a recorded value (an `elemsig` element may itself be NaN).
+    /// True if a NaN in this slot means "undefined for this data" (dropped from recordings).
+    /// Every statistic: a sampled `elemsig` element that is itself NaN is left out too
+    /// (`nan_count` counts it), so that a recording never carries a NaN.
     pub fn nan_means_undefined(self) -> bool {
-        self != Stat::Elemsig
+        true
     }
 }
 
@@ -287,10 +288,17 @@ impl SketchSpec {
             Some(Dim::Dynamic(_)) => None,
             None => Some(1),
         };
-        let rows_static = static_dims(shape).map(|d| {
-            let c = d.last().copied().unwrap_or(1);
-            if c == 0 { 0 } else { d.iter().product::<usize>() / c }
-        });
+        // Rows = product of the leading dims (all static needed; the last dim may be symbolic).
+        let rows_static = match dims.split_last() {
+            None => Some(1),
+            Some((_, lead)) => lead
+                .iter()
+                .map(|d| match d {
+                    Dim::Static(n) => Some(*n),
+                    Dim::Dynamic(_) => None,
+                })
+                .product::<Option<usize>>(),
+        };
         let mut set: Vec<Stat> = stats.to_vec();
         set.push(Stat::Count);
         if set.contains(&Stat::Hist) {
@@ -545,7 +553,16 @@ pub fn compute_into(data: &[f32], dims: &[usize], spec: &SketchSpec, out: &mut [
     }
 
     let n = acc.count as f64;
-    let mean = if acc.count > 0 { acc.sum / n } else { f64::NAN };
+    // A constant tensor: the exact mean is its value (f32 row sums drift by a few ulps, which
+    // would turn the undefined kurtosis of a constant into a made-up 1.0).
+    let constant = acc.count > 0 && acc.min == acc.max;
+    let mean = if constant {
+        acc.min as f64
+    } else if acc.count > 0 {
+        acc.sum / n
+    } else {
+        f64::NAN
+    };
 
     // Pass 2 (only when asked): centred moments for the kurtosis and the histogram.
     let want_kurt = spec.has(Stat::Kurtosis);
@@ -668,7 +685,7 @@ pub fn compute_into(data: &[f32], dims: &[usize], spec: &SketchSpec, out: &mut [
             Stat::Sumsq => dst[0] = acc.sumsq as f32,
             Stat::Nnz => dst[0] = acc.nnz as f32,
             Stat::Kurtosis => {
-                dst[0] = if acc.count > 0 && m2 > 0.0 {
+                dst[0] = if acc.count > 0 && m2 > 0.0 && !constant {
                     let var = m2 / n;
                     ((m4 / n) / (var * var)) as f32
                 } else {
@@ -800,20 +817,20 @@ fn memo_compute(x: &[f32], dims: &[usize], spec: &SketchSpec, out: &mut [f32]) {
     };
     let untagged = SketchSpec { tag: 0, ..spec.clone() };
     let key: MemoKey = (xxhash_rust::xxh3::xxh3_128(bytes), dims.to_vec(), untagged.to_attrs());
+    let hit = MEMO.lock().ok().and_then(|g| g.as_ref().and_then(|m| m.get(&key).cloned()));
+    if let Some(v) = hit {
+        out.copy_from_slice(&v);
+        out[0] = spec.tag as f32;
+        return;
+    }
+    // Computed outside the lock: other kernels sketching other weights are not held up.
+    compute_into(x, dims, spec, out);
     if let Ok(mut guard) = MEMO.lock() {
         let map = guard.get_or_insert_with(HashMap::new);
-        if let Some(v) = map.get(&key) {
-            out.copy_from_slice(v);
-            out[0] = spec.tag as f32;
-            return;
-        }
-        compute_into(x, dims, spec, out);
         if map.len() >= MEMO_CAPACITY {
             map.clear();
         }
         map.insert(key, out.to_vec());
-    } else {
-        compute_into(x, dims, spec, out);
     }
 }
 

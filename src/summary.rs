@@ -104,7 +104,9 @@ fn common_prefix<'a>(names: &[&'a str]) -> &'a str {
     let Some(first) = names.first() else { return "" };
     let mut end = first.len();
     for n in &names[1..] {
-        end = end.min(first.bytes().zip(n.bytes()).take_while(|(a, b)| a == b).count());
+        // Byte length of the common prefix, counted in whole characters.
+        let common: usize = first.chars().zip(n.chars()).take_while(|(a, b)| a == b).map(|(a, _)| a.len_utf8()).sum();
+        end = end.min(common);
     }
     match first[..end].rfind('/') {
         Some(i) => &first[..=i],
@@ -127,7 +129,7 @@ impl Sink for SummarySink {
                 shape: r.shape.to_string(),
                 ..Default::default()
             });
-            let v = r.value;
+            let v = r.value as f64;
             match &*r.stat {
                 "count" => s.count += v,
                 "nnz" => *s.nnz.get_or_insert(0.0) += v,

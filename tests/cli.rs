@@ -43,6 +43,25 @@ fn record_with_bogus_pipeline_fails_naming_matmul() {
 }
 
 #[test]
+fn a_failed_record_leaves_an_earlier_recording_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("r.csv");
+    std::fs::write(&rec, "earlier recording").unwrap();
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, "one\n%\ntwo\n").unwrap();
+    let out = opscope()
+        .args(["record", "--onnx", "missing.onnx", "--tokenizer", "missing.json", "--text"])
+        .arg(&text)
+        .arg("--out")
+        .arg(&rec)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert_eq!(std::fs::read_to_string(&rec).unwrap(), "earlier recording");
+    assert!(!dir.path().join("r.csv.partial").exists() && !dir.path().join("r.csv.manifest.json").exists());
+}
+
+#[test]
 fn record_with_missing_model_says_how_to_fetch_it() {
     let dir = tempfile::tempdir().unwrap();
     let text = dir.path().join("t.txt");

@@ -65,9 +65,12 @@ fn all_zeros() {
 
 #[test]
 fn constant_tensor_has_no_kurtosis() {
-    let x = vec![2.5f32; 5 * 12];
-    let w = randn(12 * 2, 10);
-    check_2d(5, 12, 2, x, w);
+    // 2.5 sums exactly in f32; 0.1 over 384 channels does not (the mean drifts by ulps).
+    for (v, k) in [(2.5f32, 12), (0.1, 384), (1.0 / 3.0, 64)] {
+        let x = vec![v; 5 * k];
+        let w = randn(k * 2, 10);
+        check_2d(5, k, 2, x, w);
+    }
 }
 
 #[test]
@@ -94,7 +97,7 @@ fn rank_3_batched() {
     assert_matches_reference(&rows, SITE, "lhs", &reference(&a, &[b, m, k], 10, 7), 1e-5);
     assert_matches_reference(&rows, SITE, "rhs", &reference(&bb, &[b, k, n], 10, 7), 1e-5);
     assert_matches_reference(&rows, SITE, "out", &reference(&outs[0], &[b, m, n], 10, 7), 1e-5);
-    // adj_sumsq pairs stay inside each batch: m-1 pairs per batch, never across batches.
+    // (adj_sumsq pairs stay inside each batch: the reference pairs rows within a batch only.)
     let flops = rows.iter().find(|r| &*r.site == SITE).and_then(|r| r.flops);
     assert_eq!(flops, Some((2 * b * m * k * n) as u64));
 }
@@ -137,4 +140,40 @@ fn several_steps_are_numbered() {
     for s in 0..3u64 {
         assert_eq!(stats_of(&rows, SITE, "lhs", s)["max"], vec![s as f64 + 1.0]);
     }
+}
+
+#[test]
+fn a_changed_weight_is_recorded_again() {
+    let g = matmul_2d(2, 3, 2);
+    let p = opscope::Pipeline::parse("matmul{roles=[rhs],stats=[max]}").unwrap();
+    let sink = opscope::MemorySink::default();
+    opscope::scope(&p, Box::new(sink.clone()), || {
+        let mut c = rlx_runtime::Session::new(rlx_runtime::Device::Cpu).compile(g.clone());
+        let x = vec![1.0; 6];
+        for (step, scale) in [(0, 1.0f32), (1, 1.0), (2, 3.0), (3, 3.0)] {
+            let _ = step;
+            c.set_param("w", &[0.5 * scale, 1.0 * scale, 0.25, 0.0, 0.0, 0.0]);
+            c.run(&[("x", &x)]);
+        }
+    })
+    .unwrap();
+    let rows = sink.rows();
+    let max: Vec<(u64, f64)> = rows.iter().filter(|r| &*r.stat == "max").map(|r| (r.step, r.value as f64)).collect();
+    assert_eq!(max, vec![(0, 1.0), (2, 3.0)], "recorded when first seen and when it changed");
+}
+
+#[test]
+fn a_graph_compiled_in_one_scope_and_run_in_another_is_an_error_not_a_mixup() {
+    let g = matmul_2d(2, 3, 2);
+    let p = opscope::Pipeline::parse("matmul{stats=[max]}").unwrap();
+    let mut c = opscope::scope(&p, Box::new(opscope::MemorySink::default()), || {
+        let mut c = rlx_runtime::Session::new(rlx_runtime::Device::Cpu).compile(g.clone());
+        c.set_param("w", &[1.0; 6]);
+        c
+    })
+    .unwrap();
+    let sink = opscope::MemorySink::default();
+    let err = opscope::scope(&p, Box::new(sink.clone()), || c.run(&[("x", &[1.0; 6])])).expect_err("mismatch");
+    assert!(err.to_string().contains("compiled outside this recording"), "{err}");
+    assert!(sink.rows().is_empty());
 }

@@ -158,7 +158,7 @@ pub fn reference(x: &[f32], dims: &[usize], bins: usize, k: usize) -> Reference 
 pub fn stats_of(rows: &[Row], site: &str, role: &str, step: u64) -> BTreeMap<String, Vec<f64>> {
     let mut m: BTreeMap<String, Vec<(u64, f64)>> = BTreeMap::new();
     for r in rows.iter().filter(|r| &*r.site == site && &*r.role == role && r.step == step) {
-        m.entry(r.stat.to_string()).or_default().push((r.idx, r.value));
+        m.entry(r.stat.to_string()).or_default().push((r.idx, r.value as f64));
     }
     m.into_iter()
         .map(|(k, mut v)| {

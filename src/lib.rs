@@ -9,6 +9,31 @@
 //! - the environment: `RLX_OPSCOPE=<pipeline> RLX_OPSCOPE_OUT=<path>` in any program that links
 //!   opscope (`use opscope as _;`);
 //! - direct: [`Pipeline::apply`] for code that manages compiles itself.
+//!
+//! ```
+//! use opscope::{MemorySink, Pipeline};
+//! use rlx_ir::{DType, Graph, Shape};
+//! use rlx_runtime::{Device, Session};
+//!
+//! // Unchanged RLX code: y = x @ w.
+//! let mut g = Graph::new("demo");
+//! let x = g.input("x", Shape::new(&[2, 3], DType::F32));
+//! let w = g.param("w", Shape::new(&[3, 2], DType::F32));
+//! let y = g.matmul(x, w, Shape::new(&[2, 2], DType::F32));
+//! g.set_outputs(vec![y]);
+//!
+//! let pipeline = Pipeline::parse("matmul{stats=[max,nnz]}")?;
+//! let sink = MemorySink::default();
+//! let outputs = opscope::scope(&pipeline, Box::new(sink.clone()), || {
+//!     let mut c = Session::new(Device::Cpu).compile(g.clone());
+//!     c.set_param("w", &[1.0, 0.0, 0.0, 1.0, 0.0, 0.0]);
+//!     c.run(&[("x", &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])])
+//! })?;
+//! assert_eq!(outputs, vec![vec![1.0, 2.0, 4.0, 5.0]]); // the caller's outputs, as always
+//! let max_out = sink.rows().into_iter().find(|r| &*r.role == "out" && &*r.stat == "max").unwrap();
+//! assert_eq!((&*max_out.site, max_out.value), ("matmul.0", 5.0));
+//! # Ok::<(), opscope::Error>(())
+//! ```
 
 #![warn(missing_docs)]
 

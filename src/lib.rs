@@ -48,6 +48,7 @@ pub mod rewrite;
 pub mod sink;
 pub mod sketch;
 pub mod summary;
+pub mod sweep;
 
 #[path = "../passes/mod.rs"]
 pub mod passes;

@@ -23,6 +23,42 @@ enum Cmd {
     Passes,
     /// Run an ONNX sentence encoder over text with a tap pipeline and write a recording.
     Record(RecordArgs),
+    /// Record synthetic tensors with planted structures (ground truth for the miner) through
+    /// real tapped RLX matmul graphs; writes the recording and `<out>.truth.json`.
+    Sweep(SweepArgs),
+}
+
+#[derive(clap::Args)]
+struct SweepArgs {
+    /// Recording path (CSV, `.gz` compresses); ground truth goes to `<out>.truth.json`.
+    #[arg(long)]
+    out: PathBuf,
+    /// Seeds per structure and shape (seeds 0..N).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
+    seeds: u64,
+    /// Pass pipeline.
+    #[arg(long, default_value = "matmul{roles=[lhs,rhs]}")]
+    pipeline: String,
+}
+
+fn sweep(a: SweepArgs) -> Result<()> {
+    let pipeline = Pipeline::parse(&a.pipeline)?;
+    let sink = CsvSink::create(&a.out)?;
+    let seeds: Vec<u64> = (0..a.seeds).collect();
+    let truth = opscope::sweep::run(&pipeline, &seeds, Box::new(sink))?;
+    let mut truth_path = a.out.clone().into_os_string();
+    truth_path.push(".truth.json");
+    let json = serde_json::to_vec_pretty(&truth).context("ground truth JSON")?;
+    opscope::sink::write_atomic(std::path::Path::new(&truth_path), &json)?;
+    println!(
+        "recorded {} planted sites ({} structures x {} shapes x {} seeds) to {} (+ .manifest.json, .truth.json)",
+        truth.sites.len(),
+        opscope::sweep::Planted::ALL.len(),
+        opscope::sweep::SHAPES.len(),
+        seeds.len(),
+        a.out.display()
+    );
+    Ok(())
 }
 
 #[derive(clap::Args)]
@@ -152,6 +188,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         Cmd::Record(a) => record(a),
+        Cmd::Sweep(a) => sweep(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

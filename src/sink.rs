@@ -116,7 +116,7 @@ pub fn check_path(path: &Path) -> Result<(), Error> {
 }
 
 /// Write `bytes` to `path` atomically (temporary name, fsync, rename).
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
     let io = |source| Error::Io {
         path: path.to_path_buf(),
         error: source,

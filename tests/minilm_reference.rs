@@ -98,9 +98,10 @@ fn minilm_sketches_match_onnxruntime_and_outputs_are_bit_identical() {
                 };
                 assert_eq!(g.len(), w.len(), "{site}/{role} {stat} length");
                 for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-                    // 1e-4 relative (absolute below 1): both sides hold f32 tensors computed by
-                    // different kernels, so last-bit differences are expected.
-                    assert!(close(*a, *b, 1e-4), "{site}/{role} {stat}[{i}]: opscope {a}, onnxruntime {b}");
+                    // 1e-4 relative, with an absolute floor of 1e-7 (a masked attention
+                    // probability is ~1e-39 in RLX and 0 in onnxruntime): both sides hold f32
+                    // tensors computed by different kernels, so last-bit differences are expected.
+                    assert!((a - b).abs() <= 1e-4 * b.abs().max(1e-3), "{site}/{role} {stat}[{i}]: opscope {a}, onnxruntime {b}");
                     checked += 1;
                 }
             }

@@ -26,6 +26,47 @@ enum Cmd {
     /// Record synthetic tensors with planted structures (ground truth for the miner) through
     /// real tapped RLX matmul graphs; writes the recording and `<out>.truth.json`.
     Sweep(SweepArgs),
+    /// Mine a recording (CSV or .csv.gz): the verdicts its sketches support, by payoff.
+    Mine(MineArgs),
+}
+
+#[derive(clap::Args)]
+struct MineArgs {
+    /// Recording (CSV, or gzip CSV ending in .gz).
+    recording: PathBuf,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn mine(a: MineArgs) -> Result<()> {
+    let series = opscope::mine::load(&a.recording)?;
+    let verdicts = opscope::mine::mine(&series);
+    let no_data = opscope::mine::no_data(&a.recording, &series)?;
+    if a.json {
+        let doc = serde_json::json!({
+            "recording": a.recording,
+            "verdicts": verdicts,
+            "no_data": no_data,
+            "not_observable": opscope::mine::NOT_OBSERVABLE,
+        });
+        return emit(&(serde_json::to_string_pretty(&doc).context("JSON")? + "\n"));
+    }
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(out, "{:>8}  {:<18}  {:<4}  {:<60}  evidence", "payoff", "verdict", "role", "site");
+    for v in &verdicts {
+        let ev: Vec<String> = v.evidence.iter().map(|(k, x)| format!("{k}={x:.3}")).collect();
+        let _ = writeln!(out, "{:>8.4}  {:<18}  {:<4}  {:<60}  {}", v.payoff, format!("{:?}", v.kind), v.role, v.site, ev.join(" "));
+    }
+    if verdicts.is_empty() {
+        let _ = writeln!(out, "(no verdict: nothing in these sketches justifies a specialized kernel)");
+    }
+    for line in &no_data {
+        let _ = writeln!(out, "{line}");
+    }
+    let _ = writeln!(out, "note: {}", opscope::mine::NOT_OBSERVABLE);
+    emit(&out)
 }
 
 #[derive(clap::Args)]
@@ -39,13 +80,19 @@ struct SweepArgs {
     /// Pass pipeline.
     #[arg(long, default_value = "matmul{roles=[lhs,rhs]}")]
     pipeline: String,
+    /// Mine the sweep and print the confusion matrix of verdicts against the ground truth;
+    /// exits non-zero unless every planted structure got its verdicts and nothing else fired.
+    #[arg(long)]
+    check: bool,
 }
 
 fn sweep(a: SweepArgs) -> Result<()> {
     let pipeline = Pipeline::parse(&a.pipeline)?;
     let sink = CsvSink::create(&a.out)?;
     let seeds: Vec<u64> = (0..a.seeds).collect();
-    let truth = opscope::sweep::run(&pipeline, &seeds, Box::new(sink))?;
+    let memory = opscope::MemorySink::default();
+    let tee = opscope::sink::Tee(vec![Box::new(sink), Box::new(memory.clone())]);
+    let truth = opscope::sweep::run(&pipeline, &seeds, Box::new(tee))?;
     let mut truth_path = a.out.clone().into_os_string();
     truth_path.push(".truth.json");
     let json = serde_json::to_vec_pretty(&truth).context("ground truth JSON")?;
@@ -58,6 +105,15 @@ fn sweep(a: SweepArgs) -> Result<()> {
         seeds.len(),
         a.out.display()
     );
+    if a.check {
+        let verdicts = opscope::mine::mine(&opscope::mine::series_from_rows(&memory.rows()));
+        let check = opscope::sweep::check(&truth, &verdicts);
+        print!("{}", check.table());
+        if !check.perfect() {
+            anyhow::bail!("{} departures from the ground truth:\n{}", check.errors.len(), check.errors.join("\n"));
+        }
+        println!("perfect: every planted structure got its verdicts; no verdict on any Gaussian null");
+    }
     Ok(())
 }
 
@@ -91,6 +147,15 @@ struct RecordArgs {
     /// Recording path (CSV); the manifest goes to `<out>.manifest.json`.
     #[arg(long)]
     out: PathBuf,
+}
+
+/// Write to stdout; a closed pipe (`| head`) ends the output quietly instead of panicking.
+fn emit(text: &str) -> Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.context("writing to stdout"),
+    }
 }
 
 fn passes() {
@@ -168,7 +233,7 @@ fn record(a: RecordArgs) -> Result<()> {
             a.out.display()
         );
     }
-    print!("{}", summary.table());
+    emit(&summary.table())?;
     println!(
         "recorded {} text entries ({} per batch, {} tokens) with '{}' to {} (+ .manifest.json)",
         entries.len(),
@@ -189,6 +254,7 @@ fn main() -> ExitCode {
         }
         Cmd::Record(a) => record(a),
         Cmd::Sweep(a) => sweep(a),
+        Cmd::Mine(a) => mine(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

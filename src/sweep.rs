@@ -12,7 +12,10 @@ use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Normal, Uniform};
 use serde::{Deserialize, Serialize};
 
+use std::collections::BTreeMap;
+
 use crate::error::Error;
+use crate::mine::{Kind, Verdict};
 use crate::pipeline::Pipeline;
 use crate::sink::Sink;
 
@@ -24,7 +27,9 @@ pub const SWEEP_N: usize = 32;
 
 /// Shapes of the planted activations: 2-D with many rows, 2-D with few rows, batched rank 3.
 /// The last dim is a multiple of 4 (2:4 groups run along it).
-pub const SHAPES: [&[usize]; 3] = [&[64, 256], &[8, 128], &[4, 16, 64]];
+/// Every shape holds >= 4k elements: below that, 1% scattered outliers can land in so few channels
+/// that sketches cannot tell them from channel outliers.
+pub const SHAPES: [&[usize]; 3] = [&[64, 256], &[32, 128], &[4, 16, 64]];
 
 /// One planted structure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -267,4 +272,92 @@ pub fn run(pipeline: &Pipeline, seeds: &[u64], sink: Box<dyn Sink>) -> Result<Tr
         pipeline: pipeline.to_string(),
         sites,
     })
+}
+
+/// Verdicts a planted structure must get at its site, and verdicts it may also get (a
+/// consequence of the structure, such as per-channel int8 for channel outliers).
+pub fn expected(p: Planted) -> (&'static [Kind], &'static [Kind]) {
+    use Kind::*;
+    match p {
+        Planted::Gaussian => (&[], &[]),
+        Planted::Uniform => (&[Int4], &[]),
+        Planted::Sparse => (&[SparseGemm], &[PerChannelInt8]),
+        Planted::TwoFour => (&[TwoFourProbe], &[PerChannelInt8]),
+        Planted::LowRank => (&[LowRankProbe], &[PerChannelInt8]),
+        Planted::ChannelOutliers => (&[ChannelOutliers, PerChannelInt8], &[]),
+        Planted::ScatteredOutliers => (&[ScatteredOutliers], &[PerChannelInt8]),
+        Planted::Quantized => (&[Lut], &[]),
+        // Near-constant channels: per-channel scales fit them much better.
+        Planted::CoherentRows => (&[DeltaCompute], &[PerChannelInt8]),
+        Planted::Stationary => (&[Stationary], &[]),
+        Planted::Drifting => (&[Drifting], &[]),
+        Planted::Repeat => (&[ExactRepeat], &[]),
+    }
+}
+
+/// The result of checking a miner's verdicts against a sweep's ground truth.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    /// Rows: planted structure (and `weight_null` for every site's Gaussian weight); columns:
+    /// verdict kind; cells: sites with that verdict.
+    pub matrix: BTreeMap<String, BTreeMap<Kind, usize>>,
+    /// Sites per row.
+    pub sites: BTreeMap<String, usize>,
+    /// Every departure from [`expected`]: a missing required verdict or an unexpected one.
+    pub errors: Vec<String>,
+}
+
+impl Check {
+    /// True when every planted structure got its verdicts and nothing else fired.
+    pub fn perfect(&self) -> bool {
+        self.errors.is_empty()
+    }
+
+    /// The confusion matrix as a text table.
+    pub fn table(&self) -> String {
+        let kinds: Vec<Kind> = self.matrix.values().flat_map(|m| m.keys().copied()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        let names: Vec<String> = kinds.iter().map(|k| format!("{k:?}")).collect();
+        let mut out = format!("{:<20} {:>5}", "planted \\ verdict", "sites");
+        for n in &names {
+            out.push_str(&format!(" {:>w$}", n, w = n.len().max(4)));
+        }
+        out.push('\n');
+        for (row, m) in &self.matrix {
+            out.push_str(&format!("{:<20} {:>5}", row, self.sites.get(row).copied().unwrap_or(0)));
+            for (k, n) in kinds.iter().zip(&names) {
+                out.push_str(&format!(" {:>w$}", m.get(k).copied().unwrap_or(0), w = n.len().max(4)));
+            }
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// Compare `verdicts` with `truth`.
+pub fn check(truth: &Truth, verdicts: &[Verdict]) -> Check {
+    let mut matrix: BTreeMap<String, BTreeMap<Kind, usize>> = BTreeMap::new();
+    let mut sites: BTreeMap<String, usize> = BTreeMap::new();
+    let mut errors = Vec::new();
+    let mut at = |site: &str, role: &str, row: &str, required: &[Kind], allowed: &[Kind]| {
+        let got: Vec<Kind> = verdicts.iter().filter(|v| v.site == site && v.role == role).map(|v| v.kind).collect();
+        *sites.entry(row.to_string()).or_default() += 1;
+        let cells = matrix.entry(row.to_string()).or_default();
+        for k in &got {
+            *cells.entry(*k).or_default() += 1;
+            if !required.contains(k) && !allowed.contains(k) {
+                errors.push(format!("{site}/{role} ({row}): unexpected {k:?}"));
+            }
+        }
+        for k in required {
+            if !got.contains(k) {
+                errors.push(format!("{site}/{role} ({row}): missing {k:?}"));
+            }
+        }
+    };
+    for t in &truth.sites {
+        let (required, allowed) = expected(t.planted);
+        at(&t.site, &t.role, t.planted.name(), required, allowed);
+        at(&t.site, "rhs", "weight_null", &[], &[]);
+    }
+    Check { matrix, sites, errors }
 }

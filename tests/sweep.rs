@@ -67,3 +67,14 @@ fn planted_structures_show_in_the_recording() {
         assert!((2.0..4.5).contains(&one(&w, "kurtosis")), "{} rhs kurtosis", t.site);
     }
 }
+
+#[test]
+fn the_miner_finds_every_planted_structure_and_nothing_in_the_null() {
+    let seeds: Vec<u64> = (0..48).collect();
+    let sink = MemorySink::default();
+    let truth = run(&Pipeline::parse("matmul{roles=[lhs,rhs]}").unwrap(), &seeds, Box::new(sink.clone())).unwrap();
+    let verdicts = opscope::mine::mine(&opscope::mine::series_from_rows(&sink.rows()));
+    let check = opscope::sweep::check(&truth, &verdicts);
+    println!("{}", check.table());
+    assert!(check.perfect(), "{}\n{}", check.table(), check.errors.join("\n"));
+}

@@ -566,7 +566,7 @@ pub fn mine(series: &BTreeMap<SeriesKey, Series>) -> Vec<Verdict> {
         if !channel && !coherent && d > 0.6 && kurt.is_some_and(|k| k < 20.0) && row_cv.is_some_and(|c| c >= 0.35) {
             push(
                 Kind::LowRankProbe,
-                vec![("row_energy_cv", row_cv), ("effective_rank", row_cv.map(|c| 2.0 / (c * c)))],
+                vec![("row_energy_cv", row_cv)],
                 "row-energy CV >= 0.35 (a Gaussian gives sqrt(2/C)); rank is not observable from sketches: confirm with a randomized range finder",
                 "Halko, Martinsson, Tropp, Finding structure with randomness (2011)",
             );

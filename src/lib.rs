@@ -45,6 +45,7 @@ pub mod model;
 pub mod pass;
 pub mod pipeline;
 pub mod record;
+pub mod report;
 pub mod rewrite;
 pub mod sink;
 pub mod sketch;

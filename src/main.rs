@@ -28,6 +28,29 @@ enum Cmd {
     Sweep(SweepArgs),
     /// Mine a recording (CSV or .csv.gz): the verdicts its sketches support, by payoff.
     Mine(MineArgs),
+    /// Mine a recording and write a self-contained HTML report with plots.
+    Report(ReportArgs),
+}
+
+#[derive(clap::Args)]
+struct ReportArgs {
+    /// Recording (CSV, or gzip CSV ending in .gz).
+    recording: PathBuf,
+    /// The HTML file to write.
+    #[arg(short, long)]
+    out: PathBuf,
+}
+
+fn report(a: ReportArgs) -> Result<()> {
+    opscope::sink::check_path(&a.out)?;
+    let series = opscope::mine::load(&a.recording)?;
+    let verdicts = opscope::mine::mine(&series);
+    let mut notes = opscope::mine::no_data(&a.recording, &series)?;
+    notes.push(opscope::mine::NOT_OBSERVABLE.to_string());
+    let title = format!("opscope report: {}", a.recording.display());
+    let html = opscope::report::render(&title, &series, &verdicts, &notes)?;
+    opscope::sink::write_atomic(&a.out, html.as_bytes())?;
+    emit(&format!("wrote {} ({} verdicts, {} site/roles)\n", a.out.display(), verdicts.len(), series.len()))
 }
 
 #[derive(clap::Args)]
@@ -255,6 +278,7 @@ fn main() -> ExitCode {
         Cmd::Record(a) => record(a),
         Cmd::Sweep(a) => sweep(a),
         Cmd::Mine(a) => mine(a),
+        Cmd::Report(a) => report(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

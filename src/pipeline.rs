@@ -226,38 +226,36 @@ impl<'a> Parser<'a> {
         })?;
         let specs = pass.options();
         let mut set: Vec<(&'static str, OptionValue)> = Vec::new();
-        if self.eat('{') {
-            if !self.eat('}') {
-                loop {
-                    let (kat, key) = self.name("an option name")?;
-                    let spec = specs.iter().find(|s| s.name == key).ok_or_else(|| {
-                        let mut e = self.err(kat, format!("unknown option '{key}' of pass '{}'", pass.name()));
-                        e.known = closest(key, specs.iter().map(|s| s.name))
-                            .into_iter()
-                            .map(String::from)
-                            .collect();
-                        e.known_what = format!("options of {}", pass.name());
-                        e
-                    })?;
-                    if set.iter().any(|(k, _)| *k == spec.name) {
-                        return Err(self.err(kat, format!("option '{key}' is set twice")));
-                    }
-                    if !self.eat('=') {
-                        let at = self.pos;
-                        return Err(self.err(at, format!("expected '=' after option '{key}'")));
-                    }
-                    let (vat, raw) = self.value()?;
-                    let value = spec.parse_value(&raw).map_err(|m| {
-                        self.err(vat, format!("bad value for option '{key}' of pass '{}': {m}", pass.name()))
-                    })?;
-                    set.push((spec.name, value));
-                    if self.eat('}') {
-                        break;
-                    }
-                    if !self.eat(',') {
-                        let at = self.pos;
-                        return Err(self.err(at, "expected ',' or '}' after an option"));
-                    }
+        if self.eat('{') && !self.eat('}') {
+            loop {
+                let (kat, key) = self.name("an option name")?;
+                let spec = specs.iter().find(|s| s.name == key).ok_or_else(|| {
+                    let mut e = self.err(kat, format!("unknown option '{key}' of pass '{}'", pass.name()));
+                    e.known = closest(key, specs.iter().map(|s| s.name))
+                        .into_iter()
+                        .map(String::from)
+                        .collect();
+                    e.known_what = format!("options of {}", pass.name());
+                    e
+                })?;
+                if set.iter().any(|(k, _)| *k == spec.name) {
+                    return Err(self.err(kat, format!("option '{key}' is set twice")));
+                }
+                if !self.eat('=') {
+                    let at = self.pos;
+                    return Err(self.err(at, format!("expected '=' after option '{key}'")));
+                }
+                let (vat, raw) = self.value()?;
+                let value = spec.parse_value(&raw).map_err(|m| {
+                    self.err(vat, format!("bad value for option '{key}' of pass '{}': {m}", pass.name()))
+                })?;
+                set.push((spec.name, value));
+                if self.eat('}') {
+                    break;
+                }
+                if !self.eat(',') {
+                    let at = self.pos;
+                    return Err(self.err(at, "expected ',' or '}' after an option"));
                 }
             }
         }

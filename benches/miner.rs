@@ -1,12 +1,12 @@
 //! Cost of mining against the cost of recording, measured in one run: a chain MLP with 24
 //! matmul sites (x[64,256] -> (matmul [256,256] -> relu) x 24), 100 recorded runs with the full
-//! sketch set, written to a CSV; then `mine::load` + `mine::mine` on that file.
+//! sketch set, written to Parquet, CSV and gzip CSV; then `mine::load` + `mine::mine` on each.
 //!
 //! Prints both times and their ratio (the miner issue's target: under 10%).
 
 use std::time::Instant;
 
-use opscope::{CsvSink, Pipeline};
+use opscope::Pipeline;
 use rlx_ir::op::Activation;
 use rlx_ir::{DType, Graph, Shape};
 use rlx_runtime::{Device, Session};
@@ -23,10 +23,10 @@ fn main() {
     }
     g.set_outputs(vec![h]);
     let dir = tempfile::tempdir().expect("temp dir");
-    for name in ["rec.csv", "rec.csv.gz"] {
+    for name in ["rec.parquet", "rec.csv", "rec.csv.gz"] {
         let path = dir.path().join(name);
         let t = Instant::now();
-        opscope::scope(&Pipeline::parse("matmul").unwrap(), Box::new(CsvSink::create(&path).unwrap()), || {
+        opscope::scope(&Pipeline::parse("matmul").unwrap(), opscope::sink::create(&path).unwrap(), || {
             let mut c = Session::new(Device::Cpu).compile(g.clone());
             for l in 0..layers {
                 let w: Vec<f32> = (0..d * d).map(|i| (((i * 31 + l * 17) % 97) as f32 - 48.0) / (48.0 * 16.0)).collect();

@@ -195,10 +195,10 @@ fn env_state() -> Option<&'static Result<EnvState, String>> {
             Err(_) => Stage::Deployed,
         };
         let out = std::env::var(ENV_OUT).unwrap_or_else(|_| "opscope-recording.csv".into());
-        let sink = crate::sink::CsvSink::create(&out).map_err(|e| format!("{ENV_OUT}: {e}"))?;
+        let sink = crate::sink::create(&out).map_err(|e| format!("{ENV_OUT}: {e}"))?;
         Ok(EnvState {
             pipeline,
-            recorder: Arc::new(Recorder::new(Box::new(sink), new_run_id())),
+            recorder: Arc::new(Recorder::new(sink, new_run_id())),
             stage,
         })
     }))

@@ -55,6 +55,8 @@ pub mod sweep;
 #[path = "../passes/mod.rs"]
 pub mod passes;
 
+pub mod parquet;
+
 pub use activate::{finish_env, init_from_env, scope, scope_with_result};
 pub use error::Error;
 pub use manifest::{Manifest, Role};

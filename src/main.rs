@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use opscope::model::{split_entries, OnnxEncoder, TextEncoder};
 use opscope::summary::SummarySink;
-use opscope::{CsvSink, Pipeline};
+use opscope::Pipeline;
 
 #[derive(Parser)]
 #[command(name = "opscope", version, about = "Record what flows through an RLX model's op sites")]
@@ -94,7 +94,7 @@ fn mine(a: MineArgs) -> Result<()> {
 
 #[derive(clap::Args)]
 struct SweepArgs {
-    /// Recording path (CSV, `.gz` compresses); ground truth goes to `<out>.truth.json`.
+    /// Recording path (`.parquet`, `.csv` or `.csv.gz`); ground truth goes to `<out>.truth.json`.
     #[arg(long)]
     out: PathBuf,
     /// Seeds per structure and shape (seeds 0..N).
@@ -111,10 +111,10 @@ struct SweepArgs {
 
 fn sweep(a: SweepArgs) -> Result<()> {
     let pipeline = Pipeline::parse(&a.pipeline)?;
-    let sink = CsvSink::create(&a.out)?;
+    let sink = opscope::sink::create(&a.out)?;
     let seeds: Vec<u64> = (0..a.seeds).collect();
     let memory = opscope::MemorySink::default();
-    let tee = opscope::sink::Tee(vec![Box::new(sink), Box::new(memory.clone())]);
+    let tee = opscope::sink::Tee(vec![sink, Box::new(memory.clone())]);
     let truth = opscope::sweep::run(&pipeline, &seeds, Box::new(tee))?;
     let mut truth_path = a.out.clone().into_os_string();
     truth_path.push(".truth.json");
@@ -167,7 +167,8 @@ struct RecordArgs {
     /// Use at most this many text entries.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     limit: Option<u64>,
-    /// Recording path (CSV); the manifest goes to `<out>.manifest.json`.
+    /// Recording path: `.parquet`, `.csv` or `.csv.gz`; the manifest goes to
+    /// `<out>.manifest.json`.
     #[arg(long)]
     out: PathBuf,
 }
@@ -214,9 +215,9 @@ fn record(a: RecordArgs) -> Result<()> {
         None
     };
 
-    let csv = CsvSink::create(&a.out)?;
+    let file = opscope::sink::create(&a.out)?;
     let summary = SummarySink::default();
-    let sink = opscope::sink::Tee(vec![Box::new(csv), Box::new(summary.clone())]);
+    let sink = opscope::sink::Tee(vec![file, Box::new(summary.clone())]);
     let session = rlx_runtime::Session::new(rlx_runtime::Device::Cpu);
     let bar = ProgressBar::new(entries.len() as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} sentences {elapsed} {msg}")

@@ -98,7 +98,7 @@ struct Cells<'a> {
     flops: Option<u64>,
     compile: u32,
     step: u64,
-    stat: &'a str,
+    stat: Stat,
     idx: u64,
     value: f32,
 }
@@ -113,7 +113,7 @@ struct Builder {
 
 impl Builder {
     fn push(&mut self, c: Cells<'_>) {
-        let Some(stat) = Stat::parse(c.stat) else { return };
+        let stat = c.stat;
         let hit = match &self.last {
             Some((k, comp, st, i)) if k.0 == c.site && k.1 == c.role && k.2 == c.pass && *comp == c.compile && *st == c.step => Some(*i),
             _ => None,
@@ -161,6 +161,7 @@ impl Builder {
 pub fn series_from_rows(rows: &[Row]) -> BTreeMap<SeriesKey, Series> {
     let mut b = Builder::default();
     for r in rows {
+        let Some(stat) = Stat::parse(&r.stat) else { continue };
         b.push(Cells {
             site: &r.site,
             role: &r.role,
@@ -170,7 +171,7 @@ pub fn series_from_rows(rows: &[Row]) -> BTreeMap<SeriesKey, Series> {
             flops: r.flops,
             compile: r.compile,
             step: r.step,
-            stat: &r.stat,
+            stat,
             idx: r.idx,
             value: r.value,
         });
@@ -184,6 +185,9 @@ pub fn series_from_rows(rows: &[Row]) -> BTreeMap<SeriesKey, Series> {
 /// Errors: the file cannot be opened, lacks a recording column, or holds a malformed row
 /// (the error names the line).
 pub fn load(path: &Path) -> Result<BTreeMap<SeriesKey, Series>, Error> {
+    if path.extension().is_some_and(|e| e == "parquet") {
+        return load_parquet(path);
+    }
     let file = std::fs::File::open(path).map_err(|e| Error::Io { path: path.to_path_buf(), error: e })?;
     let reader: Box<dyn Read> = if path.extension().is_some_and(|e| e == "gz") {
         Box::new(flate2::read::GzDecoder::new(std::io::BufReader::with_capacity(1 << 20, file)))
@@ -210,6 +214,7 @@ pub fn load(path: &Path) -> Result<BTreeMap<SeriesKey, Series>, Error> {
         let text = |i: usize| std::str::from_utf8(&rec[i]).map_err(|_| bad("UTF-8"));
         let num = |i: usize, what: &str| text(i)?.parse::<u64>().map_err(|_| bad(what));
         let fl = text(flops)?;
+        let Some(stat) = Stat::parse(text(stat)?) else { continue };
         b.push(Cells {
             site: text(site)?,
             role: text(role)?,
@@ -219,10 +224,78 @@ pub fn load(path: &Path) -> Result<BTreeMap<SeriesKey, Series>, Error> {
             flops: if fl.is_empty() { None } else { Some(fl.parse().map_err(|_| bad("flops"))?) },
             compile: num(compile, "compile")? as u32,
             step: num(step, "step")?,
-            stat: text(stat)?,
+            stat,
             idx: num(idx, "idx")?,
             value: text(value)?.parse::<f32>().map_err(|_| bad("value"))?,
         });
+    }
+    Ok(b.finish())
+}
+
+/// Read a Parquet recording: typed columns, strings through their dictionaries (a row costs no
+/// text parsing).
+fn load_parquet(path: &Path) -> Result<BTreeMap<SeriesKey, Series>, Error> {
+    use arrow_array::types::Int32Type;
+    use arrow_array::{Array, DictionaryArray, Float32Array, StringArray, UInt32Array, UInt64Array};
+    let bad = |why: String| Error::BadPath { path: path.to_path_buf(), why };
+    let file = std::fs::File::open(path).map_err(|e| Error::Io { path: path.to_path_buf(), error: e })?;
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .and_then(|b| b.with_batch_size(1 << 16).build())
+        .map_err(|e| bad(format!("not a readable Parquet recording: {e}")))?;
+    let mut b = Builder::default();
+    for batch in reader {
+        let batch = batch.map_err(|e| bad(format!("reading: {e}")))?;
+        let column = |name: &str| batch.column_by_name(name).ok_or_else(|| bad(format!("no '{name}' column: not an opscope recording")));
+        let dict = |name: &str| -> Result<(Vec<i32>, StringArray), Error> {
+            let c = column(name)?;
+            let d = c
+                .as_any()
+                .downcast_ref::<DictionaryArray<Int32Type>>()
+                .ok_or_else(|| bad(format!("column '{name}' is not dictionary-encoded text")))?;
+            let values = d
+                .values()
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .ok_or_else(|| bad(format!("column '{name}' does not hold text")))?
+                .clone();
+            Ok((d.keys().values().to_vec(), values))
+        };
+        fn typed<'a, T: 'static>(c: &'a arrow_array::ArrayRef, name: &str, path: &Path) -> Result<&'a T, Error> {
+            c.as_any().downcast_ref::<T>().ok_or_else(|| Error::BadPath {
+                path: path.to_path_buf(),
+                why: format!("column '{name}' has the wrong type"),
+            })
+        }
+        let (site_k, site_v) = dict("site")?;
+        let (role_k, role_v) = dict("role")?;
+        let (op_k, op_v) = dict("op")?;
+        let (shape_k, shape_v) = dict("shape")?;
+        let (stat_k, stat_v) = dict("stat")?;
+        let stats: Vec<Option<Stat>> = (0..stat_v.len()).map(|i| Stat::parse(stat_v.value(i))).collect();
+        let (pass_c, compile_c, step_c, idx_c, value_c, flops_c) =
+            (column("pass_idx")?, column("compile")?, column("step")?, column("idx")?, column("value")?, column("flops")?);
+        let pass = typed::<UInt32Array>(pass_c, "pass_idx", path)?;
+        let compile = typed::<UInt32Array>(compile_c, "compile", path)?;
+        let step = typed::<UInt64Array>(step_c, "step", path)?;
+        let idx = typed::<UInt64Array>(idx_c, "idx", path)?;
+        let value = typed::<Float32Array>(value_c, "value", path)?;
+        let flops = typed::<UInt64Array>(flops_c, "flops", path)?;
+        for i in 0..batch.num_rows() {
+            let Some(stat) = stats[stat_k[i] as usize] else { continue };
+            b.push(Cells {
+                site: site_v.value(site_k[i] as usize),
+                role: role_v.value(role_k[i] as usize),
+                pass: pass.value(i),
+                op: op_v.value(op_k[i] as usize),
+                shape: shape_v.value(shape_k[i] as usize),
+                flops: flops.is_valid(i).then(|| flops.value(i)),
+                compile: compile.value(i),
+                step: step.value(i),
+                stat,
+                idx: idx.value(i),
+                value: value.value(i),
+            });
+        }
     }
     Ok(b.finish())
 }

@@ -95,6 +95,17 @@ fn partial_path(path: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
+/// Open the recording sink its path asks for: Parquet for `.parquet`, CSV otherwise (gzip for
+/// `.gz`). Errors as [`CsvSink::create`].
+pub fn create(path: impl AsRef<Path>) -> Result<Box<dyn Sink>, Error> {
+    let path = path.as_ref();
+    if path.extension().is_some_and(|e| e == "parquet") {
+        Ok(Box::new(crate::parquet::ParquetSink::create(path)?))
+    } else {
+        Ok(Box::new(CsvSink::create(path)?))
+    }
+}
+
 /// Check that a recording can be written at `path` (not a directory; its directory exists),
 /// without creating anything: for failing before a long job rather than after it.
 pub fn check_path(path: &Path) -> Result<(), Error> {

@@ -132,3 +132,48 @@ fn the_summary_shows_nothing_it_did_not_measure() {
     }
     assert!(summary.table().lines().nth(1).unwrap().ends_with("-"), "{}", summary.table());
 }
+
+#[test]
+fn parquet_and_csv_recordings_hold_the_same_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let (csv, pq) = (dir.path().join("r.csv.gz"), dir.path().join("r.parquet"));
+    let memory = opscope::MemorySink::default();
+    let tee = opscope::sink::Tee(vec![
+        opscope::sink::create(&csv).unwrap(),
+        opscope::sink::create(&pq).unwrap(),
+        Box::new(memory.clone()),
+    ]);
+    run_into(Box::new(tee)).unwrap();
+    assert!(!dir.path().join("r.parquet.partial").exists());
+    let summarize = |m: &std::collections::BTreeMap<opscope::mine::SeriesKey, opscope::mine::Series>| {
+        m.iter()
+            .map(|(k, s)| {
+                let v: Vec<(u32, u64, Vec<Option<f64>>)> = s
+                    .runs
+                    .iter()
+                    .map(|r| (r.compile, r.step, opscope::Stat::ALL.iter().map(|st| r.scalar(*st)).collect()))
+                    .collect();
+                (k.clone(), s.shape.clone(), s.flops, v)
+            })
+            .collect::<Vec<_>>()
+    };
+    let from_csv = summarize(&opscope::mine::load(&csv).unwrap());
+    let from_pq = summarize(&opscope::mine::load(&pq).unwrap());
+    let from_mem = summarize(&opscope::mine::series_from_rows(&memory.rows()));
+    assert!(!from_mem.is_empty());
+    assert_eq!(from_csv, from_mem);
+    assert_eq!(from_pq, from_mem);
+}
+
+#[test]
+fn a_file_that_is_not_a_recording_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("x.csv");
+    std::fs::write(&p, "a,b\n1,2\n").unwrap();
+    let e = opscope::mine::load(&p).err().expect("error").to_string();
+    assert!(e.contains("not an opscope recording"), "{e}");
+    let q = dir.path().join("x.parquet");
+    std::fs::write(&q, "not parquet").unwrap();
+    let e = opscope::mine::load(&q).err().expect("error").to_string();
+    assert!(e.contains("not a readable Parquet recording"), "{e}");
+}

@@ -107,49 +107,66 @@ struct Cells<'a> {
 /// are contiguous, so the maps are consulted once per group, not once per row).
 #[derive(Default)]
 struct Builder {
-    series: BTreeMap<SeriesKey, (Series, std::collections::HashMap<(u32, u64), usize>)>,
-    last: Option<(SeriesKey, u32, u64, usize)>,
+    series: Vec<(SeriesKey, Series, std::collections::HashMap<(u32, u64), usize>)>,
+    index: std::collections::HashMap<SeriesKey, usize>,
+    /// (series, run) of the current group, and the fields that identify it.
+    last: Option<((usize, usize), (String, String, u32, u32, u64))>,
 }
 
 impl Builder {
-    fn push(&mut self, c: Cells<'_>) {
-        let stat = c.stat;
-        let hit = match &self.last {
-            Some((k, comp, st, i)) if k.0 == c.site && k.1 == c.role && k.2 == c.pass && *comp == c.compile && *st == c.step => Some(*i),
-            _ => None,
+    /// The (series, run) a row belongs to, created if new.
+    fn group(&mut self, c: &Cells<'_>) -> (usize, usize) {
+        let key: SeriesKey = (c.site.to_string(), c.role.to_string(), c.pass);
+        let si = match self.index.get(&key) {
+            Some(&i) => i,
+            None => {
+                self.series.push((
+                    key.clone(),
+                    Series {
+                        op: c.op.to_string(),
+                        shape: c.shape.to_string(),
+                        flops: c.flops,
+                        runs: Vec::new(),
+                    },
+                    Default::default(),
+                ));
+                self.index.insert(key, self.series.len() - 1);
+                self.series.len() - 1
+            }
         };
-        let key: SeriesKey = match (&self.last, hit) {
-            (Some((k, ..)), Some(_)) => k.clone(),
-            _ => (c.site.to_string(), c.role.to_string(), c.pass),
-        };
-        let (s, index) = self.series.entry(key.clone()).or_insert_with(|| {
-            (
-                Series {
-                    op: c.op.to_string(),
-                    shape: c.shape.to_string(),
-                    flops: c.flops,
-                    runs: Vec::new(),
-                },
-                Default::default(),
-            )
+        let (_, s, runs) = &mut self.series[si];
+        let ri = *runs.entry((c.compile, c.step)).or_insert_with(|| {
+            s.runs.push(Run::new(c.compile, c.step));
+            s.runs.len() - 1
         });
-        let i = match hit {
-            Some(i) => i,
-            None => *index.entry((c.compile, c.step)).or_insert_with(|| {
-                s.runs.push(Run::new(c.compile, c.step));
-                s.runs.len() - 1
-            }),
+        (si, ri)
+    }
+
+    fn add(&mut self, (si, ri): (usize, usize), stat: Stat, idx: u64, value: f32) {
+        self.series[si].1.runs[ri].push(stat, idx as usize, value);
+    }
+
+    /// Add a row identified by text (CSV and in-memory rows).
+    fn push(&mut self, c: Cells<'_>) {
+        let at = match &self.last {
+            Some((at, (site, role, pass, comp, step)))
+                if site == c.site && role == c.role && *pass == c.pass && *comp == c.compile && *step == c.step =>
+            {
+                *at
+            }
+            _ => {
+                let at = self.group(&c);
+                self.last = Some((at, (c.site.to_string(), c.role.to_string(), c.pass, c.compile, c.step)));
+                at
+            }
         };
-        s.runs[i].push(stat, c.idx as usize, c.value);
-        if hit.is_none() {
-            self.last = Some((key, c.compile, c.step, i));
-        }
+        self.add(at, c.stat, c.idx, c.value);
     }
 
     fn finish(self) -> BTreeMap<SeriesKey, Series> {
         self.series
             .into_iter()
-            .map(|(k, (mut s, _))| {
+            .map(|(k, mut s, _)| {
                 s.runs.sort_by_key(|r| (r.compile, r.step));
                 (k, s)
             })
@@ -280,21 +297,32 @@ fn load_parquet(path: &Path) -> Result<BTreeMap<SeriesKey, Series>, Error> {
         let idx = typed::<UInt64Array>(idx_c, "idx", path)?;
         let value = typed::<Float32Array>(value_c, "value", path)?;
         let flops = typed::<UInt64Array>(flops_c, "flops", path)?;
+        // Groups are told apart by dictionary keys and integers; text is read once per group.
+        let mut last: Option<((i32, i32, u32, u32, u64), (usize, usize))> = None;
         for i in 0..batch.num_rows() {
             let Some(stat) = stats[stat_k[i] as usize] else { continue };
-            b.push(Cells {
-                site: site_v.value(site_k[i] as usize),
-                role: role_v.value(role_k[i] as usize),
-                pass: pass.value(i),
-                op: op_v.value(op_k[i] as usize),
-                shape: shape_v.value(shape_k[i] as usize),
-                flops: flops.is_valid(i).then(|| flops.value(i)),
-                compile: compile.value(i),
-                step: step.value(i),
-                stat,
-                idx: idx.value(i),
-                value: value.value(i),
-            });
+            let id = (site_k[i], role_k[i], pass.value(i), compile.value(i), step.value(i));
+            let at = match last {
+                Some((l, at)) if l == id => at,
+                _ => {
+                    let at = b.group(&Cells {
+                        site: site_v.value(site_k[i] as usize),
+                        role: role_v.value(role_k[i] as usize),
+                        pass: id.2,
+                        op: op_v.value(op_k[i] as usize),
+                        shape: shape_v.value(shape_k[i] as usize),
+                        flops: flops.is_valid(i).then(|| flops.value(i)),
+                        compile: id.3,
+                        step: id.4,
+                        stat,
+                        idx: 0,
+                        value: 0.0,
+                    });
+                    last = Some((id, at));
+                    at
+                }
+            };
+            b.add(at, stat, idx.value(i), value.value(i));
         }
     }
     Ok(b.finish())
@@ -315,8 +343,9 @@ pub fn no_data(recording: &Path, series: &BTreeMap<SeriesKey, Series>) -> Result
         for o in &m.outputs {
             for u in &o.uses {
                 let key = (u.site.clone(), u.role.as_str().to_string(), u.pass_idx as u32);
-                if !series.contains_key(&key) {
-                    out.push(format!("{}/{}: no data", u.site, u.role.as_str()));
+                let ran = series.get(&key).is_some_and(|s| s.runs.iter().any(|r| r.compile == m.tag));
+                if !ran {
+                    out.push(format!("{} (compile {}) {}/{}: no data", m.graph, m.tag, u.site, u.role.as_str()));
                 }
             }
         }
@@ -339,30 +368,42 @@ a randomized range finder (Halko, Martinsson, Tropp 2011) on sampled activations
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
-    /// Few non-zeros: a sparse GEMM pays.
+    /// Few non-zeros: a sparse GEMM pays. density <= 0.3 (Gale et al., Sparse GPU Kernels for
+    /// Deep Learning, SC 2020: sparse kernels beat dense from ~70% sparsity).
     SparseGemm,
-    /// Half the values are zero: consistent with 2:4 structured sparsity, which sketches cannot
-    /// confirm.
+    /// Half the values are zero (0.45 <= density <= 0.55): consistent with 2:4 structured
+    /// sparsity (Mishra et al. 2021, NVIDIA Ampere), which sketches cannot confirm; a probe
+    /// counting non-zeros per group of 4 along K would.
     TwoFourProbe,
-    /// A few channels carry outliers: per-channel scaling (SmoothQuant / AWQ) or mixed precision.
+    /// A few channels carry outliers (chan_outlier >= 4, 0 < fraction of channels above 8x the
+    /// median channel max|x| <= 4%): per-channel scaling or mixed precision (Dettmers et al.,
+    /// LLM.int8(), 2022; Xiao et al., SmoothQuant, 2023).
     ChannelOutliers,
-    /// Outliers scattered over elements: keep them apart (sparse outliers + low-bit dense).
+    /// Outliers scattered over elements (kurtosis >= 20, no channel structure): keep them
+    /// apart, sparse outliers + low-bit dense (Dettmers et al., SpQR, 2023).
     ScatteredOutliers,
-    /// Per-tensor int8 loses accuracy that per-channel int8 keeps.
+    /// Per-channel int8 SQNR >= 8 dB above per-tensor (noise model Δ²/12, Widrow & Kollár,
+    /// Quantization Noise, 2008; 8 dB is opscope's line: a Gaussian null gains 2-4 dB).
     PerChannelInt8,
-    /// Per-tensor int4 keeps enough SQNR.
+    /// Per-tensor int4 SQNR >= 22 dB in every run and kurtosis <= 2.4 (Δ²/12 model; the ideal
+    /// for a uniform distribution is 22.9 dB, a Gaussian gives 14.6-20 dB).
     Int4,
-    /// Few distinct levels: a LUT / codebook kernel.
+    /// >= 2 empty bins between the 10% and 90% quantile bins: values on few levels, a LUT /
+    /// codebook kernel (Han et al., Deep Compression, 2016).
     Lut,
-    /// Adjacent rows nearly equal: delta compute.
+    /// Adjacent-row difference energy <= 0.25 x the pairs' energy (1.0 for independent rows):
+    /// delta compute (Neil et al., Delta Networks, ICML 2017).
     DeltaCompute,
-    /// The distribution does not move across runs: calibrate once.
+    /// Per-run rms varies <= 5% and the mean does not trend: calibrate once (static
+    /// quantization, as PyTorch observers and ONNX Runtime calibrators do).
     Stationary,
-    /// The distribution moves across runs: scales must be dynamic.
+    /// The mean moves by >= 0.5 rms over the runs: scales must be dynamic.
     Drifting,
-    /// The same tensor every run: memoize.
+    /// elemsig and sumsq identical in every run: memoize.
     ExactRepeat,
-    /// Row energies vary like a low-rank tensor's: sketches cannot confirm low rank.
+    /// Row-energy CV >= 0.35 (a Gaussian gives sqrt(2/C)): low rank is suspected but not
+    /// observable from sketches; a randomized range finder (Halko, Martinsson, Tropp 2011)
+    /// would confirm it.
     LowRankProbe,
     /// NaN or Inf values.
     Health,

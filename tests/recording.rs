@@ -177,3 +177,25 @@ fn a_file_that_is_not_a_recording_is_a_clear_error() {
     let e = opscope::mine::load(&q).err().expect("error").to_string();
     assert!(e.contains("not a readable Parquet recording"), "{e}");
 }
+
+#[test]
+fn the_miner_says_no_data_and_flags_non_finite_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.csv");
+    let p = Pipeline::parse("matmul").unwrap();
+    let g = matmul_2d(2, 3, 2);
+    let never = matmul_3d(1, 2, 3, 2);
+    opscope::scope(&p, opscope::sink::create(&path).unwrap(), || {
+        let s = rlx_runtime::Session::new(rlx_runtime::Device::Cpu);
+        let _compiled_never_run = s.compile(never.clone());
+        let mut c = s.compile(g.clone());
+        c.set_param("w", &[1.0; 6]);
+        c.run(&[("x", &[1.0, f32::NAN, 2.0, 3.0, f32::INFINITY, 0.5])]);
+    })
+    .unwrap();
+    let series = opscope::mine::load(&path).unwrap();
+    let verdicts = opscope::mine::mine(&series);
+    assert!(verdicts.iter().any(|v| v.kind == opscope::mine::Kind::Health && v.role == "lhs"), "{verdicts:?}");
+    let no_data = opscope::mine::no_data(&path, &series).unwrap();
+    assert!(no_data.iter().any(|l| l.ends_with("/lhs: no data")), "{no_data:?}");
+}

@@ -16,7 +16,7 @@ use parquet::file::properties::WriterProperties;
 
 use crate::error::Error;
 use crate::manifest::Manifest;
-use crate::sink::{check_path, sidecar_path, write_atomic, Row, Sidecar, HEADER};
+use crate::sink::{check_path, partial_path as partial, write_sidecar, Row, HEADER};
 
 fn dict() -> DataType {
     DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8))
@@ -42,12 +42,6 @@ pub fn schema() -> SchemaRef {
         f(HEADER[13], dict(), false),
         f(HEADER[14], DataType::UInt64, true),
     ]))
-}
-
-fn partial(path: &Path) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(".partial");
-    PathBuf::from(s)
 }
 
 /// A Parquet recording plus the JSON manifest sidecar, with the CSV sink's lifecycle: rows go
@@ -149,12 +143,7 @@ impl crate::sink::Sink for ParquetSink {
         let file = w.into_inner().map_err(|e| Error::BadPath { path: tmp.clone(), why: format!("parquet close: {e}") })?;
         file.sync_all().map_err(|e| Error::Io { path: tmp.clone(), error: e })?;
         std::fs::rename(&tmp, &self.path).map_err(|e| Error::Io { path: self.path.clone(), error: e })?;
-        let sidecar = Sidecar {
-            format: 1,
-            graphs: std::mem::take(&mut self.manifests),
-        };
-        let json = serde_json::to_vec_pretty(&sidecar).map_err(|e| Error::Internal(format!("manifest JSON: {e}")))?;
-        write_atomic(&sidecar_path(&self.path), &json)
+        write_sidecar(&self.path, std::mem::take(&mut self.manifests))
     }
 }
 

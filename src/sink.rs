@@ -89,7 +89,8 @@ pub fn sidecar_path(recording: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-fn partial_path(path: &Path) -> PathBuf {
+/// Where a recording is written until it is finished: `<path>.partial`.
+pub(crate) fn partial_path(path: &Path) -> PathBuf {
     let mut s = path.as_os_str().to_owned();
     s.push(".partial");
     PathBuf::from(s)
@@ -267,14 +268,15 @@ impl Sink for CsvSink {
             path: self.path.clone(),
             error: source,
         })?;
-        let sidecar = Sidecar {
-            format: 1,
-            graphs: std::mem::take(&mut self.manifests),
-        };
-        let json = serde_json::to_vec_pretty(&sidecar)
-            .map_err(|e| Error::Internal(format!("manifest JSON: {e}")))?;
-        write_atomic(&sidecar_path(&self.path), &json)
+        write_sidecar(&self.path, std::mem::take(&mut self.manifests))
     }
+}
+
+/// Write the manifest sidecar of the recording at `recording` (atomically).
+pub(crate) fn write_sidecar(recording: &Path, graphs: Vec<Manifest>) -> Result<(), Error> {
+    let json = serde_json::to_vec_pretty(&Sidecar { format: 1, graphs })
+        .map_err(|e| Error::Internal(format!("manifest JSON: {e}")))?;
+    write_atomic(&sidecar_path(recording), &json)
 }
 
 impl Drop for CsvSink {

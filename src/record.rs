@@ -296,25 +296,8 @@ impl Drop for Recorder {
     }
 }
 
-/// Decode one run's tap outputs (in output order, caller outputs already removed) into rows.
-///
-/// Errors with [`Error::Mismatch`] if the outputs do not have the count, lengths or tag the
-/// manifest says. Statistics that are undefined for the data (NaN in a slot whose
-/// [`Stat::nan_means_undefined`]) are left out.
-///
-/// A weight's sketch (`invariant` output) is included only at step 0 here; the recorder also
-/// writes it again whenever its values change.
-pub fn rows_for(run_id: &str, step: u64, m: &Manifest, outputs: &[Vec<f32>]) -> Result<Vec<Row>, Error> {
-    let mut rows = Vec::new();
-    let first = |_: usize, _: &[f32]| step == 0;
-    decode_each(&Arc::from(run_id), &Interned::new(m), step, m, outputs, first, |r| {
-        rows.extend_from_slice(r);
-        Ok(())
-    })?;
-    Ok(rows)
-}
-
-/// Check the outputs against the manifest, then hand the rows of each appended output to
+/// Decode one run's tap outputs (in output order, caller outputs removed): check them against
+/// the manifest ([`Error::Mismatch`] on a wrong count, length or tag), then hand the rows of each appended output to
 /// `emit` in turn (the writer never holds a whole run's rows at once).
 fn decode_each(
     run_id: &Arc<str>,

@@ -7,10 +7,11 @@
 
 use std::time::{Duration, Instant};
 
+mod common;
+
 use opscope::{Error, Manifest, Pipeline, Row, Sink};
 use peak_alloc::PeakAlloc;
-use rlx_ir::op::Activation;
-use rlx_ir::{DType, Graph, Shape};
+use rlx_ir::Graph;
 use rlx_runtime::{Device, Session};
 
 #[global_allocator]
@@ -18,19 +19,6 @@ static PEAK: PeakAlloc = PeakAlloc;
 
 const M: usize = 64;
 const D: usize = 256;
-
-fn chain(layers: usize) -> Graph {
-    let mut g = Graph::new(format!("chain{layers}"));
-    let sh = Shape::new(&[M, D], DType::F32);
-    let mut h = g.input("x", sh.clone());
-    for l in 0..layers {
-        let w = g.param(format!("w{l}"), Shape::new(&[D, D], DType::F32));
-        let m = g.matmul(h, w, sh.clone());
-        h = g.activation(Activation::Relu, m, sh.clone());
-    }
-    g.set_outputs(vec![h]);
-    g
-}
 
 /// Counts rows and drops them: the bench measures tapping and recording, not row storage.
 struct CountingSink(usize);
@@ -101,10 +89,8 @@ fn main() {
         "L", "sites", "compile", "tapped", "ratio", "run", "tapped", "ratio", "peak MB", "tapped", "ratio"
     );
     for layers in [16usize, 64, 128] {
-        let g = chain(layers);
-        let weights: Vec<Vec<f32>> = (0..layers)
-            .map(|l| (0..D * D).map(|i| (((i * 31 + l * 17) % 97) as f32 - 48.0) / (48.0 * 16.0)).collect())
-            .collect();
+        let g = common::chain(M, D, layers);
+        let weights: Vec<Vec<f32>> = (0..layers).map(|l| common::weight(D, l)).collect();
         let x: Vec<f32> = (0..M * D).map(|i| ((i % 13) as f32 - 6.0) / 6.0).collect();
         let runs = if quick { 5 } else { (2000 / layers).max(15) };
         // Interleave to share machine noise: untapped, tapped, untapped, tapped.

@@ -7,9 +7,9 @@
 
 use std::time::Instant;
 
+mod common;
+
 use opscope::Pipeline;
-use rlx_ir::op::Activation;
-use rlx_ir::{DType, Graph, Shape};
 use rlx_runtime::{Device, Session};
 
 /// Mine `path` and print the ratio to `record_s`.
@@ -60,15 +60,7 @@ fn minilm(dir: &std::path::Path) {
 
 fn main() {
     let (m, d, layers, steps) = (64usize, 256usize, 24usize, 100usize);
-    let mut g = Graph::new("chain24");
-    let sh = Shape::new(&[m, d], DType::F32);
-    let mut h = g.input("x", sh.clone());
-    for l in 0..layers {
-        let w = g.param(format!("w{l}"), Shape::new(&[d, d], DType::F32));
-        let y = g.matmul(h, w, sh.clone());
-        h = g.activation(Activation::Relu, y, sh.clone());
-    }
-    g.set_outputs(vec![h]);
+    let g = common::chain(m, d, layers);
     let dir = tempfile::tempdir().expect("temp dir");
     minilm(dir.path());
     for name in ["rec.parquet", "rec.csv", "rec.csv.gz"] {
@@ -77,8 +69,7 @@ fn main() {
         opscope::scope(&Pipeline::parse("matmul").unwrap(), opscope::sink::create(&path).unwrap(), || {
             let mut c = Session::new(Device::Cpu).compile(g.clone());
             for l in 0..layers {
-                let w: Vec<f32> = (0..d * d).map(|i| (((i * 31 + l * 17) % 97) as f32 - 48.0) / (48.0 * 16.0)).collect();
-                c.set_param(&format!("w{l}"), &w);
+                c.set_param(&format!("w{l}"), &common::weight(d, l));
             }
             for s in 0..steps {
                 let x: Vec<f32> = (0..m * d).map(|i| (((i + s * 7) % 13) as f32 - 6.0) / 6.0).collect();

@@ -196,6 +196,7 @@ impl Pass for MatmulTap {
                     Role::Lhs => Some(lhs),
                     Role::Rhs => rhs,
                     Role::Out => Some(out),
+                    _ => None,
                 };
                 let Some(tensor) = tensor else {
                     rw.skip(&site, Some(role), None, "the op has no such operand".into());

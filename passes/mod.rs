@@ -1,4 +1,7 @@
 //! Registered passes, one file each. Each file ends with `inventory::submit!`; nothing outside
 //! this folder names a concrete pass.
 
+mod attn;
 mod matmul;
+mod residual;
+mod skip;

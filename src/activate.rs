@@ -13,13 +13,13 @@ use crate::manifest::Manifest;
 use crate::pipeline::Pipeline;
 use crate::record::{new_run_id, Recorder};
 use crate::sink::Sink;
-use crate::sketch::{KEEP_OP, SKETCH_OP};
+use crate::sketch::{is_sketch_op, KEEP_OP};
 
 /// True if a graph already carries opscope sketches (never tap twice).
 fn already_tapped(g: &Graph) -> bool {
     g.nodes()
         .iter()
-        .any(|n| matches!(&n.op, Op::Custom { name, .. } if name == SKETCH_OP || name == KEEP_OP))
+        .any(|n| matches!(&n.op, Op::Custom { name, .. } if is_sketch_op(name) || name == KEEP_OP))
 }
 
 /// Which program a tap observes.

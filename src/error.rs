@@ -41,6 +41,10 @@ pub enum Error {
         /// What differed.
         detail: String,
     },
+    /// A pass's options do not fit the graph it was applied to (a `skip` block that does not
+    /// exist).
+    #[error("{0}")]
+    Graph(String),
     /// A bug in opscope.
     #[error("opscope internal error: {0}")]
     Internal(String),

@@ -44,6 +44,7 @@ pub mod mine;
 pub mod model;
 pub mod pass;
 pub mod pipeline;
+pub mod probes;
 pub mod record;
 pub mod report;
 pub mod rewrite;

@@ -18,6 +18,14 @@ pub enum Role {
     Rhs,
     /// The op's output.
     Out,
+    /// Attention probabilities (the `attn` tap).
+    Probs,
+    /// A MoE router's choice of experts (the `route` tap at a TopK).
+    Router,
+    /// Expert dispatch (the `route` tap at a GroupedMatMul).
+    Dispatch,
+    /// A residual block: the stream `x` and the branch `f(x)` of `x + f(x)` (the `residual` tap).
+    Block,
 }
 
 impl Role {
@@ -27,6 +35,10 @@ impl Role {
             Role::Lhs => "lhs",
             Role::Rhs => "rhs",
             Role::Out => "out",
+            Role::Probs => "probs",
+            Role::Router => "router",
+            Role::Dispatch => "dispatch",
+            Role::Block => "block",
         }
     }
 }
@@ -119,6 +131,24 @@ pub struct Manifest {
     pub outputs: Vec<TapOutput>,
     /// Sites or roles that could not be tapped.
     pub skipped: Vec<Skipped>,
+    /// Changes made on purpose by actuation passes, in pipeline order.
+    #[serde(default)]
+    pub actuations: Vec<Actuation>,
+}
+
+/// One change an actuation pass made to the program (fake-quant inserted, block bypassed).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Actuation {
+    /// Site name of the changed op.
+    pub site: String,
+    /// Node id of that op in the rewritten graph (`u32::MAX` if the change removed it).
+    pub node: u32,
+    /// Pass that made the change.
+    pub pass: String,
+    /// Position of that pass in the pipeline (0-based).
+    pub pass_idx: usize,
+    /// What was done, in words.
+    pub action: String,
 }
 
 impl Manifest {

@@ -178,7 +178,7 @@ impl Builder {
 pub fn series_from_rows(rows: &[Row]) -> BTreeMap<SeriesKey, Series> {
     let mut b = Builder::default();
     for r in rows {
-        let Some(stat) = Stat::parse(&r.stat) else { continue };
+        let Some(stat) = Stat::parse(&r.stat).filter(|s| s.is_tensor_stat()) else { continue };
         b.push(Cells {
             site: &r.site,
             role: &r.role,
@@ -231,7 +231,7 @@ pub fn load(path: &Path) -> Result<BTreeMap<SeriesKey, Series>, Error> {
         let text = |i: usize| std::str::from_utf8(&rec[i]).map_err(|_| bad("UTF-8"));
         let num = |i: usize, what: &str| text(i)?.parse::<u64>().map_err(|_| bad(what));
         let fl = text(flops)?;
-        let Some(stat) = Stat::parse(text(stat)?) else { continue };
+        let Some(stat) = Stat::parse(text(stat)?).filter(|s| s.is_tensor_stat()) else { continue };
         b.push(Cells {
             site: text(site)?,
             role: text(role)?,
@@ -288,7 +288,7 @@ fn load_parquet(path: &Path) -> Result<BTreeMap<SeriesKey, Series>, Error> {
         let (op_k, op_v) = dict("op")?;
         let (shape_k, shape_v) = dict("shape")?;
         let (stat_k, stat_v) = dict("stat")?;
-        let stats: Vec<Option<Stat>> = (0..stat_v.len()).map(|i| Stat::parse(stat_v.value(i))).collect();
+        let stats: Vec<Option<Stat>> = (0..stat_v.len()).map(|i| Stat::parse(stat_v.value(i)).filter(|s| s.is_tensor_stat())).collect();
         let (pass_c, compile_c, step_c, idx_c, value_c, flops_c) =
             (column("pass_idx")?, column("compile")?, column("step")?, column("idx")?, column("value")?, column("flops")?);
         let pass = typed::<UInt32Array>(pass_c, "pass_idx", path)?;

@@ -49,6 +49,18 @@ pub enum OptionType {
     Globs,
     /// A histogram range: `absmax`, or `LO:HI` with LO < HI finite floats.
     Range,
+    /// A finite float in `[min, max]`.
+    Float {
+        /// Smallest accepted value.
+        min: f32,
+        /// Largest accepted value.
+        max: f32,
+    },
+    /// A bracketed list of distinct unsigned integers `[3,5]` (or one integer), each `<= max`.
+    UIntList {
+        /// Largest accepted item.
+        max: u64,
+    },
 }
 
 impl OptionType {
@@ -61,6 +73,8 @@ impl OptionType {
             OptionType::ListOf(words) => format!("list of {}", words.join("|")),
             OptionType::Globs => "list of glob patterns".into(),
             OptionType::Range => "absmax or LO:HI".into(),
+            OptionType::Float { min, max } => format!("number {min}..={max}"),
+            OptionType::UIntList { max } => format!("list of distinct integers 0..={max}"),
         }
     }
 }
@@ -93,6 +107,10 @@ pub enum OptionValue {
     Absmax,
     /// `LO:HI`.
     Range(f32, f32),
+    /// A float.
+    Float(f32),
+    /// A list of unsigned integers, in the order written.
+    UIntList(Vec<u64>),
 }
 
 impl fmt::Display for OptionValue {
@@ -104,6 +122,11 @@ impl fmt::Display for OptionValue {
             OptionValue::List(items) => write!(f, "[{}]", items.join(",")),
             OptionValue::Absmax => f.write_str("absmax"),
             OptionValue::Range(lo, hi) => write!(f, "{}:{}", short(*lo), short(*hi)),
+            OptionValue::Float(x) => f.write_str(&short(*x)),
+            OptionValue::UIntList(items) => {
+                let t: Vec<String> = items.iter().map(|n| n.to_string()).collect();
+                write!(f, "[{}]", t.join(","))
+            }
         }
     }
 }
@@ -188,6 +211,29 @@ impl OptionSpec {
                     _ => Err(format!("'{s}': {} (LO < HI, both finite)", expected())),
                 }
             }
+            (OptionType::Float { min, max }, RawValue::Scalar(s)) => match s.trim().parse::<f32>() {
+                Ok(x) if x.is_finite() && x >= *min && x <= *max => Ok(OptionValue::Float(x)),
+                _ => Err(format!("'{s}': {}", expected())),
+            },
+            (OptionType::UIntList { max }, raw) => {
+                let items = match raw {
+                    RawValue::List(items) => items.clone(),
+                    RawValue::Scalar(s) => vec![s.clone()],
+                };
+                let mut out: Vec<u64> = Vec::with_capacity(items.len());
+                for it in &items {
+                    match it.trim().parse::<u64>() {
+                        Ok(n) if n <= *max => {
+                            if out.contains(&n) {
+                                return Err(format!("'{n}' is listed twice"));
+                            }
+                            out.push(n);
+                        }
+                        _ => return Err(format!("'{it}': {}", expected())),
+                    }
+                }
+                Ok(OptionValue::UIntList(out))
+            }
             (_, RawValue::List(_)) => Err(format!("a list is not allowed here: {}", expected())),
         }
     }
@@ -241,6 +287,30 @@ impl Options {
         match self.get(name)? {
             OptionValue::Bool(b) => Ok(*b),
             v => Err(Error::Internal(format!("option '{name}' is {v:?}, not a bool"))),
+        }
+    }
+
+    /// A float option.
+    pub fn float(&self, name: &str) -> Result<f32, Error> {
+        match self.get(name)? {
+            OptionValue::Float(x) => Ok(*x),
+            v => Err(Error::Internal(format!("option '{name}' is {v:?}, not a number"))),
+        }
+    }
+
+    /// An integer-list option.
+    pub fn uint_list(&self, name: &str) -> Result<&[u64], Error> {
+        match self.get(name)? {
+            OptionValue::UIntList(items) => Ok(items),
+            v => Err(Error::Internal(format!("option '{name}' is {v:?}, not an integer list"))),
+        }
+    }
+
+    /// A word (enum) option.
+    pub fn word(&self, name: &str) -> Result<&str, Error> {
+        match self.get(name)? {
+            OptionValue::Word(w) => Ok(w),
+            v => Err(Error::Internal(format!("option '{name}' is {v:?}, not a word"))),
         }
     }
 

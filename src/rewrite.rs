@@ -5,8 +5,8 @@ use std::collections::HashMap;
 
 use rlx_ir::{Graph, NodeId, Op};
 
-use crate::manifest::{Manifest, Role, Site, Skipped, TapOutput, TapUse};
-use crate::sketch::{shape_text, static_dims, SketchSpec, KEEP_OP, SKETCH_OP};
+use crate::manifest::{Actuation, Manifest, Role, Site, Skipped, TapOutput, TapUse};
+use crate::sketch::{is_sketch_op, shape_text, static_dims, SketchSpec, KEEP_OP, SKETCH2_OP, SKETCH3_OP, SKETCH_OP};
 
 /// A graph being rewritten by a pipeline, and the manifest of what was done to it.
 pub struct Rewrite {
@@ -21,6 +21,15 @@ pub struct Rewrite {
     /// (position in the pipeline, name) of the pass running now.
     current: (usize, &'static str),
     dedupe: HashMap<(u32, Vec<u8>), usize>,
+    /// An actuation changed the graph's structure: `finish` rebuilds it in topological order
+    /// without dead nodes.
+    restructured: bool,
+    /// Per original node: still needed by the caller's outputs (recomputed after an actuation;
+    /// a tap never observes a node an actuation made dead).
+    live: Vec<bool>,
+    /// Residual blocks of the graph as the pipeline received it (numbered once, so that
+    /// `skip` and `residual` agree on `block.K` whatever runs first).
+    blocks: Option<Vec<ResidualBlock>>,
 }
 
 impl Rewrite {
@@ -35,6 +44,7 @@ impl Rewrite {
             sites: Vec::new(),
             outputs: Vec::new(),
             skipped: Vec::new(),
+            actuations: Vec::new(),
         };
         let mut rw = Rewrite {
             graph: graph.clone(),
@@ -45,6 +55,9 @@ impl Rewrite {
             anchor: None,
             current: (0, ""),
             dedupe: HashMap::new(),
+            restructured: false,
+            live: vec![true; graph.len()],
+            blocks: None,
         };
         let mut dynamic = vec![false; graph.len()];
         for n in graph.nodes() {
@@ -148,10 +161,48 @@ impl Rewrite {
         &self.graph
     }
 
-    /// The node ids of the graph the pipeline started from (sites are found among these, so a
-    /// pass never taps another pass's sketch nodes).
+    /// The node ids of the graph the pipeline started from that the caller's outputs still
+    /// need (sites are found among these, so a pass never taps another pass's sketch nodes,
+    /// nor a block an earlier `skip` made dead).
     pub fn original_nodes(&self) -> impl Iterator<Item = NodeId> + '_ {
-        (0..self.names.len() as u32).map(NodeId)
+        (0..self.names.len() as u32).map(NodeId).filter(|i| self.live[i.0 as usize])
+    }
+
+    /// The graph, for an actuation pass to change on purpose (insert fake-quant nodes, rewire a
+    /// residual). New nodes may be appended anywhere and consumed by earlier ones: when the
+    /// pipeline finishes, the graph is rebuilt in topological order and nodes no output needs
+    /// are removed (graph inputs and parameters are kept, so the caller binds the same names).
+    /// The caller's outputs must keep their count, order and shapes.
+    pub fn graph_mut(&mut self) -> &mut Graph {
+        self.restructured = true;
+        &mut self.graph
+    }
+
+    /// The residual blocks of the graph the pipeline started from ([`residual_blocks`]),
+    /// numbered before any actuation changed it; a block an earlier `skip` bypassed is no longer
+    /// listed (its sum is gone).
+    pub fn residual_blocks(&mut self) -> Vec<ResidualBlock> {
+        let blocks = self.blocks.get_or_insert_with(|| residual_blocks(&self.graph)).clone();
+        blocks
+            .into_iter()
+            .filter(|b| {
+                let n = self.graph.node(b.node);
+                self.live[b.node.0 as usize] && n.inputs.contains(&b.stream) && n.inputs.contains(&b.branch)
+            })
+            .collect()
+    }
+
+    /// Record that the current pass changed the program at `node` (shown as `site`): `action`
+    /// says what, in words (`fake-quant lhs int8 per-token`, `bypass block`).
+    pub fn actuate(&mut self, site: &str, node: NodeId, action: String) {
+        let (pass_idx, pass) = self.current;
+        self.manifest.actuations.push(Actuation {
+            site: site.to_string(),
+            node: node.0,
+            pass: pass.to_string(),
+            pass_idx,
+            action,
+        });
     }
 
     /// Site name of an original node.
@@ -163,6 +214,12 @@ impl Rewrite {
     /// now on are attributed to it.
     pub fn begin_pass(&mut self, idx: usize, name: &'static str) {
         self.current = (idx, name);
+        if self.restructured {
+            let keep = reachable(&self.graph, self.manifest.user_outputs);
+            for (i, l) in self.live.iter_mut().enumerate() {
+                *l = keep[i];
+            }
+        }
     }
 
     /// Record a site at `node`, named [`Rewrite::site_name`].
@@ -201,9 +258,21 @@ impl Rewrite {
     /// A zero-size tensor gets no node: the manifest lists it with `numel = 0`, and the
     /// recorder writes `count = 0` for it on every run (there is nothing to compute).
     /// The same tensor with the same spec is computed once and listed once per use.
-    pub fn tap(&mut self, site: &str, role: Role, tensor: NodeId, mut spec: SketchSpec) {
+    pub fn tap(&mut self, site: &str, role: Role, tensor: NodeId, spec: SketchSpec) {
+        self.tap_inputs(site, role, &[tensor], spec)
+    }
+
+    /// [`Rewrite::tap`] for a probe that reads several tensors (1 to 3; see
+    /// [`crate::probes::Probe`]): `inputs[0]` is the tensor the row's shape and count describe.
+    pub fn tap_inputs(&mut self, site: &str, role: Role, inputs: &[NodeId], mut spec: SketchSpec) {
+        let tensor = inputs[0];
+        let op = match inputs.len() {
+            1 => SKETCH_OP,
+            2 => SKETCH2_OP,
+            _ => SKETCH3_OP,
+        };
         spec.tag = self.manifest.tag;
-        let invariant = !self.dynamic.get(tensor.0 as usize).copied().unwrap_or(true);
+        let invariant = inputs.iter().all(|t| !self.dynamic.get(t.0 as usize).copied().unwrap_or(true));
         spec.memo = invariant;
         let shape = self.graph.node(tensor).shape.clone();
         // `None` for a symbolic shape: the element count is only known at run time.
@@ -214,7 +283,10 @@ impl Rewrite {
             site: site.to_string(),
             role,
         };
-        let attrs = spec.to_attrs();
+        let mut attrs = spec.to_attrs();
+        for t in &inputs[1..] {
+            attrs.extend_from_slice(&t.0.to_le_bytes()); // the dedupe key names every input
+        }
         if let Some(&i) = self.dedupe.get(&(tensor.0, attrs.clone())) {
             self.manifest.outputs[i].uses.push(use_);
             return;
@@ -223,7 +295,7 @@ impl Rewrite {
             None
         } else {
             let name = format!("opscope/{site}/{}", role.as_str());
-            let mut id = self.graph.custom_op(SKETCH_OP, attrs.clone(), vec![tensor]);
+            let mut id = self.graph.custom_op(op, spec.to_attrs(), inputs.to_vec());
             self.graph.node_mut(id).name = Some(name.clone());
             if let (true, Some(anchor)) = (invariant, self.anchor) {
                 id = self.graph.custom_op(KEEP_OP, Vec::new(), vec![id, anchor]);
@@ -250,14 +322,106 @@ impl Rewrite {
         self.graph
             .users(node)
             .into_iter()
-            .filter(|u| !matches!(&self.graph.node(*u).op, Op::Custom { name, .. } if name == SKETCH_OP || name == KEEP_OP))
+            .filter(|u| !matches!(&self.graph.node(*u).op, Op::Custom { name, .. } if is_sketch_op(name) || name == KEEP_OP))
             .collect()
     }
 
-    /// Finish: the rewritten graph and its manifest.
-    pub fn finish(self) -> (Graph, Manifest) {
-        (self.graph, self.manifest)
+    /// Finish: the rewritten graph and its manifest. After an actuation the graph is rebuilt
+    /// in topological order without dead nodes, and node ids in the manifest are renumbered.
+    pub fn finish(mut self) -> (Graph, Manifest) {
+        if !self.restructured {
+            return (self.graph, self.manifest);
+        }
+        let (graph, map) = rebuild(&self.graph);
+        let m = &mut self.manifest;
+        let dead = u32::MAX;
+        for s in &mut m.sites {
+            s.node = map.get(&s.node).copied().unwrap_or(dead);
+        }
+        for o in &mut m.outputs {
+            o.tensor = map.get(&o.tensor).copied().unwrap_or(dead);
+        }
+        for a in &mut m.actuations {
+            a.node = map.get(&a.node).copied().unwrap_or(dead);
+        }
+        (graph, self.manifest)
     }
+}
+
+/// Nodes reachable from the first `user_outputs` outputs (inputs and parameters always count).
+fn reachable(g: &Graph, user_outputs: usize) -> Vec<bool> {
+    let mut live = vec![false; g.len()];
+    let mut stack: Vec<NodeId> = g.outputs.iter().take(user_outputs).copied().collect();
+    while let Some(id) = stack.pop() {
+        if !std::mem::replace(&mut live[id.0 as usize], true) {
+            stack.extend(g.node(id).inputs.iter().copied());
+        }
+    }
+    for n in g.nodes() {
+        if matches!(n.op, Op::Input { .. } | Op::Param { .. }) {
+            live[n.id.0 as usize] = true;
+        }
+    }
+    live
+}
+
+/// `g` rebuilt in topological order (inputs before users, original order kept where it already
+/// is) with only the nodes some output needs, plus every input and parameter. Returns the new
+/// graph and the map old id -> new id.
+fn rebuild(g: &Graph) -> (Graph, HashMap<u32, u32>) {
+    let mut order: Vec<NodeId> = Vec::new();
+    let mut state = vec![0u8; g.len()]; // 0 unseen, 1 open, 2 emitted
+    let roots: Vec<NodeId> = g
+        .nodes()
+        .iter()
+        .filter(|n| matches!(n.op, Op::Input { .. } | Op::Param { .. }))
+        .map(|n| n.id)
+        .chain(g.outputs.iter().copied())
+        .collect();
+    for root in roots {
+        // Iterative post-order DFS: a node is emitted after all its inputs.
+        let mut stack = vec![(root, false)];
+        while let Some((id, expanded)) = stack.pop() {
+            let i = id.0 as usize;
+            if state[i] == 2 {
+                continue;
+            }
+            if expanded {
+                state[i] = 2;
+                order.push(id);
+                continue;
+            }
+            state[i] = 1;
+            stack.push((id, true));
+            for &inp in g.node(id).inputs.iter().rev() {
+                if state[inp.0 as usize] == 0 {
+                    stack.push((inp, false));
+                }
+            }
+        }
+    }
+    let mut map: HashMap<u32, u32> = HashMap::new();
+    let mut out = Graph::new(&g.name);
+    for old in &order {
+        let n = g.node(*old);
+        let inputs = n.inputs.iter().map(|i| NodeId(map[&i.0])).collect();
+        let id = out.add_node(n.op.clone(), inputs, n.shape.clone());
+        let m = out.node_mut(id);
+        m.name = n.name.clone();
+        m.origin = n.origin.clone();
+        map.insert(old.0, id.0);
+    }
+    out.set_outputs(g.outputs.iter().map(|o| NodeId(map[&o.0])).collect());
+    out.set_output_names(g.output_names().to_vec());
+    out.set_vars(g.vars().iter().filter_map(|(i, o)| Some((NodeId(*map.get(&i.0)?), *o))).collect());
+    out.set_sym_attrs(
+        g.sym_attrs()
+            .iter()
+            .filter_map(|a| Some(rlx_ir::dynamic::SymAttr { node: NodeId(*map.get(&a.node.0)?), ..a.clone() }))
+            .collect(),
+    );
+    out.set_sym_defs(g.sym_defs().to_vec());
+    (out, map)
 }
 
 /// Base names of every node: own name without a leading '/', else `{family}.{k}`.
@@ -310,4 +474,81 @@ pub fn op_name(op: &Op) -> String {
     let s = op.to_string();
     let end = s.find(['(', '{', ' ']).unwrap_or(s.len());
     s[..end].to_string()
+}
+
+/// A residual connection `x + f(x)` found in a graph.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResidualBlock {
+    /// Block index in execution (node) order, shared by the `residual` tap and the `skip`
+    /// actuation: `block.{index}`.
+    pub index: usize,
+    /// The node computing the sum: `Binary(Add)`, or a `FusedResidualLN` / `FusedResidualRmsNorm`
+    /// (RLX's CPU fusion of `Add` + norm) that normalizes it.
+    pub node: NodeId,
+    /// The residual stream `x`.
+    pub stream: NodeId,
+    /// The branch `f(x)`.
+    pub branch: NodeId,
+}
+
+/// Every residual connection of `g`, in node order: an `Add` (or a fused residual norm, whose
+/// inputs 0 and 1 are summed) of two same-shape F32 tensors where one (`x`) is an ancestor of
+/// the other (`f(x)`) through a path holding at least one matmul or attention op. Bias adds
+/// (broadcast) and sums of independent tensors (token + position embeddings) are not blocks.
+pub fn residual_blocks(g: &Graph) -> Vec<ResidualBlock> {
+    let mut out = Vec::new();
+    for n in g.nodes() {
+        let pair = match &n.op {
+            Op::Binary(rlx_ir::op::BinaryOp::Add) => true,
+            Op::FusedResidualLN { .. } | Op::FusedResidualRmsNorm { .. } => true,
+            _ => false,
+        };
+        if !pair || n.inputs.len() < 2 {
+            continue;
+        }
+        let (a, b) = (n.inputs[0], n.inputs[1]);
+        let (sa, sb) = (&g.node(a).shape, &g.node(b).shape);
+        if sa != sb || sa.dtype() != rlx_ir::DType::F32 {
+            continue;
+        }
+        let found = if through_matmul(g, b, a) {
+            Some((a, b))
+        } else if through_matmul(g, a, b) {
+            Some((b, a))
+        } else {
+            None
+        };
+        if let Some((stream, branch)) = found {
+            out.push(ResidualBlock { index: out.len(), node: n.id, stream, branch });
+        }
+    }
+    out
+}
+
+/// True if `ancestor` is reached walking back from `from` along a path that passes through a
+/// matmul-family or attention node (nodes before `ancestor` are not visited).
+fn through_matmul(g: &Graph, from: NodeId, ancestor: NodeId) -> bool {
+    if from.0 <= ancestor.0 {
+        return false;
+    }
+    // state: 1 = reaches ancestor without a matmul yet, 2 = with one; search (node, seen_mm).
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![(from, false)];
+    while let Some((id, mm)) = stack.pop() {
+        if !seen.insert((id, mm)) {
+            continue;
+        }
+        let node = g.node(id);
+        let mm = mm || family(&node.op) == "matmul" || matches!(node.op, Op::Attention { .. });
+        for &i in &node.inputs {
+            if i == ancestor {
+                if mm {
+                    return true;
+                }
+            } else if i.0 > ancestor.0 {
+                stack.push((i, mm));
+            }
+        }
+    }
+    false
 }

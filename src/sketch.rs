@@ -32,6 +32,19 @@ pub const SKETCH_OP: &str = "opscope.sketch";
 /// itself a graph output unfilled: measured, all zeros).
 pub const KEEP_OP: &str = "opscope.keep";
 
+/// The sketch op with two inputs (attention probabilities and their mask, a router's scores
+/// and chosen experts, a residual stream and its branch): same attributes, a
+/// [`crate::probes::Probe`] says how the inputs are read.
+pub const SKETCH2_OP: &str = "opscope.sketch2";
+
+/// The sketch op with three inputs (fused attention's Q, K and mask).
+pub const SKETCH3_OP: &str = "opscope.sketch3";
+
+/// True for the name of any opscope sketch op (one, two or three inputs).
+pub fn is_sketch_op(name: &str) -> bool {
+    name == SKETCH_OP || name == SKETCH2_OP || name == SKETCH3_OP
+}
+
 /// One statistic of a sketch. The string form (`as_str`) is the `stat` column of a recording.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -77,11 +90,60 @@ pub enum Stat {
     PosinfCount,
     /// Number of -Inf elements (1 value).
     NeginfCount,
+    // ---- attention probes (`attn` tap; see `crate::probes`) ----
+    /// Non-padding queries `(batch, query)` the attention statistics average over (1 value).
+    Queries,
+    /// Per head: mean over non-padding queries of the largest probability (`H` values).
+    Peak,
+    /// Per head: mean over non-padding queries of the entropy `-sum p ln p`, in nats (`H`).
+    Entropy,
+    /// Per head: mean over non-padding queries of entropy / ln(allowed keys), in [0, 1] (`H`).
+    EntropyNorm,
+    /// Per head: mean over non-padding queries of the mass on the `topk` most probable keys (`H`).
+    TopkMass,
+    /// Per head: mean probability non-padding queries give the first key (`H`).
+    SinkFirst,
+    /// Per head: mean probability non-padding queries give the last non-padding key (`H`).
+    SinkLast,
+    /// Per head: mean probability mass non-padding queries give padding keys (`H`; 0 when the
+    /// mask works).
+    PadMass,
+    /// Per head: mean over sequences of the largest received mass of one non-padding key, the
+    /// received mass being the mean probability over the sequence's non-padding queries (`H`).
+    RecvMax,
+    /// Per (head, query position): mean over sequences of the peak probability (`H x Sq`,
+    /// row-major; undefined positions, padding in every sequence, are not recorded).
+    PeakPos,
+    /// Per (head, key position): mean over sequences of the key's received mass (`H x Sk`).
+    RecvPos,
+    // ---- routing probes (`route` tap) ----
+    /// Routed tokens (rows) in this run (1 value).
+    Tokens,
+    /// Per expert: number of (token, choice) assignments (`E` values; 0 for a dead expert).
+    Load,
+    /// Per expert: sum of the gate probabilities of the assignments it received (`E`).
+    GateMass,
+    /// Per expert: sum over tokens of its gate probability, chosen or not (`E`; the
+    /// "importance" of Shazeer et al. 2017).
+    Importance,
+    /// Mean over tokens of the gate probability mass on the chosen experts (1 value).
+    KeptMass,
+    /// Expert ids that are not an integer in [0, E) (1 value; must be 0).
+    BadIds,
+    // ---- residual probes (`residual` tap) ----
+    /// Rows (tokens) of the residual stream in this run (1 value).
+    Rows,
+    /// ||f(x)||_F / ||x||_F over the whole tensor (1 value).
+    Ratio,
+    /// Mean over rows of cos(x_r, x_r + f(x)_r) (1 value; 1 - this is ShortGPT's block influence).
+    Cos,
+    /// Per row: cos(x_r, x_r + f(x)_r) (`R` values; NaN rows, zero vectors, are not recorded).
+    CosRow,
 }
 
 impl Stat {
     /// Every statistic, in layout order.
-    pub const ALL: [Stat; 20] = [
+    pub const ALL: [Stat; 41] = [
         Stat::Count,
         Stat::Min,
         Stat::Max,
@@ -102,6 +164,27 @@ impl Stat {
         Stat::NanCount,
         Stat::PosinfCount,
         Stat::NeginfCount,
+        Stat::Queries,
+        Stat::Peak,
+        Stat::Entropy,
+        Stat::EntropyNorm,
+        Stat::TopkMass,
+        Stat::SinkFirst,
+        Stat::SinkLast,
+        Stat::PadMass,
+        Stat::RecvMax,
+        Stat::PeakPos,
+        Stat::RecvPos,
+        Stat::Tokens,
+        Stat::Load,
+        Stat::GateMass,
+        Stat::Importance,
+        Stat::KeptMass,
+        Stat::BadIds,
+        Stat::Rows,
+        Stat::Ratio,
+        Stat::Cos,
+        Stat::CosRow,
     ];
 
     /// The name used in pipeline options and in the `stat` column.
@@ -127,6 +210,27 @@ impl Stat {
             Stat::NanCount => "nan_count",
             Stat::PosinfCount => "posinf_count",
             Stat::NeginfCount => "neginf_count",
+            Stat::Queries => "queries",
+            Stat::Peak => "peak",
+            Stat::Entropy => "entropy",
+            Stat::EntropyNorm => "entropy_norm",
+            Stat::TopkMass => "topk_mass",
+            Stat::SinkFirst => "sink_first",
+            Stat::SinkLast => "sink_last",
+            Stat::PadMass => "pad_mass",
+            Stat::RecvMax => "recv_max",
+            Stat::PeakPos => "peak_pos",
+            Stat::RecvPos => "recv_pos",
+            Stat::Tokens => "tokens",
+            Stat::Load => "load",
+            Stat::GateMass => "gate_mass",
+            Stat::Importance => "importance",
+            Stat::KeptMass => "kept_mass",
+            Stat::BadIds => "bad_ids",
+            Stat::Rows => "rows",
+            Stat::Ratio => "ratio",
+            Stat::Cos => "cos",
+            Stat::CosRow => "cos_row",
         }
     }
 
@@ -155,6 +259,43 @@ impl Stat {
         Stat::PosinfCount,
         Stat::NeginfCount,
     ];
+
+    /// True if the statistic is a vector (its rows carry `idx`), false for one value.
+    /// For probe statistics the answer is per probe: everything but the counts is a vector.
+    pub fn is_vector(self) -> bool {
+        !matches!(
+            self,
+            Stat::Count
+                | Stat::Min
+                | Stat::Max
+                | Stat::Mean
+                | Stat::L1
+                | Stat::Sumsq
+                | Stat::Nnz
+                | Stat::Kurtosis
+                | Stat::HistLo
+                | Stat::HistHi
+                | Stat::HistOutside
+                | Stat::ChanOutlier
+                | Stat::AdjSumsq
+                | Stat::NanCount
+                | Stat::PosinfCount
+                | Stat::NeginfCount
+                | Stat::Queries
+                | Stat::Tokens
+                | Stat::KeptMass
+                | Stat::BadIds
+                | Stat::Rows
+                | Stat::Ratio
+                | Stat::Cos
+        )
+    }
+
+    /// True for the statistics of a plain tensor sketch (the `matmul` tap's), false for the
+    /// attention, routing and residual probes'.
+    pub fn is_tensor_stat(self) -> bool {
+        (self as usize) <= (Stat::NeginfCount as usize)
+    }
 
     /// True if a NaN in this slot means "undefined for this data" (dropped from recordings).
     /// Every statistic: a sampled `elemsig` element that is itself NaN is left out too
@@ -208,6 +349,10 @@ pub struct SketchSpec {
     /// weight is not re-sketched on every call, and a changed one is.
     #[serde(default)]
     pub memo: bool,
+    /// What the op reads: one tensor (the default), or the inputs of an attention, routing or
+    /// residual probe (see [`crate::probes::Probe`]).
+    #[serde(default)]
+    pub probe: crate::probes::Probe,
 }
 
 /// Where one statistic sits in a sketch's output vector.
@@ -326,12 +471,16 @@ impl SketchSpec {
             rows: rows_static.unwrap_or(0),
             tag: 0,
             memo: false,
+            probe: crate::probes::Probe::Tensor,
         };
         Ok(Planned { spec, dropped })
     }
 
     /// Number of values statistic `s` occupies.
     pub fn stat_len(&self, s: Stat) -> usize {
+        if let Some(n) = self.probe.stat_len(s) {
+            return n;
+        }
         match s {
             Stat::Hist => self.hist_bins,
             Stat::Elemsig => self.elemsig_k,
@@ -737,19 +886,25 @@ pub fn compute_into(data: &[f32], dims: &[usize], spec: &SketchSpec, out: &mut [
             Stat::NanCount => dst[0] = acc.nan as f32,
             Stat::PosinfCount => dst[0] = acc.posinf as f32,
             Stat::NeginfCount => dst[0] = acc.neginf as f32,
+            // Probe statistics never reach the tensor kernel (`SketchSpec::for_shape` never
+            // selects them); a foreign spec gets NaN, which is never recorded.
+            _ => dst.fill(f32::NAN),
         }
     }
 }
 
-/// Shape inference for [`SKETCH_OP`].
-struct SketchOp;
+/// Shape inference for [`SKETCH_OP`] and the multi-input probe ops.
+struct SketchOp {
+    name: &'static str,
+    inputs: usize,
+}
 
 impl OpExtension for SketchOp {
     fn name(&self) -> &str {
-        SKETCH_OP
+        self.name
     }
     fn num_inputs(&self) -> usize {
-        1
+        self.inputs
     }
     fn infer_shape(&self, _inputs: &[&Shape], attrs: &[u8]) -> Shape {
         // Attributes are written by `SketchSpec::to_attrs` only; a foreign blob gets a 1-value
@@ -759,12 +914,14 @@ impl OpExtension for SketchOp {
     }
 }
 
-/// CPU kernel for [`SKETCH_OP`].
-struct SketchKernel;
+/// CPU kernel for [`SKETCH_OP`] and the multi-input probe ops ([`SKETCH2_OP`], [`SKETCH3_OP`]).
+struct SketchKernel {
+    name: &'static str,
+}
 
 impl CpuKernel for SketchKernel {
     fn name(&self) -> &str {
-        SKETCH_OP
+        self.name
     }
     fn execute(
         &self,
@@ -773,6 +930,13 @@ impl CpuKernel for SketchKernel {
         attrs: &[u8],
     ) -> Result<(), String> {
         let spec = SketchSpec::from_attrs(attrs)?;
+        if spec.probe != crate::probes::Probe::Tensor {
+            let out = output.expect_f32_mut("opscope probe output")?;
+            if out.len() != spec.len() {
+                return Err(format!("{}: output holds {} values, spec needs {}", self.name, out.len(), spec.len()));
+            }
+            return crate::probes::execute(&spec, inputs, out);
+        }
         let x = inputs
             .first()
             .ok_or_else(|| format!("{SKETCH_OP}: no input"))?
@@ -875,8 +1039,10 @@ impl CpuKernel for KeepKernel {
 pub fn register() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        rlx_ir::op_registry::register_op(Arc::new(SketchOp));
-        rlx_cpu::op_registry::register_cpu_kernel(Arc::new(SketchKernel));
+        for (name, inputs) in [(SKETCH_OP, 1), (SKETCH2_OP, 2), (SKETCH3_OP, 3)] {
+            rlx_ir::op_registry::register_op(Arc::new(SketchOp { name, inputs }));
+            rlx_cpu::op_registry::register_cpu_kernel(Arc::new(SketchKernel { name }));
+        }
         rlx_ir::op_registry::register_op(Arc::new(KeepOp));
         rlx_cpu::op_registry::register_cpu_kernel(Arc::new(KeepKernel));
     });

@@ -1,0 +1,237 @@
+//! `attn`: tap every attention site, the Softmax over attention scores of an unfused attention
+//! (`MatMul -> Softmax -> MatMul`, as an ONNX BERT arrives) and every fused `Op::Attention`,
+//! and record per-head concentration (peak probability, entropy, top-k mass) and received mass
+//! (attention sinks, heavy-hitter keys) with padding excluded.
+
+use rlx_ir::op::{BinaryOp, MaskKind};
+use rlx_ir::{Graph, NodeId, Op};
+
+use crate::error::Error;
+use crate::manifest::Role;
+use crate::pass::{OptionSpec, OptionType, Options, Pass, PassKind, PassRegistration};
+use crate::probes::{self, bhqk, AttnProbe, AttnSource, FusedMask, Probe, ATTN_STATS};
+use crate::rewrite::{family, Rewrite};
+use crate::sketch::{static_dims, Stat};
+
+const STAT_WORDS: &[&str] = &[
+    "all", "queries", "peak", "entropy", "entropy_norm", "topk_mass", "sink_first", "sink_last", "pad_mass",
+    "recv_max", "peak_pos", "recv_pos",
+];
+
+const OPTIONS: &[OptionSpec] = &[
+    OptionSpec {
+        name: "sites",
+        ty: OptionType::Globs,
+        default: "[*]",
+        doc: "glob patterns over site names (the Softmax's or Attention's ONNX node name, else softmax.K / attention.K)",
+    },
+    OptionSpec {
+        name: "stats",
+        ty: OptionType::ListOf(STAT_WORDS),
+        default: "[all]",
+        doc: "statistics: per head peak, entropy, entropy_norm, topk_mass, sink_first, sink_last, pad_mass, recv_max; per position peak_pos, recv_pos",
+    },
+    OptionSpec {
+        name: "topk",
+        ty: OptionType::UInt { min: 1, max: 65536 },
+        default: "8",
+        doc: "k of topk_mass: the probability mass a top-k sparse attention would keep per query",
+    },
+];
+
+/// The `attn` tap pass.
+pub struct AttnTap;
+
+/// Walk back from the softmax input through elementwise/shape ops: true if a matmul (the
+/// scores) is found within a few steps.
+fn from_matmul(g: &Graph, mut id: NodeId) -> bool {
+    for _ in 0..6 {
+        let n = g.node(id);
+        if family(&n.op) == "matmul" {
+            return true;
+        }
+        match &n.op {
+            Op::Binary(_) | Op::Activation(_) | Op::Reshape { .. } | Op::Transpose { .. } => id = n.inputs[0],
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// The additive mask of a softmax over scores: the operand of an `Add` feeding the softmax that
+/// does not come from the scores matmul, with its dims mapped to `[B, H, Sq, Sk]`.
+fn additive_bias(g: &Graph, softmax_in: NodeId, rank: usize) -> Option<(NodeId, [usize; 4])> {
+    let n = g.node(softmax_in);
+    let Op::Binary(BinaryOp::Add) = n.op else { return None };
+    let (a, b) = (n.inputs[0], n.inputs[1]);
+    let bias = match (from_matmul(g, a), from_matmul(g, b)) {
+        (true, false) => b,
+        (false, true) => a,
+        _ => return None,
+    };
+    let d = static_dims(&g.node(bias).shape)?;
+    if d.len() > rank || g.node(bias).shape.dtype() != rlx_ir::DType::F32 {
+        return None;
+    }
+    // Right-align to the probabilities' rank, then map like `bhqk`.
+    let mut full = vec![1usize; rank - d.len()];
+    full.extend(d);
+    let dims = match full.as_slice() {
+        [b, h, q, k] => [*b, *h, *q, *k],
+        [b, q, k] => [*b, 1, *q, *k],
+        [q, k] => [1, 1, *q, *k],
+        _ => return None,
+    };
+    Some((bias, dims))
+}
+
+impl Pass for AttnTap {
+    fn name(&self) -> &'static str {
+        "attn"
+    }
+    fn kind(&self) -> PassKind {
+        PassKind::Tap
+    }
+    fn doc(&self) -> &'static str {
+        "per-head attention concentration and received mass (sinks) at every score Softmax and fused Attention, padding excluded"
+    }
+    fn options(&self) -> &'static [OptionSpec] {
+        OPTIONS
+    }
+
+    fn run(&self, opts: &Options, rw: &mut Rewrite) -> Result<(), Error> {
+        let patterns: Vec<glob::Pattern> = opts
+            .list("sites")?
+            .iter()
+            .map(|p| glob::Pattern::new(p).map_err(|e| Error::Internal(e.to_string())))
+            .collect::<Result<_, _>>()?;
+        let words = opts.list("stats")?;
+        let stats: Vec<Stat> = if words.iter().any(|w| w == "all") {
+            ATTN_STATS.to_vec()
+        } else {
+            words.iter().filter_map(|w| Stat::parse(w)).collect()
+        };
+        let topk = opts.uint("topk")? as usize;
+        let nodes: Vec<NodeId> = rw.original_nodes().collect();
+        for id in nodes {
+            let node = rw.graph().node(id).clone();
+            let is_site = match &node.op {
+                Op::Softmax { axis } => {
+                    let rank = node.shape.rank() as i32;
+                    let last = *axis == -1 || *axis == rank - 1;
+                    // Scores in, probabilities on to a matmul with V: attention, not a classifier
+                    // head or a MoE router.
+                    rank >= 2
+                        && last
+                        && from_matmul(rw.graph(), node.inputs[0])
+                        && rw.users(id).iter().any(|u| family(&rw.graph().node(*u).op) == "matmul")
+                }
+                Op::Attention { .. } => true,
+                _ => false,
+            };
+            if !is_site {
+                continue;
+            }
+            let site_name = rw.site_name(id);
+            if !patterns.iter().any(|p| p.matches(&site_name)) {
+                continue;
+            }
+            let site = rw.add_site(id, None);
+            match attn_probe(rw.graph(), id, topk) {
+                Ok((probe, inputs, note)) => {
+                    if let Some(note) = note {
+                        rw.skip(&site, Some(Role::Probs), Some(id), note);
+                    }
+                    rw.tap_inputs(&site, Role::Probs, &inputs, probes::spec(probe, &stats));
+                }
+                Err(why) => rw.skip(&site, Some(Role::Probs), Some(id), why),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The probe and its inputs for attention site `id`, plus a note when padding cannot be told.
+fn attn_probe(g: &Graph, id: NodeId, topk: usize) -> Result<(Probe, Vec<NodeId>, Option<String>), String> {
+    let node = g.node(id);
+    match &node.op {
+        Op::Softmax { .. } => {
+            let [b, h, q, k] = bhqk(&node.shape).ok_or("attention probabilities need a static rank 2-4 shape")?;
+            if node.shape.dtype() != rlx_ir::DType::F32 {
+                return Err("attention probabilities are not F32".into());
+            }
+            let geom = |source| AttnProbe { batch: b, heads: h, sq: q, sk: k, topk, source };
+            Ok(match additive_bias(g, node.inputs[0], node.shape.rank()) {
+                Some((bias, dims)) => (Probe::Attention(geom(AttnSource::Probs { bias: Some(dims) })), vec![id, bias], None),
+                None => (
+                    Probe::Attention(geom(AttnSource::Probs { bias: None })),
+                    vec![id],
+                    Some("no additive mask feeds this softmax: every query and key counts as non-padding".into()),
+                ),
+            })
+        }
+        Op::Attention { num_heads, head_dim, v_head_dim: _, mask_kind, score_scale, attn_logit_softcap } => {
+            let (nh, dh) = (*num_heads, *head_dim);
+            let qd = static_dims(&g.node(node.inputs[0]).shape).ok_or("Q has a symbolic dim")?;
+            let kd = static_dims(&g.node(node.inputs[1]).shape).ok_or("K has a symbolic dim")?;
+            if qd.len() != kd.len() {
+                return Err(format!("Q rank {} and K rank {} differ", qd.len(), kd.len()));
+            }
+            // Layout dispatch as RLX 0.2.19's CPU kernel: rank 4 is [B,H,S,D] when dim 1 equals
+            // the head count, else [B,S,H,D]; rank 3 is [B,S,H*D]; rank 2 is [S,H*D].
+            let (batch, sq, sk, bhsd) = match qd.len() {
+                4 if qd[1] == nh => (qd[0], qd[2], kd[2], true),
+                4 => (qd[0], qd[1], kd[1], false),
+                3 => (qd[0], qd[1], kd[1], false),
+                2 => (1, qd[0], kd[0], false),
+                r => return Err(format!("fused attention of rank {r} is not supported")),
+            };
+            let k_numel: usize = kd.iter().product();
+            let kv_heads = (k_numel / (batch.max(1) * sk.max(1) * dh.max(1))).max(1);
+            if qd.iter().product::<usize>() != batch * sq * nh * dh {
+                return Err(format!("Q {qd:?} does not hold {nh} heads of width {dh}"));
+            }
+            let mask = match mask_kind {
+                MaskKind::None => FusedMask::None,
+                MaskKind::Causal => FusedMask::Causal,
+                MaskKind::SlidingWindow(w) => FusedMask::Window(*w),
+                MaskKind::Custom => FusedMask::Keys,
+                MaskKind::Bias => FusedMask::Bias,
+            };
+            let mut inputs = vec![node.inputs[0], node.inputs[1]];
+            if matches!(mask, FusedMask::Keys | FusedMask::Bias) {
+                inputs.push(*node.inputs.get(3).ok_or("the attention's mask input is missing")?);
+            }
+            let probe = Probe::Attention(AttnProbe {
+                batch,
+                heads: nh,
+                sq,
+                sk,
+                topk,
+                source: AttnSource::Fused {
+                    head_dim: dh,
+                    kv_heads,
+                    bhsd,
+                    scale: score_scale.unwrap_or((dh as f32).powf(-0.5)),
+                    softcap: attn_logit_softcap.unwrap_or(0.0),
+                    mask,
+                },
+            });
+            Ok((probe, inputs, None))
+        }
+        _ => Err("not an attention site".into()),
+    }
+}
+
+inventory::submit! { PassRegistration(&AttnTap) }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_words_are_all_plus_every_attention_stat() {
+        let names: Vec<&str> = ATTN_STATS.iter().map(|s| s.as_str()).collect();
+        assert_eq!(&STAT_WORDS[1..], names.as_slice());
+    }
+}

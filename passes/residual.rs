@@ -1,0 +1,76 @@
+//! `residual`: tap every residual connection `x + f(x)` and record block influence: the
+//! branch-to-stream norm ratio and the cosine between the block's input and output.
+
+use crate::error::Error;
+use crate::manifest::Role;
+use crate::pass::{OptionSpec, OptionType, Options, Pass, PassKind, PassRegistration};
+use crate::probes::{self, Probe, ResidualProbe, RESIDUAL_STATS};
+use crate::rewrite::Rewrite;
+use crate::sketch::{static_dims, Stat};
+
+const OPTIONS: &[OptionSpec] = &[
+    OptionSpec {
+        name: "blocks",
+        ty: OptionType::Globs,
+        default: "[*]",
+        doc: "glob patterns over block names block.K (K = execution order, the numbering skip{blocks=..} uses)",
+    },
+    OptionSpec {
+        name: "stats",
+        ty: OptionType::ListOf(&["all", "rows", "ratio", "cos", "cos_row"]),
+        default: "[all]",
+        doc: "ratio = ||f(x)||/||x||, cos = mean over rows of cos(x, x+f(x)) (1 - cos is ShortGPT's block influence), cos_row = per row",
+    },
+];
+
+/// The `residual` tap pass.
+pub struct ResidualTap;
+
+impl Pass for ResidualTap {
+    fn name(&self) -> &'static str {
+        "residual"
+    }
+    fn kind(&self) -> PassKind {
+        PassKind::Tap
+    }
+    fn doc(&self) -> &'static str {
+        "block influence at every residual x + f(x): ||f(x)||/||x|| and cos(x, x + f(x)), blocks named block.K in execution order"
+    }
+    fn options(&self) -> &'static [OptionSpec] {
+        OPTIONS
+    }
+
+    fn run(&self, opts: &Options, rw: &mut Rewrite) -> Result<(), Error> {
+        let patterns: Vec<glob::Pattern> = opts
+            .list("blocks")?
+            .iter()
+            .map(|p| glob::Pattern::new(p).map_err(|e| Error::Internal(e.to_string())))
+            .collect::<Result<_, _>>()?;
+        let words = opts.list("stats")?;
+        let stats: Vec<Stat> = if words.iter().any(|w| w == "all") {
+            RESIDUAL_STATS.to_vec()
+        } else {
+            words.iter().filter_map(|w| Stat::parse(w)).collect()
+        };
+        for b in rw.residual_blocks() {
+            let name = format!("block.{}", b.index);
+            if !patterns.iter().any(|p| p.matches(&name)) {
+                continue;
+            }
+            let site = rw.add_site_named(b.node, name, None);
+            let shape = rw.graph().node(b.stream).shape.clone();
+            match static_dims(&shape) {
+                Some(d) if !d.is_empty() => {
+                    let width = *d.last().unwrap_or(&1);
+                    let rows = d.iter().product::<usize>() / width.max(1);
+                    let probe = Probe::Residual(ResidualProbe { rows, width });
+                    rw.tap_inputs(&site, Role::Block, &[b.stream, b.branch], probes::spec(probe, &stats));
+                }
+                _ => rw.skip(&site, Some(Role::Block), Some(b.stream), "the residual stream's shape is symbolic or scalar".into()),
+            }
+        }
+        Ok(())
+    }
+}
+
+inventory::submit! { PassRegistration(&ResidualTap) }

@@ -1,0 +1,90 @@
+//! `skip`: bypass chosen residual blocks (layer skip), so that `x + f(x)` becomes `x` and the
+//! branch `f` is dead and removed. Measures what skipping a block costs, against the block
+//! influence the `residual` tap records.
+
+use rlx_ir::op::BinaryOp;
+use rlx_ir::Op;
+
+use crate::error::Error;
+use crate::pass::{OptionSpec, OptionType, Options, Pass, PassKind, PassRegistration};
+use crate::rewrite::Rewrite;
+
+const OPTIONS: &[OptionSpec] = &[OptionSpec {
+    name: "blocks",
+    ty: OptionType::UIntList { max: 1 << 20 },
+    default: "[]",
+    doc: "blocks to bypass, by the index K of the residual tap's block.K (execution order)",
+}];
+
+/// The `skip` actuation pass.
+pub struct Skip;
+
+impl Pass for Skip {
+    fn name(&self) -> &'static str {
+        "skip"
+    }
+    fn kind(&self) -> PassKind {
+        PassKind::Actuation
+    }
+    fn doc(&self) -> &'static str {
+        "bypass residual blocks: x + f(x) -> x (a fused residual norm keeps its norm: LN(x + f(x)) -> LN(x)); f is removed"
+    }
+    fn options(&self) -> &'static [OptionSpec] {
+        OPTIONS
+    }
+
+    fn run(&self, opts: &Options, rw: &mut Rewrite) -> Result<(), Error> {
+        let wanted = opts.uint_list("blocks")?.to_vec();
+        let blocks = rw.residual_blocks();
+        if let Some(&bad) = wanted.iter().find(|&&k| !blocks.iter().any(|b| b.index as u64 == k)) {
+            return Err(Error::Graph(format!(
+                "skip: block {bad} does not exist (or is already bypassed): the graph '{}' has residual blocks [{}]; \
+                 run the residual tap to list them",
+                rw.graph().name,
+                blocks.iter().map(|b| b.index.to_string()).collect::<Vec<_>>().join(",")
+            )));
+        }
+        for b in blocks.into_iter().filter(|b| wanted.contains(&(b.index as u64))) {
+            let site = format!("block.{}", b.index);
+            let node = rw.graph().node(b.node).clone();
+            let action = match node.op {
+                Op::Binary(BinaryOp::Add) => {
+                    // Every user of the sum (and any output it is) reads the stream instead.
+                    let g = rw.graph_mut();
+                    for u in g.users(b.node) {
+                        let inputs = g.node(u).inputs.iter().map(|&i| if i == b.node { b.stream } else { i }).collect();
+                        g.set_inputs(u, inputs);
+                    }
+                    for o in g.outputs.iter_mut() {
+                        if *o == b.node {
+                            *o = b.stream;
+                        }
+                    }
+                    "bypass: x + f(x) -> x"
+                }
+                Op::FusedResidualLN { has_bias: false, eps } | Op::FusedResidualRmsNorm { has_bias: false, eps } => {
+                    let ln = matches!(node.op, Op::FusedResidualLN { .. });
+                    let g = rw.graph_mut();
+                    let n = g.node_mut(b.node);
+                    n.op = if ln { Op::LayerNorm { axis: -1, eps } } else { Op::RmsNorm { axis: -1, eps } };
+                    let mut inputs = vec![b.stream];
+                    inputs.extend_from_slice(&node.inputs[2..]);
+                    n.inputs = inputs;
+                    if ln {
+                        "bypass: LayerNorm(x + f(x)) -> LayerNorm(x)"
+                    } else {
+                        "bypass: RmsNorm(x + f(x)) -> RmsNorm(x)"
+                    }
+                }
+                _ => {
+                    rw.skip(&site, None, Some(b.node), "a fused residual norm with a bias add is not bypassed".into());
+                    continue;
+                }
+            };
+            rw.actuate(&site, b.node, action.into());
+        }
+        Ok(())
+    }
+}
+
+inventory::submit! { PassRegistration(&Skip) }

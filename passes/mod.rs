@@ -4,4 +4,5 @@
 mod attn;
 mod matmul;
 mod residual;
+mod route;
 mod skip;

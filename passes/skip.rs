@@ -44,7 +44,9 @@ impl Pass for Skip {
                 blocks.iter().map(|b| b.index.to_string()).collect::<Vec<_>>().join(",")
             )));
         }
-        for b in blocks.into_iter().filter(|b| wanted.contains(&(b.index as u64))) {
+        // Last block first: bypassing block k rewires block k+1's stream, so a later block is
+        // rewired before the earlier one it reads is.
+        for b in blocks.into_iter().rev().filter(|b| wanted.contains(&(b.index as u64))) {
             let site = format!("block.{}", b.index);
             let node = rw.graph().node(b.node).clone();
             let action = match node.op {

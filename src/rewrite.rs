@@ -185,9 +185,19 @@ impl Rewrite {
         let blocks = self.blocks.get_or_insert_with(|| residual_blocks(&self.graph)).clone();
         blocks
             .into_iter()
-            .filter(|b| {
+            .filter_map(|mut b| {
                 let n = self.graph.node(b.node);
-                self.live[b.node.0 as usize] && n.inputs.contains(&b.stream) && n.inputs.contains(&b.branch)
+                let still = matches!(
+                    n.op,
+                    Op::Binary(rlx_ir::op::BinaryOp::Add) | Op::FusedResidualLN { .. } | Op::FusedResidualRmsNorm { .. }
+                );
+                if !still || !self.live[b.node.0 as usize] {
+                    return None;
+                }
+                // An earlier bypass may have rewired the stream (x of block k+1 was block k's sum).
+                b.stream = n.inputs[b.stream_input];
+                b.branch = n.inputs[1 - b.stream_input];
+                Some(b)
             })
             .collect()
     }
@@ -489,6 +499,8 @@ pub struct ResidualBlock {
     pub stream: NodeId,
     /// The branch `f(x)`.
     pub branch: NodeId,
+    /// Which input of `node` (0 or 1) is the stream.
+    pub stream_input: usize,
 }
 
 /// Every residual connection of `g`, in node order: an `Add` (or a fused residual norm, whose
@@ -512,14 +524,14 @@ pub fn residual_blocks(g: &Graph) -> Vec<ResidualBlock> {
             continue;
         }
         let found = if through_matmul(g, b, a) {
-            Some((a, b))
+            Some((a, b, 0))
         } else if through_matmul(g, a, b) {
-            Some((b, a))
+            Some((b, a, 1))
         } else {
             None
         };
-        if let Some((stream, branch)) = found {
-            out.push(ResidualBlock { index: out.len(), node: n.id, stream, branch });
+        if let Some((stream, branch, stream_input)) = found {
+            out.push(ResidualBlock { index: out.len(), node: n.id, stream, branch, stream_input });
         }
     }
     out

@@ -1,0 +1,126 @@
+//! `route`: tap MoE routing, every TopK router (over `[tokens, experts]` scores) and every
+//! `GroupedMatMul` expert dispatch, and record per-expert load (dead and hot experts, the
+//! evidence for expert pruning and capacity planning) and gate mass.
+
+use rlx_ir::{Graph, NodeId, Op};
+
+use crate::error::Error;
+use crate::manifest::Role;
+use crate::pass::{OptionSpec, OptionType, Options, Pass, PassKind, PassRegistration};
+use crate::probes::{self, Probe, RouteProbe, RouteScores, ROUTE_STATS};
+use crate::rewrite::Rewrite;
+use crate::sketch::{static_dims, Stat};
+
+const OPTIONS: &[OptionSpec] = &[
+    OptionSpec {
+        name: "sites",
+        ty: OptionType::Globs,
+        default: "[*]",
+        doc: "glob patterns over site names (the TopK's or GroupedMatMul's node name, else topk.K / grouped_matmul.K)",
+    },
+    OptionSpec {
+        name: "stats",
+        ty: OptionType::ListOf(&["all", "tokens", "load", "gate_mass", "importance", "kept_mass", "bad_ids"]),
+        default: "[all]",
+        doc: "load = assignments per expert, gate_mass = gate probability they carry, importance = gate probability per expert over all tokens, kept_mass = mean chosen mass per token",
+    },
+];
+
+/// The `route` tap pass.
+pub struct RouteTap;
+
+/// True if `id` is a softmax output (router scores that are already probabilities), looking
+/// through reshapes.
+fn is_softmax(g: &Graph, mut id: NodeId) -> bool {
+    loop {
+        match &g.node(id).op {
+            Op::Softmax { .. } => return true,
+            Op::Reshape { .. } => id = g.node(id).inputs[0],
+            _ => return false,
+        }
+    }
+}
+
+impl Pass for RouteTap {
+    fn name(&self) -> &'static str {
+        "route"
+    }
+    fn kind(&self) -> PassKind {
+        PassKind::Tap
+    }
+    fn doc(&self) -> &'static str {
+        "MoE routing: per-expert load, gate mass and importance at every TopK router and GroupedMatMul dispatch"
+    }
+    fn options(&self) -> &'static [OptionSpec] {
+        OPTIONS
+    }
+
+    fn run(&self, opts: &Options, rw: &mut Rewrite) -> Result<(), Error> {
+        let patterns: Vec<glob::Pattern> = opts
+            .list("sites")?
+            .iter()
+            .map(|p| glob::Pattern::new(p).map_err(|e| Error::Internal(e.to_string())))
+            .collect::<Result<_, _>>()?;
+        let words = opts.list("stats")?;
+        let stats: Vec<Stat> = if words.iter().any(|w| w == "all") {
+            ROUTE_STATS.to_vec()
+        } else {
+            words.iter().filter_map(|w| Stat::parse(w)).collect()
+        };
+        let nodes: Vec<NodeId> = rw.original_nodes().collect();
+        for id in nodes {
+            let node = rw.graph().node(id).clone();
+            let role = match node.op {
+                Op::TopK { .. } => Role::Router,
+                Op::GroupedMatMul => Role::Dispatch,
+                _ => continue,
+            };
+            let name = rw.site_name(id);
+            if !patterns.iter().any(|p| p.matches(&name)) {
+                continue;
+            }
+            let site = rw.add_site(id, None);
+            let g = rw.graph();
+            let planned: Result<(Probe, Vec<NodeId>), String> = match node.op {
+                Op::TopK { k } => {
+                    let scores = node.inputs[0];
+                    match static_dims(&g.node(scores).shape) {
+                        Some(d) if d.len() >= 2 && g.node(scores).shape.dtype() == rlx_ir::DType::F32 => {
+                            let experts = d[d.len() - 1];
+                            let tokens = d.iter().product::<usize>() / experts.max(1);
+                            let kind = if is_softmax(g, scores) { RouteScores::Probs } else { RouteScores::Logits };
+                            Ok((
+                                Probe::Route(RouteProbe { experts, tokens, k, scores: kind }),
+                                vec![id, scores],
+                            ))
+                        }
+                        _ => Err("router scores need a static F32 shape [.., experts]".to_string()),
+                    }
+                }
+                _ => {
+                    // GroupedMatMul: [input, weight [E, K, N], expert_idx [M]].
+                    let (w, ids) = (node.inputs[1], node.inputs[2]);
+                    match (static_dims(&g.node(w).shape), static_dims(&g.node(ids).shape)) {
+                        (Some(wd), Some(idd)) if wd.len() == 3 => Ok((
+                            Probe::Route(RouteProbe {
+                                experts: wd[0],
+                                tokens: idd.iter().product(),
+                                k: 1,
+                                scores: RouteScores::None,
+                            }),
+                            vec![ids],
+                        )),
+                        _ => Err("GroupedMatMul needs static shapes: weight [E, K, N] and expert_idx [M]".to_string()),
+                    }
+                }
+            };
+            match planned {
+                Ok((probe, inputs)) => rw.tap_inputs(&site, role, &inputs, probes::spec(probe, &stats)),
+                Err(why) => rw.skip(&site, Some(role), Some(id), why),
+            }
+        }
+        Ok(())
+    }
+}
+
+inventory::submit! { PassRegistration(&RouteTap) }

@@ -1,0 +1,166 @@
+//! The `route` tap on a small MoE fixture with a planted skew and a dead expert: per-expert
+//! load, gate mass, importance and kept mass match a host computation of the same routing
+//! (softmax in f64, top-k with ties to the smaller index, as RLX's TopK), the dead expert is
+//! recorded as load 0, and the model's outputs are bit-identical to an untapped run.
+
+mod common;
+
+use common::{bits, randn, run_plain, run_tapped, stats_of};
+use rlx_ir::{DType, Graph, Op, Shape};
+
+const T: usize = 24; // tokens
+const D: usize = 8; // hidden
+const E: usize = 4; // experts
+const N: usize = 6; // expert output width
+
+fn f32s(d: &[usize]) -> Shape {
+    Shape::new(d, DType::F32)
+}
+
+/// x[T,D] -> logits = x @ Wr + br -> softmax -> TopK(k=2) (router); the first choice of each
+/// token dispatches x through GroupedMatMul over W[E,D,N].
+fn moe() -> Graph {
+    let mut g = Graph::new("moe");
+    let x = g.input("x", f32s(&[T, D]));
+    let wr = g.param("router.w", f32s(&[D, E]));
+    let br = g.param("router.b", f32s(&[1, E]));
+    let xw = g.matmul(x, wr, f32s(&[T, E]));
+    let logits = g.binary(rlx_ir::op::BinaryOp::Add, xw, br, f32s(&[T, E]));
+    let probs = g.softmax(logits, -1, f32s(&[T, E]));
+    let top = g.add_node(Op::TopK { k: 2 }, vec![probs], f32s(&[T, 2]));
+    g.node_mut(top).name = Some("moe/router/TopK".into());
+    let first = g.add_node(Op::Narrow { axis: 1, start: 0, len: 1 }, vec![top], f32s(&[T, 1]));
+    let idx = g.reshape(first, vec![T as i64], f32s(&[T]));
+    let w = g.param("experts.w", f32s(&[E, D, N]));
+    let y = g.add_node(Op::GroupedMatMul, vec![x, w, idx], f32s(&[T, N]));
+    g.node_mut(y).name = Some("moe/experts/GroupedMatMul".into());
+    g.set_outputs(vec![y, probs]);
+    g
+}
+
+struct Weights {
+    x: Vec<f32>,
+    wr: Vec<f32>,
+    br: Vec<f32>,
+    w: Vec<f32>,
+}
+
+/// Planted: expert 0 is favoured (+4 logit), expert 3 is dead (-1e4 logit: never in the top 2).
+fn weights() -> Weights {
+    Weights { x: randn(T * D, 1), wr: randn(D * E, 2), br: vec![4.0, 0.0, 0.0, -1e4], w: randn(E * D * N, 3) }
+}
+
+/// Host routing: probabilities (f64 softmax of the f32 logits) and the top-2 experts per token.
+fn host_routing(wt: &Weights) -> (Vec<Vec<f64>>, Vec<[usize; 2]>) {
+    let mut probs = Vec::new();
+    let mut top = Vec::new();
+    for t in 0..T {
+        let logits: Vec<f32> = (0..E)
+            .map(|e| (0..D).map(|d| wt.x[t * D + d] * wt.wr[d * E + e]).sum::<f32>() + wt.br[e])
+            .collect();
+        let mx = logits.iter().fold(f64::NEG_INFINITY, |m, &l| m.max(l as f64));
+        let z: f64 = logits.iter().map(|&l| (l as f64 - mx).exp()).sum();
+        let p: Vec<f64> = logits.iter().map(|&l| (l as f64 - mx).exp() / z).collect();
+        let mut order: Vec<usize> = (0..E).collect();
+        order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+        top.push([order[0], order[1]]);
+        probs.push(p);
+    }
+    (probs, top)
+}
+
+fn run(pipeline: &str) -> (Vec<Vec<f32>>, Vec<opscope::Row>) {
+    let wt = weights();
+    let params: [(&str, &[f32]); 3] = [("router.w", &wt.wr), ("router.b", &wt.br), ("experts.w", &wt.w)];
+    let (outs, sink) = run_tapped(pipeline, &moe(), &params, &[("x", &wt.x)]);
+    (outs, sink.rows())
+}
+
+#[test]
+fn router_load_gate_mass_and_importance_match_the_host() {
+    let wt = weights();
+    let (probs, top) = host_routing(&wt);
+    let (_, rows) = run("route");
+    let s = stats_of(&rows, "moe/router/TopK", "router", 0);
+    let mut load = vec![0.0; E];
+    let mut gate = vec![0.0; E];
+    let mut importance = vec![0.0; E];
+    let mut kept = 0.0;
+    for t in 0..T {
+        for &e in &top[t] {
+            load[e] += 1.0;
+            gate[e] += probs[t][e];
+            kept += probs[t][e];
+        }
+        for e in 0..E {
+            importance[e] += probs[t][e];
+        }
+    }
+    assert_eq!(s["tokens"], vec![T as f64]);
+    assert_eq!(s["load"], load, "load per expert");
+    assert_eq!(s["load"][3], 0.0, "the dead expert is recorded with load 0");
+    assert_eq!(s["load"].iter().sum::<f64>(), (2 * T) as f64, "every token makes 2 assignments");
+    for e in 0..E {
+        // The kernel reads the RLX softmax (f32) as the probabilities; the host's are f64.
+        assert!((s["gate_mass"][e] - gate[e]).abs() < 1e-5, "gate_mass[{e}] {} vs {}", s["gate_mass"][e], gate[e]);
+        assert!((s["importance"][e] - importance[e]).abs() < 1e-5, "importance[{e}]");
+    }
+    assert!((s["kept_mass"][0] - kept / T as f64).abs() < 1e-6);
+    assert_eq!(s["bad_ids"], vec![0.0]);
+}
+
+#[test]
+fn dispatch_load_counts_first_choices_and_outputs_are_bit_identical() {
+    let wt = weights();
+    let (_, top) = host_routing(&wt);
+    let (outs, rows) = run("route");
+    let s = stats_of(&rows, "moe/experts/GroupedMatMul", "dispatch", 0);
+    let mut load = vec![0.0; E];
+    for t in &top {
+        load[t[0]] += 1.0;
+    }
+    assert_eq!(s["load"], load);
+    assert_eq!(s["load"][3], 0.0);
+    assert!(s["load"][0] > s["load"][1] && s["load"][0] > s["load"][2], "the planted skew shows: {:?}", s["load"]);
+    assert!(!s.contains_key("gate_mass"), "a dispatch site has no scores");
+    let params: [(&str, &[f32]); 3] = [("router.w", &wt.wr), ("router.b", &wt.br), ("experts.w", &wt.w)];
+    let plain = run_plain(&moe(), &params, &[("x", &wt.x)]);
+    assert_eq!(bits(&outs), bits(&plain), "tapped outputs differ from untapped");
+}
+
+#[test]
+fn router_over_logits_uses_their_softmax() {
+    // TopK straight on logits: the probe takes the softmax itself.
+    let mut g = Graph::new("logit_router");
+    let x = g.input("x", f32s(&[3, E]));
+    let top = g.add_node(Op::TopK { k: 1 }, vec![x], f32s(&[3, 1]));
+    g.set_outputs(vec![top]);
+    let logits = [0.0f32, 1.0, 2.0, 3.0, 5.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0];
+    let (_, sink) = run_tapped("route", &g, &[], &[("x", &logits)]);
+    let s = stats_of(&sink.rows(), "topk.0", "router", 0);
+    // Ties go to the smaller index (RLX TopK, like torch.topk): token 2 picks expert 0.
+    assert_eq!(s["load"], vec![2.0, 0.0, 0.0, 1.0]);
+    let sm = |row: &[f32], e: usize| {
+        let z: f64 = row.iter().map(|&l| (l as f64).exp()).sum();
+        (row[e] as f64).exp() / z
+    };
+    let kept = (sm(&logits[0..4], 3) + sm(&logits[4..8], 0) + sm(&logits[8..12], 0)) / 3.0;
+    assert!((s["kept_mass"][0] - kept).abs() < 1e-6, "{} vs {kept}", s["kept_mass"][0]);
+}
+
+#[test]
+fn moe_snapshot() {
+    let (g, m) = opscope::Pipeline::parse("route").unwrap().apply(&moe()).unwrap();
+    assert!(rlx_ir::verify::verify_all(&g).is_empty());
+    let mut text = rlx_ir::text::print(&g);
+    for s in &m.sites {
+        text.push_str(&format!("# site {} op={} node=%{}\n", s.site, s.op, s.node));
+    }
+    for o in &m.outputs {
+        let layout: Vec<String> = o.layout.iter().map(|l| format!("{}@{}x{}", l.stat.as_str(), l.offset, l.len)).collect();
+        text.push_str(&format!("# output {:?} tensor=%{} uses={}/{} layout {}\n", o.output_index, o.tensor, o.uses[0].site, o.uses[0].role.as_str(), layout.join(" ")));
+    }
+    insta::with_settings!({snapshot_path => "../snapshots", prepend_module_to_snapshot => false}, {
+        insta::assert_snapshot!("route__moe", text);
+    });
+}

@@ -2,6 +2,7 @@
 //! this folder names a concrete pass.
 
 mod attn;
+mod fakequant;
 mod matmul;
 mod residual;
 mod route;

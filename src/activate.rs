@@ -57,8 +57,9 @@ pub fn fuse(graph: &Graph, device: rlx_runtime::Device, options: &rlx_runtime::C
 }
 
 /// Apply `pipeline` to a graph about to be compiled; on success register the manifest.
-/// Returns the graph to compile and the manifest, or the graph unchanged when nothing was
-/// appended or the pipeline failed (the failure goes to the recorder).
+/// Returns the graph to compile and the manifest of its appended outputs; the graph unchanged
+/// when the pipeline neither appended nor actuated anything, or failed (the failure goes to the
+/// recorder).
 fn tap_graph(
     pipeline: &Pipeline,
     recorder: &Recorder,
@@ -80,9 +81,14 @@ fn tap_graph(
     match applied {
         Ok((tapped, manifest)) => {
             let appended = manifest.outputs.iter().any(|o| o.output_index.is_some());
+            let actuated = !manifest.actuations.is_empty();
             let m = recorder.register(manifest);
             if appended {
                 (tapped, Some(m))
+            } else if actuated {
+                // An actuation changed the program and nothing was appended: compile the
+                // changed graph, with no extra outputs to record.
+                (tapped, None)
             } else {
                 // Nothing appended (no site, or only zero-size tensors): compile the caller's
                 // graph untouched; zero-size entries have no outputs to wait for.

@@ -40,6 +40,7 @@
 pub mod activate;
 pub mod error;
 pub mod manifest;
+pub mod measure;
 pub mod mine;
 pub mod model;
 pub mod pass;

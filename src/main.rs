@@ -30,6 +30,53 @@ enum Cmd {
     Mine(MineArgs),
     /// Mine a recording and write a self-contained HTML report with plots.
     Report(ReportArgs),
+    /// Measure an ONNX encoder over text: attention concentration and sinks (attn), W8A8
+    /// per-token vs per-channel (fakequant) and block influence vs layer skip (residual, skip).
+    Measure(MeasureArgs),
+}
+
+#[derive(clap::Args)]
+struct MeasureArgs {
+    /// ONNX model (BERT-style encoder with inputs input_ids, attention_mask; its last output is
+    /// the sentence embedding).
+    #[arg(long)]
+    onnx: PathBuf,
+    /// Hugging Face tokenizer.json.
+    #[arg(long)]
+    tokenizer: PathBuf,
+    /// Text file: entries separated by lines holding only '%' (fortune format) or blank lines.
+    #[arg(long)]
+    text: PathBuf,
+    /// Sentences per batch.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    batch: u32,
+    /// Tokens per sentence (truncate and pad to this length).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(2..=512))]
+    seq: u32,
+    /// Use at most this many text entries.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    limit: Option<u64>,
+    /// Also write the measurement as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn measure(a: MeasureArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&a.text).with_context(|| format!("reading {}", a.text.display()))?;
+    let mut entries = split_entries(&text);
+    if let Some(n) = a.limit {
+        entries.truncate(n as usize);
+    }
+    anyhow::ensure!(!entries.is_empty(), "{}: no text entries found", a.text.display());
+    let job = opscope::measure::Job::new(&a.onnx, &a.tokenizer, entries, a.batch as usize, a.seq as usize)?;
+    let bar = ProgressBar::new_spinner();
+    let m = opscope::measure::measure(&job, |stage| bar.set_message(stage.to_string()))?;
+    bar.finish_and_clear();
+    if let Some(path) = &a.json {
+        let body = serde_json::to_vec_pretty(&m).context("encoding the measurement")?;
+        opscope::sink::write_atomic(path, &body)?;
+    }
+    emit(&m.markdown())
 }
 
 #[derive(clap::Args)]
@@ -280,6 +327,7 @@ fn main() -> ExitCode {
         Cmd::Sweep(a) => sweep(a),
         Cmd::Mine(a) => mine(a),
         Cmd::Report(a) => report(a),
+        Cmd::Measure(a) => measure(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

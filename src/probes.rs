@@ -377,7 +377,7 @@ fn rebuild_fused(a: &AttnProbe, q: &[f32], k: &[f32], mask: Option<&[f32]>) -> R
                     }
                 }
             }
-            if *softcap > 0.0 {
+            if *softcap > 0.0 && *bhsd { // RLX 0.2.19 soft-caps only on its [B,H,S,D] path
                 for s in scores.iter_mut() {
                     *s = softcap * (*s / softcap).tanh();
                 }

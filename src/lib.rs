@@ -1,10 +1,10 @@
 //! opscope: named passes for RLX graphs that record what flows through a model's op sites.
 //!
 //! A [`Pipeline`] of registered passes (`matmul{hist_bins=16}`) rewrites an RLX graph. Tap
-//! passes (today: `matmul`) append small sketch outputs at op sites, which RLX strips before the
-//! caller sees its outputs and a [`Sink`] records; the pass trait also has an actuation kind,
-//! for passes that change the model on purpose (none is registered yet). Three ways to turn it
-//! on:
+//! passes (`matmul`, `attn`, `route`, `residual`) append small sketch outputs at op sites, which
+//! RLX strips before the caller sees its outputs and a [`Sink`] records; actuation passes
+//! (`fakequant`, `skip`) change the model on purpose to measure a decision. Three ways to turn
+//! it on:
 //! - [`scope`]: around unchanged code;
 //! - the environment: `RLX_OPSCOPE=<pipeline> RLX_OPSCOPE_OUT=<path>` in any program that links
 //!   opscope (`use opscope as _;`);

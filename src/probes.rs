@@ -69,7 +69,8 @@ pub enum AttnSource {
     /// Inputs Q and K (and the mask, for [`FusedMask::Keys`] / [`FusedMask::Bias`]) of a fused
     /// `Op::Attention`; the probabilities are rebuilt as RLX 0.2.19's CPU kernel computes them:
     /// `s = (q . k) * scale` in f32, masked scores set to the runtime's `attn_mask_neg_inf`, the
-    /// bias added, the soft-cap `c * tanh(s / c)` applied, then RLX's own softmax kernel
+    /// bias added, the soft-cap `c * tanh(s / c)` applied (on the `[B, H, S, D]` path only: RLX
+    /// 0.2.19's other layouts skip it, measured), then RLX's own softmax kernel
     /// (`rlx_cpu::kernels::neon_softmax`).
     Fused {
         /// Per-head width of Q and K.

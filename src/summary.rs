@@ -79,7 +79,13 @@ impl SummarySink {
             "site", "role", "shape", "absmax", "density", "kurtosis", "chan_outlier", "non-finite"
         );
         let show = |x: Option<f64>, prec: usize| x.map_or("-".to_string(), |x| format!("{x:.prec$}"));
-        for ((site, role, pass), s) in &sites {
+        let tensor_role = |r: &str| matches!(r, "lhs" | "rhs" | "out");
+        let probes: Vec<String> = sites
+            .iter()
+            .filter(|((_, r, _), _)| !tensor_role(r))
+            .map(|((site, role, _), s)| format!("  {}  {role}  {}", &site[prefix.len()..], s.shape))
+            .collect();
+        for ((site, role, pass), s) in sites.iter().filter(|((_, r, _), _)| tensor_role(r)) {
             let name = &site[prefix.len()..];
             let name = if several { format!("{name} [pass {pass}]") } else { name.to_string() };
             let _ = writeln!(
@@ -94,6 +100,12 @@ impl SummarySink {
                 show(s.chan_outlier, 2),
                 show(s.nonfinite, 0)
             );
+        }
+        if !probes.is_empty() {
+            let _ = writeln!(out, "probe sites (attn / route / residual statistics; `opscope measure` summarizes them):");
+            for p in probes {
+                let _ = writeln!(out, "{p}");
+            }
         }
         out
     }

@@ -1,0 +1,594 @@
+//! The `attn` tap against an independent host reference (plain f64 loops, nothing shared with
+//! opscope's probe or RLX's kernels).
+//!
+//! What is proven:
+//! - the host reference probabilities `P[b,h,q,k]` (textbook softmax of `q.k * scale`, masked
+//!   keys excluded) are the ones RLX's CPU `Op::Attention` uses: `P @ V` equals RLX's output
+//!   within 1e-5, for 3 heads in rank 3 `[B,S,H*D]`, rank 4 `[B,S,H,D]` and rank 4 `[B,H,S,D]`,
+//!   under a padded key mask, a causal mask (also with `Sq < Sk`), an additive bias, no mask,
+//!   a custom score scale and a logit soft-cap (which RLX 0.2.19's CPU kernel applies on its
+//!   `[B,H,S,D]` path only: the reference follows it, and `P @ V` proves which it used);
+//! - every statistic the `attn` tap records for those graphs (fused `Op::Attention`, rebuilt from
+//!   Q and K) and for the unfused `MatMul -> Mul -> Add(bias) -> Softmax -> MatMul` an ONNX BERT
+//!   arrives as equals the same statistic computed on the host from the reference `P`, within
+//!   1e-5 absolute, with the same indices recorded (NaN entries are not recorded);
+//! - a rank-3 `[B*H, S, S]` softmax with no mask counts every query as valid and the manifest
+//!   notes why;
+//! - with only `attn` enabled the model outputs are bit-identical to an untapped run;
+//! - the rewritten graphs pass RLX's verifier (insta snapshots `attn__*`).
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{bits, randn, run_plain, run_tapped};
+use opscope::{Manifest, Pipeline, Row};
+use rlx_ir::op::{BinaryOp, MaskKind};
+use rlx_ir::{DType, Graph, Op, Shape};
+
+const TOL: f64 = 1e-5;
+
+fn f32s(d: &[usize]) -> Shape {
+    Shape::new(d, DType::F32)
+}
+
+// ───────────────────────────── host reference ─────────────────────────────
+
+/// How Q/K/V (and the output) are laid out, as RLX's CPU kernel reads them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Layout {
+    /// `[B, S, H*D]`, head `h` = columns `h*D..(h+1)*D`.
+    Rank3,
+    /// `[B, S, H, D]` (rank 4 with dim 1 != H).
+    Bshd,
+    /// `[B, H, S, D]` (rank 4 with dim 1 == H).
+    Bhsd,
+}
+
+/// Attention geometry.
+#[derive(Debug, Clone, Copy)]
+struct Geom {
+    b: usize,
+    h: usize,
+    sq: usize,
+    sk: usize,
+    d: usize,
+    layout: Layout,
+}
+
+impl Geom {
+    fn dims(&self, s: usize) -> Vec<usize> {
+        let Geom { b, h, d, .. } = *self;
+        match self.layout {
+            Layout::Rank3 => vec![b, s, h * d],
+            Layout::Bshd => vec![b, s, h, d],
+            Layout::Bhsd => vec![b, h, s, d],
+        }
+    }
+    /// Flat index of element `d` of head `h` at position `s` of sequence `b` (length `len`).
+    fn at(&self, len: usize, b: usize, s: usize, h: usize, d: usize) -> usize {
+        match self.layout {
+            Layout::Rank3 | Layout::Bshd => ((b * len + s) * self.h + h) * self.d + d,
+            Layout::Bhsd => ((b * self.h + h) * len + s) * self.d + d,
+        }
+    }
+    fn p_at(&self, b: usize, h: usize, q: usize, k: usize) -> usize {
+        ((b * self.h + h) * self.sq + q) * self.sk + k
+    }
+}
+
+/// Reference probabilities `[B, H, Sq, Sk]` and which entries the mask allows. `mask(b,h,q,k)`
+/// is `None` for an excluded key, else the additive bias on its score; `softcap` `c` maps a
+/// score `s` to `c * tanh(s / c)`.
+fn ref_probs(
+    g: &Geom,
+    q: &[f32],
+    k: &[f32],
+    scale: f64,
+    softcap: Option<f64>,
+    mask: &dyn Fn(usize, usize, usize, usize) -> Option<f64>,
+) -> (Vec<f64>, Vec<bool>) {
+    let mut p = vec![0.0; g.b * g.h * g.sq * g.sk];
+    let mut allowed = vec![false; p.len()];
+    for b in 0..g.b {
+        for h in 0..g.h {
+            for qi in 0..g.sq {
+                let logits: Vec<Option<f64>> = (0..g.sk)
+                    .map(|ki| {
+                        mask(b, h, qi, ki).map(|bias| {
+                            let dot: f64 = (0..g.d)
+                                .map(|d| q[g.at(g.sq, b, qi, h, d)] as f64 * k[g.at(g.sk, b, ki, h, d)] as f64)
+                                .sum();
+                            let s = dot * scale + bias;
+                            softcap.map_or(s, |c| c * (s / c).tanh())
+                        })
+                    })
+                    .collect();
+                let mx = logits.iter().flatten().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = logits.iter().flatten().map(|s| (s - mx).exp()).sum();
+                for (ki, s) in logits.iter().enumerate() {
+                    if let Some(s) = s {
+                        p[g.p_at(b, h, qi, ki)] = (s - mx).exp() / z;
+                        allowed[g.p_at(b, h, qi, ki)] = true;
+                    }
+                }
+            }
+        }
+    }
+    (p, allowed)
+}
+
+/// `P @ V`, laid out like Q.
+fn ref_output(g: &Geom, p: &[f64], v: &[f32]) -> Vec<f64> {
+    let mut o = vec![0.0; g.b * g.sq * g.h * g.d];
+    for b in 0..g.b {
+        for h in 0..g.h {
+            for qi in 0..g.sq {
+                for d in 0..g.d {
+                    o[g.at(g.sq, b, qi, h, d)] =
+                        (0..g.sk).map(|ki| p[g.p_at(b, h, qi, ki)] * v[g.at(g.sk, b, ki, h, d)] as f64).sum();
+                }
+            }
+        }
+    }
+    o
+}
+
+/// Statistic -> (idx, value), NaN entries left out.
+type Stats = BTreeMap<String, Vec<(u64, f64)>>;
+
+/// The `attn` statistics of `p` by their definitions (src/probes.rs `attn_stats`): a key is
+/// padding when no (head, query) may attend to it; with `Sq == Sk` query `i` is padding when key
+/// `i` is; padding queries are left out; per-head statistics are means over valid queries.
+fn host_stats(g: &Geom, p: &[f64], allowed: &[bool], topk: usize) -> Stats {
+    let mut acc: BTreeMap<(&str, usize), (f64, f64)> = BTreeMap::new();
+    let mut add = |stat: &'static str, idx: usize, v: f64| {
+        let e = acc.entry((stat, idx)).or_default();
+        e.0 += v;
+        e.1 += 1.0;
+    };
+    let mut queries = 0usize;
+    for b in 0..g.b {
+        let key_pad: Vec<bool> = (0..g.sk)
+            .map(|k| (0..g.h).all(|h| (0..g.sq).all(|q| !allowed[g.p_at(b, h, q, k)])))
+            .collect();
+        let valid: Vec<usize> = (0..g.sq).filter(|&q| !(g.sq == g.sk && key_pad[q])).collect();
+        queries += valid.len();
+        let last = (0..g.sk).rev().find(|&k| !key_pad[k]);
+        for h in 0..g.h {
+            for &q in &valid {
+                let row: Vec<f64> = (0..g.sk).map(|k| p[g.p_at(b, h, q, k)]).collect();
+                let peak = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let ent: f64 = row.iter().filter(|&&x| x > 0.0).map(|&x| -x * x.ln()).sum();
+                let n_allowed = (0..g.sk).filter(|&k| allowed[g.p_at(b, h, q, k)]).count();
+                let mut sorted = row.clone();
+                sorted.sort_by(|x, y| y.total_cmp(x));
+                add("peak", h, peak);
+                add("entropy", h, ent);
+                if n_allowed >= 2 {
+                    add("entropy_norm", h, ent / (n_allowed as f64).ln());
+                }
+                add("topk_mass", h, sorted[..topk.min(g.sk)].iter().sum());
+                add("sink_first", h, row[0]);
+                if let Some(l) = last {
+                    add("sink_last", h, row[l]);
+                }
+                add("pad_mass", h, (0..g.sk).filter(|&k| key_pad[k]).map(|k| row[k]).sum());
+                add("peak_pos", h * g.sq + q, peak);
+            }
+            if valid.is_empty() || last.is_none() {
+                continue;
+            }
+            // Mass each non-padding key receives, averaged over the valid queries.
+            let recv: Vec<(usize, f64)> = (0..g.sk)
+                .filter(|&k| !key_pad[k])
+                .map(|k| (k, valid.iter().map(|&q| p[g.p_at(b, h, q, k)]).sum::<f64>() / valid.len() as f64))
+                .collect();
+            add("recv_max", h, recv.iter().map(|r| r.1).fold(f64::NEG_INFINITY, f64::max));
+            for (k, r) in recv {
+                add("recv_pos", h * g.sk + k, r);
+            }
+        }
+    }
+    let mut out = Stats::new();
+    out.insert("queries".into(), vec![(0, queries as f64)]);
+    for ((stat, idx), (s, n)) in acc {
+        out.entry(stat.to_string()).or_default().push((idx as u64, s / n));
+    }
+    out
+}
+
+/// The one attention site's recorded statistics (role `probs`, step 0).
+fn recorded(rows: &[Row]) -> (String, Stats) {
+    let rows: Vec<&Row> = rows.iter().filter(|r| &*r.role == "probs" && r.step == 0).collect();
+    let mut sites: Vec<&str> = rows.iter().map(|r| &*r.site).collect();
+    sites.dedup();
+    assert_eq!(sites.len(), 1, "one attention site expected, got {sites:?}");
+    let mut s = Stats::new();
+    for r in &rows {
+        s.entry(r.stat.to_string()).or_default().push((r.idx, r.value as f64));
+    }
+    s.values_mut().for_each(|v| v.sort_by_key(|p| p.0));
+    (sites[0].to_string(), s)
+}
+
+fn assert_stats(what: &str, got: &Stats, want: &Stats) {
+    let names = |s: &Stats| s.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(names(got), names(want), "{what}: recorded statistics");
+    for (stat, w) in want {
+        let g = &got[stat];
+        let idx = |v: &[(u64, f64)]| v.iter().map(|p| p.0).collect::<Vec<_>>();
+        assert_eq!(idx(g), idx(w), "{what} {stat}: recorded indices");
+        for ((i, gv), (_, wv)) in g.iter().zip(w) {
+            assert!((gv - wv).abs() <= TOL, "{what} {stat}[{i}]: tap {gv}, host {wv} (diff {:e})", (gv - wv).abs());
+        }
+    }
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}: output length");
+    let (i, diff) = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (*g as f64 - w).abs())
+        .enumerate()
+        .fold((0, 0.0), |m, (i, d)| if d > m.1 { (i, d) } else { m });
+    assert!(diff <= TOL, "{what}: output[{i}] = {}, host {} (diff {diff:e})", got[i], want[i]);
+}
+
+// ───────────────────────────── fixtures ─────────────────────────────
+
+/// A fused attention's mask.
+#[derive(Debug, Clone)]
+enum Mask {
+    None,
+    Causal,
+    /// `[B, Sk]`, 1 = valid, 0 = padding.
+    Keys(Vec<f32>),
+    /// Additive `[B, H, Sq, Sk]`.
+    Bias(Vec<f32>),
+}
+
+/// A fused `Op::Attention` graph and its inputs.
+struct Fused {
+    name: String,
+    g: Geom,
+    mask: Mask,
+    scale: Option<f32>,
+    softcap: Option<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+/// Keys of sequence 1 from `valid` on are padding (sequence 0 has none).
+fn key_mask(b: usize, sk: usize, valid: usize) -> Vec<f32> {
+    (0..b * sk).map(|i| if i / sk == 1 && i % sk >= valid { 0.0 } else { 1.0 }).collect()
+}
+
+fn fused(name: &str, g: Geom, mask: Mask, scale: Option<f32>, seed: u64) -> Fused {
+    let (nq, nk) = (g.b * g.sq * g.h * g.d, g.b * g.sk * g.h * g.d);
+    // Q scaled up so some rows are peaked and some flat.
+    let q = randn(nq, seed).iter().map(|x| 1.5 * x).collect();
+    Fused { name: name.into(), g, mask, scale, softcap: None, q, k: randn(nk, seed + 1), v: randn(nk, seed + 2) }
+}
+
+impl Fused {
+    fn graph(&self) -> Graph {
+        let g = &self.g;
+        let mut gr = Graph::new(&self.name);
+        let q = gr.input("q", f32s(&g.dims(g.sq)));
+        let k = gr.input("k", f32s(&g.dims(g.sk)));
+        let v = gr.input("v", f32s(&g.dims(g.sk)));
+        let out = f32s(&g.dims(g.sq));
+        let o = match &self.mask {
+            Mask::None | Mask::Causal => {
+                let kind = if matches!(self.mask, Mask::Causal) { MaskKind::Causal } else { MaskKind::None };
+                gr.attention_kind_opts(q, k, v, g.h, g.d, kind, out, self.scale, self.softcap)
+            }
+            Mask::Keys(_) => {
+                let m = gr.input("mask", f32s(&[g.b, g.sk]));
+                gr.attention_opts(q, k, v, m, g.h, g.d, out, self.scale, self.softcap)
+            }
+            Mask::Bias(_) => {
+                let m = gr.input("mask", f32s(&[g.b, g.h, g.sq, g.sk]));
+                gr.attention_bias_opts(q, k, v, m, g.h, g.d, out, self.scale, self.softcap)
+            }
+        };
+        gr.set_outputs(vec![o]);
+        gr
+    }
+
+    fn inputs(&self) -> Vec<(&str, &[f32])> {
+        let mut i: Vec<(&str, &[f32])> = vec![("q", &self.q), ("k", &self.k), ("v", &self.v)];
+        if let Mask::Keys(m) | Mask::Bias(m) = &self.mask {
+            i.push(("mask", m));
+        }
+        i
+    }
+
+    fn reference(&self) -> (Vec<f64>, Vec<bool>) {
+        let g = self.g;
+        let scale = self.scale.map_or((g.d as f64).powf(-0.5), |s| s as f64);
+        let q_off = g.sk - g.sq;
+        let mask = |b: usize, h: usize, q: usize, k: usize| -> Option<f64> {
+            match &self.mask {
+                Mask::None => Some(0.0),
+                Mask::Causal => (k <= q_off + q).then_some(0.0),
+                Mask::Keys(m) => (m[b * g.sk + k] > 0.5).then_some(0.0),
+                // An additive bias of -10000 (or below -1000) excludes the key.
+                Mask::Bias(m) => Some(m[g.p_at(b, h, q, k)] as f64).filter(|x| *x > -1000.0),
+            }
+        };
+        // RLX 0.2.19's CPU kernel applies the soft-cap on its [B, H, S, D] path only.
+        let cap = self.softcap.filter(|_| g.layout == Layout::Bhsd).map(|c| c as f64);
+        ref_probs(&g, &self.q, &self.k, scale, cap, &mask)
+    }
+}
+
+fn geom(layout: Layout) -> Geom {
+    Geom { b: 2, h: 3, sq: 5, sk: 5, d: 4, layout }
+}
+
+/// The fused cases: three layouts x {padded key mask, causal}, plus bias, no mask with
+/// `Sq < Sk` (cross attention), causal with `Sq < Sk` and a custom scale.
+fn fused_cases() -> Vec<Fused> {
+    let mut cases = Vec::new();
+    for (i, layout) in [Layout::Rank3, Layout::Bshd, Layout::Bhsd].into_iter().enumerate() {
+        let seed = 10 * i as u64;
+        cases.push(fused(&format!("keys_{layout:?}"), geom(layout), Mask::Keys(key_mask(2, 5, 3)), None, seed));
+        cases.push(fused(&format!("causal_{layout:?}"), geom(layout), Mask::Causal, None, seed + 5));
+    }
+    // Bias: small random values, keys 3.. of sequence 1 masked everywhere (padding), and
+    // one (b, h, q, k) masked alone (not padding, but one fewer allowed key for that query).
+    let g = geom(Layout::Bhsd);
+    let mut bias: Vec<f32> = randn(g.b * g.h * g.sq * g.sk, 77).iter().map(|x| 0.5 * x).collect();
+    for b in 0..g.b {
+        for h in 0..g.h {
+            for q in 0..g.sq {
+                for k in 0..g.sk {
+                    if (b == 1 && k >= 3) || (b, h, q, k) == (0, 1, 2, 0) {
+                        bias[g.p_at(b, h, q, k)] = -10000.0;
+                    }
+                }
+            }
+        }
+    }
+    cases.push(fused("bias_Bhsd", g, Mask::Bias(bias.clone()), None, 40));
+    cases.push(fused("bias_Rank3", geom(Layout::Rank3), Mask::Bias(bias), None, 45));
+    let cross = Geom { sq: 3, sk: 6, ..geom(Layout::Rank3) };
+    cases.push(fused("none_cross_Rank3", cross, Mask::None, Some(0.3), 50));
+    // No mask, a logit soft-cap of 1 (scores of 3x-scaled Q reach past it).
+    for layout in [Layout::Rank3, Layout::Bshd, Layout::Bhsd] {
+        let mut f = fused(&format!("softcap_{layout:?}"), geom(layout), Mask::None, None, 70);
+        f.q.iter_mut().for_each(|x| *x *= 2.0);
+        f.softcap = Some(1.0);
+        cases.push(f);
+    }
+    // Sq != H here: a [B, S, H, D] tensor with S == H is read as [B, H, S, D].
+    let cross = Geom { sq: 4, sk: 6, ..geom(Layout::Bshd) };
+    cases.push(fused("causal_cross_Bshd", cross, Mask::Causal, None, 60));
+    cases
+}
+
+fn scalar(g: &mut Graph, v: f32) -> rlx_ir::NodeId {
+    g.add_node(Op::Constant { data: v.to_le_bytes().to_vec() }, vec![], f32s(&[1]))
+}
+
+const BERT: Geom = Geom { b: 2, h: 3, sq: 5, sk: 5, d: 4, layout: Layout::Bhsd };
+
+/// The unfused attention of an ONNX BERT: `scores = (Q @ K^T) * scale + (1 - mask) * -10000`
+/// (mask `[B, S]` reshaped to `[B,1,1,S]`), `Softmax(-1)`, `@ V`; Q, K, V `[B, H, S, D]`.
+fn bert_graph() -> Graph {
+    let Geom { b, h, sq: s, d, .. } = BERT;
+    let mut g = Graph::new("bert_unfused");
+    let q = g.input("q", f32s(&[b, h, s, d]));
+    let k = g.input("k", f32s(&[b, h, s, d]));
+    let v = g.input("v", f32s(&[b, h, s, d]));
+    let mask = g.input("mask", f32s(&[b, s]));
+    let kt = g.add_node(Op::Transpose { perm: vec![0, 1, 3, 2] }, vec![k], f32s(&[b, h, d, s]));
+    let scores = g.matmul(q, kt, f32s(&[b, h, s, s]));
+    let c = scalar(&mut g, (d as f32).powf(-0.5));
+    let scaled = g.binary(BinaryOp::Mul, scores, c, f32s(&[b, h, s, s]));
+    let m4 = g.reshape(mask, vec![b as i64, 1, 1, s as i64], f32s(&[b, 1, 1, s]));
+    let one = scalar(&mut g, 1.0);
+    let inv = g.binary(BinaryOp::Sub, one, m4, f32s(&[b, 1, 1, s]));
+    let neg = scalar(&mut g, -10000.0);
+    let bias = g.binary(BinaryOp::Mul, inv, neg, f32s(&[b, 1, 1, s]));
+    let z = g.binary(BinaryOp::Add, scaled, bias, f32s(&[b, h, s, s]));
+    let p = g.softmax(z, -1, f32s(&[b, h, s, s]));
+    let ctx = g.matmul(p, v, f32s(&[b, h, s, d]));
+    g.set_outputs(vec![ctx]);
+    g
+}
+
+/// Rank-3 unfused attention over `[B*H, S, D]` with no mask: `softmax((Q @ K^T) * scale) @ V`.
+fn rank3_graph(bh: usize, s: usize, d: usize) -> Graph {
+    let mut g = Graph::new("rank3_unfused");
+    let q = g.input("q", f32s(&[bh, s, d]));
+    let k = g.input("k", f32s(&[bh, s, d]));
+    let v = g.input("v", f32s(&[bh, s, d]));
+    let kt = g.add_node(Op::Transpose { perm: vec![0, 2, 1] }, vec![k], f32s(&[bh, d, s]));
+    let scores = g.matmul(q, kt, f32s(&[bh, s, s]));
+    let c = scalar(&mut g, (d as f32).powf(-0.5));
+    let scaled = g.binary(BinaryOp::Mul, scores, c, f32s(&[bh, s, s]));
+    let p = g.softmax(scaled, -1, f32s(&[bh, s, s]));
+    let ctx = g.matmul(p, v, f32s(&[bh, s, d]));
+    g.set_outputs(vec![ctx]);
+    g
+}
+
+/// Run `g` untapped, compare with the host `P @ V`, run it tapped by `pipeline`, check the
+/// outputs are bit-identical and return the recorded rows and manifests.
+fn run_both(
+    what: &str,
+    pipeline: &str,
+    g: &Graph,
+    inputs: &[(&str, &[f32])],
+    want_out: &[f64],
+) -> (Vec<Row>, Vec<Manifest>) {
+    let plain = run_plain(g, &[], inputs);
+    assert_close(what, &plain[0], want_out);
+    let (tapped, sink) = run_tapped(pipeline, g, &[], inputs);
+    assert_eq!(bits(&tapped), bits(&plain), "{what}: outputs changed by {pipeline}");
+    (sink.rows(), sink.manifests())
+}
+
+// ───────────────────────────── tests ─────────────────────────────
+
+/// Fused `Op::Attention`: host `P @ V` equals RLX's output, and every statistic the tap records
+/// (rebuilt from Q and K) equals the host's from `P`, with `topk` at its default (8, clamped to
+/// `Sk`) and at 2.
+#[test]
+fn fused_attention_stats_match_host_reference() {
+    for f in fused_cases() {
+        let (p, allowed) = f.reference();
+        let want_out = ref_output(&f.g, &p, &f.v);
+        for (pipeline, topk) in [("attn", 8), ("attn{topk=2}", 2)] {
+            let what = format!("{} {pipeline}", f.name);
+            let (rows, manifests) = run_both(&what, pipeline, &f.graph(), &f.inputs(), &want_out);
+            let (site, got) = recorded(&rows);
+            let m = manifests.last().expect("manifest");
+            assert!(m.sites.iter().any(|s| s.site == site && s.op == "attention"), "{what}: {site} is not the Attention");
+            assert_stats(&what, &got, &host_stats(&f.g, &p, &allowed, topk));
+        }
+    }
+}
+
+/// The padded key mask makes keys 3, 4 of sequence 1 padding: they are left out as queries
+/// (`queries` = 5 + 3) and the mass on them is 0; the host and the tap agree on it.
+#[test]
+fn padded_queries_are_excluded() {
+    let f = fused("keys", geom(Layout::Rank3), Mask::Keys(key_mask(2, 5, 3)), None, 3);
+    let (p, allowed) = f.reference();
+    let want = host_stats(&f.g, &p, &allowed, 8);
+    assert_eq!(want["queries"], vec![(0, 8.0)]);
+    assert!(want["pad_mass"].iter().all(|(_, v)| *v == 0.0));
+    // recv_pos: no entry for the padded keys 3, 4 of sequence 1, but sequence 0 has them.
+    assert_eq!(want["recv_pos"].len(), 3 * 5);
+    let (rows, _) = run_both("keys", "attn", &f.graph(), &f.inputs(), &ref_output(&f.g, &p, &f.v));
+    assert_stats("keys", &recorded(&rows).1, &want);
+}
+
+fn bert_inputs() -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    let n = BERT.b * BERT.h * BERT.sq * BERT.d;
+    let q = randn(n, 100).iter().map(|x| 1.5 * x).collect();
+    (q, randn(n, 101), randn(n, 102), key_mask(BERT.b, BERT.sk, 3))
+}
+
+/// Unfused BERT-style attention: the tap reads the Softmax output and the `[B,1,1,S]` bias; the
+/// probabilities are exactly `softmax((q.k) * scale + (1 - mask) * -10000)`.
+#[test]
+fn unfused_bert_stats_match_host_reference() {
+    let (q, k, v, mask) = bert_inputs();
+    let scale = (BERT.d as f64).powf(-0.5);
+    // exp(-10000 + ...) is 0 in f64: a key with mask 0 is excluded.
+    let (p, allowed) = ref_probs(&BERT, &q, &k, scale, None, &|b, _, _, k| (mask[b * BERT.sk + k] > 0.5).then_some(0.0));
+    let want_out = ref_output(&BERT, &p, &v);
+    let inputs: Vec<(&str, &[f32])> = vec![("q", &q), ("k", &k), ("v", &v), ("mask", &mask)];
+    for (pipeline, topk) in [("attn", 8), ("attn{topk=2}", 2)] {
+        let (rows, manifests) = run_both(pipeline, pipeline, &bert_graph(), &inputs, &want_out);
+        let (site, got) = recorded(&rows);
+        let m = manifests.last().expect("manifest");
+        let s = m.sites.iter().find(|s| s.site == site).expect("site in manifest");
+        assert_eq!(s.op, "softmax", "the deployed site is the Softmax");
+        assert!(m.skipped.is_empty(), "a bias feeds the softmax: nothing to note, got {:?}", m.skipped);
+        assert_stats(&format!("bert {pipeline}"), &got, &host_stats(&BERT, &p, &allowed, topk));
+    }
+}
+
+/// Rank-3 `[B*H, S, S]` softmax with no additive mask: one "head" per batch row, every query
+/// and key valid, and a note in the manifest's skipped list.
+#[test]
+fn unfused_rank3_without_mask_counts_every_query() {
+    let (bh, s, d) = (6, 5, 4);
+    let g = Geom { b: bh, h: 1, sq: s, sk: s, d, layout: Layout::Rank3 };
+    let q: Vec<f32> = randn(bh * s * d, 200).iter().map(|x| 1.5 * x).collect();
+    let (k, v) = (randn(bh * s * d, 201), randn(bh * s * d, 202));
+    let (p, allowed) = ref_probs(&g, &q, &k, (d as f64).powf(-0.5), None, &|_, _, _, _| Some(0.0));
+    let inputs: Vec<(&str, &[f32])> = vec![("q", &q), ("k", &k), ("v", &v)];
+    let (rows, manifests) = run_both("rank3", "attn{topk=2}", &rank3_graph(bh, s, d), &inputs, &ref_output(&g, &p, &v));
+    let (site, got) = recorded(&rows);
+    let want = host_stats(&g, &p, &allowed, 2);
+    assert_eq!(want["queries"], vec![(0, (bh * s) as f64)]);
+    assert_eq!(got["queries"], vec![(0, (bh * s) as f64)], "every query counts");
+    assert_eq!(got["pad_mass"], vec![(0, 0.0)]);
+    assert_stats("rank3", &got, &want);
+    let m = manifests.last().expect("manifest");
+    assert!(
+        m.skipped.iter().any(|k| k.site == site && k.reason.contains("no additive mask")),
+        "note expected in skipped, got {:?}",
+        m.skipped
+    );
+}
+
+/// Only `attn` enabled: every fixture's outputs are bit-identical to the untapped run.
+#[test]
+fn attn_only_outputs_are_bit_identical() {
+    let (q, k, v, mask) = bert_inputs();
+    let mut runs: Vec<(Graph, Vec<(String, Vec<f32>)>)> = vec![(
+        bert_graph(),
+        vec![("q".into(), q.clone()), ("k".into(), k.clone()), ("v".into(), v.clone()), ("mask".into(), mask)],
+    )];
+    let n = 6 * 5 * 4;
+    runs.push((rank3_graph(6, 5, 4), vec![("q".into(), randn(n, 1)), ("k".into(), randn(n, 2)), ("v".into(), randn(n, 3))]));
+    for f in fused_cases() {
+        runs.push((f.graph(), f.inputs().into_iter().map(|(n, d)| (n.to_string(), d.to_vec())).collect()));
+    }
+    for (g, data) in &runs {
+        let inputs: Vec<(&str, &[f32])> = data.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect();
+        let plain = run_plain(g, &[], &inputs);
+        let (tapped, sink) = run_tapped("attn", g, &[], &inputs);
+        assert!(!sink.rows().is_empty(), "{}: nothing recorded", g.name);
+        assert_eq!(bits(&tapped), bits(&plain), "{}: outputs changed", g.name);
+    }
+}
+
+// ───────────────────────────── snapshots ─────────────────────────────
+
+/// As tests/snapshots.rs renders a rewritten graph and its manifest.
+fn render(g: &Graph, m: &Manifest) -> String {
+    let mut s = rlx_ir::text::print(g);
+    s.push_str(&format!("\n# pipeline: {}\n# user outputs: {}\n", m.pipeline, m.user_outputs));
+    for site in &m.sites {
+        s.push_str(&format!("# site {} op={} node=%{} flops={:?}\n", site.site, site.op, site.node, site.flops));
+    }
+    for o in &m.outputs {
+        let uses: Vec<String> = o.uses.iter().map(|u| format!("{}/{}", u.site, u.role.as_str())).collect();
+        let layout: Vec<String> = o.layout.iter().map(|l| format!("{}@{}x{}", l.stat.as_str(), l.offset, l.len)).collect();
+        s.push_str(&format!(
+            "# output {:?} tensor=%{} shape={} numel={:?} invariant={} uses=[{}]\n#   layout {}\n",
+            o.output_index,
+            o.tensor,
+            o.shape,
+            o.numel,
+            o.invariant,
+            uses.join(", "),
+            layout.join(" ")
+        ));
+    }
+    for k in &m.skipped {
+        s.push_str(&format!("# skipped {}/{:?} shape={:?}: {}\n", k.site, k.role.map(|r| r.as_str()), k.shape, k.reason));
+    }
+    s
+}
+
+fn snap(name: &str, g: &Graph) {
+    let (out, m) = Pipeline::parse("attn").unwrap().apply(g).unwrap();
+    let errors = rlx_ir::verify::verify_all(&out);
+    assert!(errors.is_empty(), "{name}: verifier: {errors:?}");
+    assert_eq!(&out.outputs[..g.outputs.len()], &g.outputs[..], "{name}: caller's outputs first");
+    insta::with_settings!({snapshot_path => "../snapshots", prepend_module_to_snapshot => false}, {
+        insta::assert_snapshot!(name, render(&out, &m));
+    });
+}
+
+#[test]
+fn snapshot_unfused_bert() {
+    snap("attn__unfused_bert", &bert_graph());
+}
+
+#[test]
+fn snapshot_fused_custom_mask() {
+    snap("attn__fused_custom_mask", &fused_cases().remove(0).graph());
+}

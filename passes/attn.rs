@@ -14,7 +14,7 @@ use crate::rewrite::{family, Rewrite};
 use crate::sketch::{static_dims, Stat};
 
 const STAT_WORDS: &[&str] = &[
-    "all", "queries", "peak", "entropy", "entropy_norm", "topk_mass", "sink_first", "sink_last", "pad_mass",
+    "all", "queries", "peak", "entropy", "entropy_norm", "topk", "topk_mass", "sink_first", "sink_last", "pad_mass",
     "recv_max", "peak_pos", "recv_pos",
 ];
 
@@ -141,6 +141,18 @@ impl Pass for AttnTap {
                 Ok((probe, inputs, note)) => {
                     if let Some(note) = note {
                         rw.skip(&site, Some(Role::Probs), Some(id), note);
+                    }
+                    let mut stats = stats.clone();
+                    if let Probe::Attention(a) = &probe {
+                        if topk >= a.sk && stats.contains(&Stat::TopkMass) {
+                            stats.retain(|s| !matches!(s, Stat::TopkMass | Stat::Topk));
+                            rw.skip(
+                                &site,
+                                Some(Role::Probs),
+                                Some(id),
+                                format!("topk_mass not computed: topk={topk} >= {} keys keeps every key (mass 1 by definition)", a.sk),
+                            );
+                        }
                     }
                     rw.tap_inputs(&site, Role::Probs, &inputs, probes::spec(probe, &stats));
                 }

@@ -1,6 +1,8 @@
 //! `residual`: tap every residual connection `x + f(x)` and record block influence: the
 //! branch-to-stream norm ratio and the cosine between the block's input and output.
 
+use rlx_ir::{DType, NodeId, Op, Shape};
+
 use crate::error::Error;
 use crate::manifest::Role;
 use crate::pass::{OptionSpec, OptionType, Options, Pass, PassKind, PassRegistration};
@@ -14,6 +16,12 @@ const OPTIONS: &[OptionSpec] = &[
         ty: OptionType::Globs,
         default: "[*]",
         doc: "glob patterns over block names block.K (K = execution order, the numbering skip{blocks=..} uses)",
+    },
+    OptionSpec {
+        name: "mask",
+        ty: OptionType::Enum(&["auto", "none"]),
+        default: "auto",
+        doc: "auto: rows where the graph input attention_mask (the Hugging Face ONNX export name) is 0 are padding, excluded; none: every row counts",
     },
     OptionSpec {
         name: "stats",
@@ -63,14 +71,44 @@ impl Pass for ResidualTap {
                 Some(d) if !d.is_empty() => {
                     let width = *d.last().unwrap_or(&1);
                     let rows = d.iter().product::<usize>() / width.max(1);
-                    let probe = Probe::Residual(ResidualProbe { rows, width });
-                    rw.tap_inputs(&site, Role::Block, &[b.stream, b.branch], probes::spec(probe, &stats));
+                    let mask = if opts.word("mask")? == "auto" { row_mask(rw, rows) } else { None };
+                    let probe = Probe::Residual(ResidualProbe { rows, width, masked: mask.is_some() });
+                    let mut inputs = vec![b.stream, b.branch];
+                    inputs.extend(mask);
+                    rw.tap_inputs(&site, Role::Block, &inputs, probes::spec(probe, &stats));
                 }
                 _ => rw.skip(&site, Some(Role::Block), Some(b.stream), "the residual stream's shape is symbolic or scalar".into()),
             }
         }
         Ok(())
     }
+}
+
+/// The graph input `attention_mask` as an F32 row mask, if it holds exactly `rows` values (one
+/// per token of the residual stream). The cast node is shared by every block.
+fn row_mask(rw: &mut Rewrite, rows: usize) -> Option<NodeId> {
+    let g = rw.graph();
+    let input = g.nodes().iter().find(|n| matches!(&n.op, Op::Input { name } if name == "attention_mask"))?;
+    let dims = static_dims(&input.shape)?;
+    if dims.iter().product::<usize>() != rows {
+        return None;
+    }
+    if input.shape.dtype() == DType::F32 {
+        return Some(input.id);
+    }
+    let id = input.id;
+    let shape = Shape::new(&dims, DType::F32);
+    let cast = g
+        .nodes()
+        .iter()
+        .find(|n| n.inputs == [id] && n.op == (Op::Cast { to: DType::F32 }) && n.name.as_deref() == Some("opscope/attention_mask/f32"))
+        .map(|n| n.id);
+    Some(cast.unwrap_or_else(|| {
+        let g = rw.graph_append();
+        let c = g.add_node(Op::Cast { to: DType::F32 }, vec![id], shape);
+        g.node_mut(c).name = Some("opscope/attention_mask/f32".into());
+        c
+    }))
 }
 
 inventory::submit! { PassRegistration(&ResidualTap) }

@@ -250,11 +250,39 @@ fn record(a: RecordArgs) -> Result<()> {
         entries.truncate(n as usize);
     }
     anyhow::ensure!(!entries.is_empty(), "{}: no text entries found", a.text.display());
+    if !pipeline.has_tap() {
+        anyhow::bail!(
+            "the pipeline '{pipeline}' has no tap: actuation passes change the model but record nothing; \
+             add a tap after them, e.g. '{pipeline},residual' or '{pipeline},matmul'"
+        );
+    }
     // A bad --out fails before the model is imported; the file is created once the inputs
     // have loaded, so a failed start never touches an earlier recording.
     opscope::sink::check_path(&a.out)?;
     let encoder = TextEncoder::load(&a.tokenizer, seq)?;
     let full = OnnxEncoder::load(&a.onnx, batch, seq)?;
+    // Dry run on the program that will be observed: a pipeline that does not fit the model
+    // (skip of a block that does not exist) fails here, before any file is written, and taps
+    // that find nothing are named.
+    let observed = match a.stage {
+        opscope::activate::Stage::Deployed => {
+            opscope::activate::fuse(&full.graph, rlx_runtime::Device::Cpu, &rlx_runtime::CompileOptions::default())
+        }
+        opscope::activate::Stage::Source => full.graph.clone(),
+    };
+    let source = matches!(a.stage, opscope::activate::Stage::Deployed).then_some(&full.graph);
+    let (_, manifest) = pipeline.apply_tagged(&observed, source, 0)?;
+    let idle = pipeline.idle_taps(&manifest);
+    let lines: Vec<String> = idle
+        .iter()
+        .map(|(i, text, doc)| format!("pass {i} '{text}' found no site in {} (it looks for: {doc})", a.onnx.display()))
+        .collect();
+    if idle.len() == pipeline.instances().iter().filter(|p| p.pass.kind() == opscope::PassKind::Tap).count() {
+        anyhow::bail!("nothing to record:\n  {}", lines.join("\n  "));
+    }
+    for l in &lines {
+        eprintln!("opscope: warning: {l}");
+    }
     let rest = entries.len() % batch;
     let tail = if rest > 0 && entries.len() > batch {
         Some(OnnxEncoder::load(&a.onnx, rest, seq)?)

@@ -73,7 +73,7 @@ pub struct Block {
     pub block: usize,
     /// Block influence: 1 - mean over non-padding tokens of cos(x, x + f(x)) (ShortGPT).
     pub influence: f64,
-    /// Mean over runs of ||f(x)|| / ||x|| (padding rows included).
+    /// Mean over runs of ||f(x)|| / ||x|| over non-padding rows.
     pub ratio: f64,
     /// 1 - mean over sentences of cos(embedding with the block skipped, fp32 embedding).
     pub skip_change: f64,

@@ -45,7 +45,7 @@ impl Run {
         if idx == 0 {
             self.scalars[stat as usize] = value;
         }
-        if matches!(stat, Stat::Hist | Stat::Elemsig | Stat::ChanMaxabs | Stat::PosSumsq) {
+        if stat.is_vector() {
             let v = match self.vectors.iter().position(|(s, _)| *s == stat) {
                 Some(i) => &mut self.vectors[i].1,
                 None => {
@@ -66,7 +66,8 @@ impl Run {
         (!v.is_nan()).then_some(v as f64)
     }
 
-    /// A vector statistic (`hist`, `elemsig`, `chan_maxabs`, `pos_sumsq`), if recorded.
+    /// A vector statistic (`hist`, `elemsig`, `chan_maxabs`, `pos_sumsq`, the per-head and
+    /// per-expert probe statistics), if recorded.
     pub fn vector(&self, stat: Stat) -> Option<&[f32]> {
         self.vectors.iter().find(|(s, _)| *s == stat).map(|(_, v)| v.as_slice())
     }
@@ -178,7 +179,7 @@ impl Builder {
 pub fn series_from_rows(rows: &[Row]) -> BTreeMap<SeriesKey, Series> {
     let mut b = Builder::default();
     for r in rows {
-        let Some(stat) = Stat::parse(&r.stat).filter(|s| s.is_tensor_stat()) else { continue };
+        let Some(stat) = Stat::parse(&r.stat) else { continue };
         b.push(Cells {
             site: &r.site,
             role: &r.role,
@@ -231,7 +232,7 @@ pub fn load(path: &Path) -> Result<BTreeMap<SeriesKey, Series>, Error> {
         let text = |i: usize| std::str::from_utf8(&rec[i]).map_err(|_| bad("UTF-8"));
         let num = |i: usize, what: &str| text(i)?.parse::<u64>().map_err(|_| bad(what));
         let fl = text(flops)?;
-        let Some(stat) = Stat::parse(text(stat)?).filter(|s| s.is_tensor_stat()) else { continue };
+        let Some(stat) = Stat::parse(text(stat)?) else { continue };
         b.push(Cells {
             site: text(site)?,
             role: text(role)?,
@@ -288,7 +289,7 @@ fn load_parquet(path: &Path) -> Result<BTreeMap<SeriesKey, Series>, Error> {
         let (op_k, op_v) = dict("op")?;
         let (shape_k, shape_v) = dict("shape")?;
         let (stat_k, stat_v) = dict("stat")?;
-        let stats: Vec<Option<Stat>> = (0..stat_v.len()).map(|i| Stat::parse(stat_v.value(i)).filter(|s| s.is_tensor_stat())).collect();
+        let stats: Vec<Option<Stat>> = (0..stat_v.len()).map(|i| Stat::parse(stat_v.value(i))).collect();
         let (pass_c, compile_c, step_c, idx_c, value_c, flops_c) =
             (column("pass_idx")?, column("compile")?, column("step")?, column("idx")?, column("value")?, column("flops")?);
         let pass = typed::<UInt32Array>(pass_c, "pass_idx", path)?;
@@ -359,6 +360,156 @@ pub fn no_data(recording: &Path, series: &BTreeMap<SeriesKey, Series>) -> Result
     Ok(out)
 }
 
+/// Roles whose series hold probe statistics (attention, routing, residual), mined by
+/// [`probe_verdicts`] rather than by the tensor rules.
+pub const PROBE_ROLES: [&str; 4] = ["probs", "router", "dispatch", "block"];
+
+/// Sum over runs of `weight(run) * v[i]` / sum of weights, per index, for a vector statistic.
+fn weighted_vector(s: &Series, stat: Stat, weight: impl Fn(&Run) -> f64) -> Vec<f64> {
+    let mut sum: Vec<f64> = Vec::new();
+    let mut w: Vec<f64> = Vec::new();
+    for r in &s.runs {
+        let Some(v) = r.vector(stat) else { continue };
+        let wr = weight(r);
+        if sum.len() < v.len() {
+            sum.resize(v.len(), 0.0);
+            w.resize(v.len(), 0.0);
+        }
+        for (i, &x) in v.iter().enumerate() {
+            if x.is_finite() {
+                sum[i] += wr * x as f64;
+                w[i] += wr;
+            }
+        }
+    }
+    sum.iter().zip(&w).map(|(s, w)| if *w > 0.0 { s / w } else { f64::NAN }).collect()
+}
+
+/// Verdicts from the attention, routing and residual probes.
+fn probe_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>) {
+    let mut verdict = |key: &SeriesKey, kind: Kind, evidence: Vec<(&str, f64)>, rule: &'static str, source: &'static str| {
+        out.push(Verdict {
+            site: key.0.clone(),
+            role: key.1.clone(),
+            pass_idx: key.2,
+            kind,
+            evidence: evidence.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            rule,
+            source,
+            payoff: 0.0,
+        });
+    };
+    let mut blocks: Vec<(&SeriesKey, f64)> = Vec::new();
+    for (key, s) in series {
+        match key.1.as_str() {
+            "probs" => {
+                let q = |r: &Run| r.scalar(Stat::Queries).unwrap_or(0.0);
+                let dims = parse_shape(&s.shape);
+                let batch = dims.first().copied().unwrap_or(1) as f64;
+                let queries: f64 = s.runs.iter().map(q).sum();
+                let runs = s.runs.iter().filter(|r| q(r) > 0.0).count().max(1) as f64;
+                // Mean non-padding keys per sequence (self-attention: = queries per sequence).
+                let valid_keys = (queries / runs / batch).max(1.0);
+                let topk = s.runs.iter().find_map(|r| r.scalar(Stat::Topk));
+                let mass = weighted_vector(s, Stat::TopkMass, q);
+                if let (Some(k), false) = (topk, mass.is_empty()) {
+                    let mean = mass.iter().sum::<f64>() / mass.len() as f64;
+                    let worst = mass.iter().copied().fold(f64::INFINITY, f64::min);
+                    if mean >= 0.9 && k * 4.0 <= valid_keys {
+                        verdict(
+                            key,
+                            Kind::SparseAttention,
+                            vec![("topk", k), ("topk_mass_mean", mean), ("topk_mass_worst_head", worst), ("keys_per_sequence", valid_keys)],
+                            "top-k keeps >= 90% of the attention mass (mean over heads) with k <= keys/4",
+                            "Gupta et al., Memory-efficient Transformers via Top-k Attention (2021); 90%: opscope's line",
+                        );
+                    }
+                }
+                let uniform = 1.0 / valid_keys;
+                for (stat, which) in [(Stat::SinkFirst, "first key"), (Stat::SinkLast, "last key")] {
+                    let v = weighted_vector(s, stat, q);
+                    let (h, m) = v.iter().enumerate().fold((0, f64::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b });
+                    if m >= 0.2 && m >= 5.0 * uniform {
+                        let heads = v.iter().filter(|&&x| x >= 0.2 && x >= 5.0 * uniform).count() as f64;
+                        verdict(
+                            key,
+                            Kind::AttentionSink,
+                            vec![(if which == "first key" { "sink_first_max" } else { "sink_last_max" }, m), ("head", h as f64), ("sink_heads", heads), ("uniform_share", uniform)],
+                            "a head gives one key (first, or last non-padding) >= 0.2 of its mass and >= 5x the uniform share",
+                            "Xiao et al., StreamingLLM (2024); Clark et al., What Does BERT Look At? (2019); 0.2 and 5x: opscope's lines",
+                        );
+                    }
+                }
+                let pad = weighted_vector(s, Stat::PadMass, q);
+                let pad_max = pad.iter().copied().fold(0.0, f64::max);
+                if pad_max > 1e-3 {
+                    verdict(key, Kind::Health, vec![("pad_mass_max_head", pad_max)], "attention mass on padding keys > 1e-3: the mask leaks", "health check");
+                }
+            }
+            "router" | "dispatch" => {
+                let load = weighted_vector(s, Stat::Load, |_| 1.0);
+                let runs = s.runs.iter().filter(|r| r.vector(Stat::Load).is_some()).count() as f64;
+                let total: Vec<f64> = load.iter().map(|l| l * runs).collect();
+                let assignments: f64 = total.iter().sum();
+                if total.is_empty() || assignments <= 0.0 {
+                    continue;
+                }
+                let e = total.len() as f64;
+                let mean = assignments / e;
+                let dead = total.iter().filter(|&&l| l == 0.0).count() as f64;
+                if dead > 0.0 && mean >= 10.0 {
+                    verdict(
+                        key,
+                        Kind::DeadExpert,
+                        vec![("dead_experts", dead), ("experts", e), ("assignments", assignments)],
+                        "an expert got no token while a uniform router would have sent it >= 10",
+                        "Lu et al., Not All Experts are Equal (2024): expert pruning",
+                    );
+                }
+                let max = total.iter().copied().fold(0.0, f64::max);
+                if max >= 2.0 * mean {
+                    let hot = total.iter().position(|&l| l == max).unwrap_or(0) as f64;
+                    verdict(
+                        key,
+                        Kind::ExpertImbalance,
+                        vec![("max_over_mean_load", max / mean), ("expert", hot)],
+                        "busiest expert's load >= 2x the mean (overflows capacity factor 2)",
+                        "Fedus et al., Switch Transformers (2021): capacity factors 1.0-2.0",
+                    );
+                }
+            }
+            "block" => {
+                // Mean over runs weighted by each run's (non-padding) rows.
+                let (mut sum, mut w) = (0.0, 0.0);
+                for r in &s.runs {
+                    if let (Some(c), Some(n)) = (r.scalar(Stat::Cos), r.scalar(Stat::Rows)) {
+                        sum += n * c;
+                        w += n;
+                    }
+                }
+                if w > 0.0 {
+                    blocks.push((key, 1.0 - sum / w));
+                }
+            }
+            _ => {}
+        }
+    }
+    if blocks.len() >= 3 {
+        let med = median(blocks.iter().map(|b| b.1).collect()).unwrap_or(0.0);
+        for (key, bi) in &blocks {
+            if *bi <= 0.5 * med {
+                verdict(
+                    key,
+                    Kind::LayerSkipProbe,
+                    vec![("block_influence", *bi), ("median_block_influence", med)],
+                    "1 - cos(x, x + f(x)) <= half the median block's; confirm with the skip actuation",
+                    "Men et al., ShortGPT (2024): remove the lowest block-influence layers",
+                );
+            }
+        }
+    }
+}
+
 /// What sketches cannot see, said once per report.
 pub const NOT_OBSERVABLE: &str = "low rank is not observable from these sketches (a LowRankProbe verdict is a suspicion from row energies); \
 a randomized range finder (Halko, Martinsson, Tropp 2011) on sampled activations would confirm it. \
@@ -405,8 +556,27 @@ pub enum Kind {
     /// observable from sketches; a randomized range finder (Halko, Martinsson, Tropp 2011)
     /// would confirm it.
     LowRankProbe,
-    /// NaN or Inf values.
+    /// NaN or Inf values, or attention mass leaking to padding keys (pad_mass > 1e-3).
     Health,
+    /// Top-k attention keeps >= 90% of the probability mass with k <= keys/4, averaged over
+    /// heads: sparse / top-k attention (Gupta et al., Memory-efficient Transformers via Top-k
+    /// Attention, 2021); 90% is opscope's line.
+    SparseAttention,
+    /// A head gives one key (the first, or the last non-padding one) >= 5x the uniform share
+    /// and >= 0.2 of its mass: an attention sink that KV eviction and windowed attention must
+    /// keep (Xiao et al., StreamingLLM, 2024; Clark et al. 2019 on BERT's [CLS]/[SEP]); 5x and
+    /// 0.2 are opscope's lines.
+    AttentionSink,
+    /// A residual block's influence 1 - cos(x, x + f(x)) is <= half the median block's: a layer
+    /// skip candidate (Men et al., ShortGPT, 2024, removes the lowest-influence layers). A probe:
+    /// confirm with the `skip` actuation (on MiniLM-L3 the ranks did not agree, see README).
+    LayerSkipProbe,
+    /// An expert received no token over the recording while a uniform router would have sent it
+    /// >= 10: prune it (expert pruning; Lu et al., Not All Experts are Equal, 2024).
+    DeadExpert,
+    /// The busiest expert's load is >= 2x the mean: tokens overflow a capacity factor of 2
+    /// (Fedus et al., Switch Transformers, 2021: capacity factors 1.0-2.0).
+    ExpertImbalance,
 }
 
 /// One verdict at one site.
@@ -568,7 +738,11 @@ pub fn mine(series: &BTreeMap<SeriesKey, Series>) -> Vec<Verdict> {
         per_site.values().sum::<f64>().max(1.0)
     };
     let mut out = Vec::new();
+    probe_verdicts(series, &mut out);
     for ((site, role, pass_idx), s) in series {
+        if PROBE_ROLES.contains(&role.as_str()) {
+            continue;
+        }
         let shape = parse_shape(&s.shape);
         let ms: Vec<Metrics> = s.runs.iter().map(|r| metrics(r, &shape)).collect();
         let med = |f: fn(&Metrics) -> Option<f64>| median(ms.iter().filter_map(f).collect());

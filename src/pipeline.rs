@@ -18,7 +18,7 @@ use rlx_ir::Graph;
 
 use crate::error::{closest, Error};
 use crate::manifest::Manifest;
-use crate::pass::{lookup, registered, OptionValue, Options, Pass, RawValue};
+use crate::pass::{lookup, registered, OptionValue, Options, Pass, PassKind, RawValue};
 use crate::rewrite::Rewrite;
 
 /// A pipeline text error: what, where (byte offset into the text), and what is known.
@@ -277,8 +277,32 @@ impl Pipeline {
             e.known_what = "passes".into();
             return Err(e);
         }
+        let mut first_tap: Option<&'static str> = None;
         loop {
-            passes.push(p.pass()?);
+            let at = {
+                p.skip_ws();
+                p.pos
+            };
+            let pass = p.pass()?;
+            match pass.pass.kind() {
+                PassKind::Tap => {
+                    first_tap.get_or_insert(pass.pass.name());
+                }
+                PassKind::Actuation => {
+                    if let Some(tap) = first_tap {
+                        // A tap observes the program that runs; a tap placed before an actuation
+                        // would observe (and keep alive) what the actuation changes or removes.
+                        return Err(p.err(
+                            at,
+                            format!(
+                                "actuation '{}' comes after tap '{tap}': put actuations first, so that taps observe the changed program (e.g. skip{{blocks=[2]}},residual)",
+                                pass.pass.name()
+                            ),
+                        ));
+                    }
+                }
+            }
+            passes.push(pass);
             match p.peek() {
                 None => break,
                 Some(',') => {
@@ -291,6 +315,27 @@ impl Pipeline {
             }
         }
         Ok(Pipeline { passes })
+    }
+
+    /// The pass instances, in order.
+    pub fn instances(&self) -> &[PassInstance] {
+        &self.passes
+    }
+
+    /// True if the pipeline holds at least one tap (an actuation alone records nothing).
+    pub fn has_tap(&self) -> bool {
+        self.passes.iter().any(|p| p.pass.kind() == PassKind::Tap)
+    }
+
+    /// The tap instances that found no site in the graph `manifest` describes, as
+    /// `(position, canonical text, what the pass looks for)`.
+    pub fn idle_taps(&self, manifest: &Manifest) -> Vec<(usize, String, &'static str)> {
+        self.passes
+            .iter()
+            .enumerate()
+            .filter(|(i, p)| p.pass.kind() == PassKind::Tap && !manifest.sites.iter().any(|s| s.pass_idx == *i))
+            .map(|(i, p)| (i, p.to_string(), p.pass.doc()))
+            .collect()
     }
 
     /// True if the pipeline holds no pass.

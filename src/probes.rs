@@ -137,6 +137,10 @@ pub struct ResidualProbe {
     pub rows: usize,
     /// Width `D` (hidden size).
     pub width: usize,
+    /// Input 2 is a `[rows]` row mask (1 = token, 0 = padding): padding rows are left out of
+    /// every statistic.
+    #[serde(default)]
+    pub masked: bool,
 }
 
 impl Probe {
@@ -145,7 +149,7 @@ impl Probe {
         Some(match self {
             Probe::Tensor => return None,
             Probe::Attention(a) => match s {
-                Stat::Queries => 1,
+                Stat::Queries | Stat::Topk => 1,
                 Stat::PeakPos => a.heads * a.sq,
                 Stat::RecvPos => a.heads * a.sk,
                 _ => a.heads,
@@ -174,11 +178,12 @@ impl Probe {
 }
 
 /// Statistics of an attention probe, in layout order.
-pub const ATTN_STATS: [Stat; 11] = [
+pub const ATTN_STATS: [Stat; 12] = [
     Stat::Queries,
     Stat::Peak,
     Stat::Entropy,
     Stat::EntropyNorm,
+    Stat::Topk,
     Stat::TopkMass,
     Stat::SinkFirst,
     Stat::SinkLast,
@@ -204,6 +209,9 @@ pub const RESIDUAL_STATS: [Stat; 4] = [Stat::Rows, Stat::Ratio, Stat::Cos, Stat:
 /// A spec for `probe` computing `stats` (filtered to what the probe computes, sorted).
 pub fn spec(probe: Probe, stats: &[Stat]) -> SketchSpec {
     let mut set: Vec<Stat> = stats.iter().copied().filter(|s| probe.stats().contains(s)).collect();
+    if set.contains(&Stat::TopkMass) {
+        set.push(Stat::Topk); // the k that topk_mass is about travels with it
+    }
     set.sort();
     set.dedup();
     SketchSpec {
@@ -278,7 +286,14 @@ pub fn execute(spec: &SketchSpec, inputs: &[CpuTensorRef<'_>], out: &mut [f32]) 
             let f = f32s(1, "residual branch")?;
             need(x.len(), r.rows * r.width, "residual stream")?;
             need(f.len(), r.rows * r.width, "residual branch")?;
-            residual_stats(r, x, f)
+            let mask = if r.masked {
+                let m = f32s(2, "residual row mask")?;
+                need(m.len(), r.rows, "residual row mask")?;
+                Some(m)
+            } else {
+                None
+            };
+            residual_stats(r, x, f, mask)
         }
     };
     out[0] = spec.tag as f32;
@@ -485,6 +500,7 @@ fn attn_stats(a: &AttnProbe, p: &[f32], allowed: &dyn Fn(usize, usize, usize, us
         (Stat::Peak, per_q(&peak)),
         (Stat::Entropy, per_q(&ent)),
         (Stat::EntropyNorm, div(&ent_norm, &ent_norm_n)),
+        (Stat::Topk, vec![topk as f32]),
         (Stat::TopkMass, per_q(&topm)),
         (Stat::SinkFirst, per_q(&first)),
         (Stat::SinkLast, div(&last, &last_n)),
@@ -547,12 +563,18 @@ fn route_stats(r: &RouteProbe, ids: &[f32], scores: Option<&[f32]>) -> Vec<(Stat
     ]
 }
 
-/// Residual statistics, accumulated in f64.
-fn residual_stats(r: &ResidualProbe, x: &[f32], f: &[f32]) -> Vec<(Stat, Vec<f32>)> {
+/// Residual statistics, accumulated in f64, over the rows `mask` keeps (every row without one).
+fn residual_stats(r: &ResidualProbe, x: &[f32], f: &[f32], mask: Option<&[f32]>) -> Vec<(Stat, Vec<f32>)> {
     let (mut xx, mut ff) = (0f64, 0f64);
     let mut cos_row = Vec::with_capacity(r.rows);
     let (mut cos_sum, mut cos_n) = (0f64, 0f64);
+    let mut kept = 0usize;
     for i in 0..r.rows {
+        if mask.is_some_and(|m| m[i] == 0.0) {
+            cos_row.push(f32::NAN);
+            continue;
+        }
+        kept += 1;
         let (xr, fr) = (&x[i * r.width..(i + 1) * r.width], &f[i * r.width..(i + 1) * r.width]);
         let (mut rx, mut ry, mut xy, mut rf) = (0f64, 0f64, 0f64, 0f64);
         for (&a, &b) in xr.iter().zip(fr) {
@@ -575,7 +597,7 @@ fn residual_stats(r: &ResidualProbe, x: &[f32], f: &[f32]) -> Vec<(Stat, Vec<f32
     let ratio = if xx > 0.0 { (ff / xx).sqrt() as f32 } else { f32::NAN };
     let cos = if cos_n > 0.0 { (cos_sum / cos_n) as f32 } else { f32::NAN };
     vec![
-        (Stat::Rows, vec![r.rows as f32]),
+        (Stat::Rows, vec![kept as f32]),
         (Stat::Ratio, vec![ratio]),
         (Stat::Cos, vec![cos]),
         (Stat::CosRow, cos_row),

@@ -202,6 +202,13 @@ impl Rewrite {
             .collect()
     }
 
+    /// The graph, for a tap to append helper nodes its sketches read (a cast of the attention
+    /// mask). Appended nodes feed only appended sketches, so the caller's program is unchanged
+    /// and no rebuild is needed (unlike [`Rewrite::graph_mut`]).
+    pub fn graph_append(&mut self) -> &mut Graph {
+        &mut self.graph
+    }
+
     /// Record that the current pass changed the program at `node` (shown as `site`): `action`
     /// says what, in words (`fake-quant lhs int8 per-token`, `bypass block`).
     pub fn actuate(&mut self, site: &str, node: NodeId, action: String) {

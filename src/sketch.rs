@@ -99,6 +99,8 @@ pub enum Stat {
     Entropy,
     /// Per head: mean over non-padding queries of entropy / ln(allowed keys), in [0, 1] (`H`).
     EntropyNorm,
+    /// The `k` of `topk_mass` (1 value).
+    Topk,
     /// Per head: mean over non-padding queries of the mass on the `topk` most probable keys (`H`).
     TopkMass,
     /// Per head: mean probability non-padding queries give the first key (`H`).
@@ -131,19 +133,20 @@ pub enum Stat {
     /// Expert ids that are not an integer in [0, E) (1 value; must be 0).
     BadIds,
     // ---- residual probes (`residual` tap) ----
-    /// Rows (tokens) of the residual stream in this run (1 value).
+    /// Rows (tokens) of the residual stream in this run, padding rows excluded (1 value).
     Rows,
     /// ||f(x)||_F / ||x||_F over the whole tensor (1 value).
     Ratio,
     /// Mean over rows of cos(x_r, x_r + f(x)_r) (1 value; 1 - this is ShortGPT's block influence).
     Cos,
-    /// Per row: cos(x_r, x_r + f(x)_r) (`R` values; NaN rows, zero vectors, are not recorded).
+    /// Per row: cos(x_r, x_r + f(x)_r) (`R` values; padding rows and zero vectors are NaN and
+    /// not recorded).
     CosRow,
 }
 
 impl Stat {
     /// Every statistic, in layout order.
-    pub const ALL: [Stat; 41] = [
+    pub const ALL: [Stat; 42] = [
         Stat::Count,
         Stat::Min,
         Stat::Max,
@@ -168,6 +171,7 @@ impl Stat {
         Stat::Peak,
         Stat::Entropy,
         Stat::EntropyNorm,
+        Stat::Topk,
         Stat::TopkMass,
         Stat::SinkFirst,
         Stat::SinkLast,
@@ -214,6 +218,7 @@ impl Stat {
             Stat::Peak => "peak",
             Stat::Entropy => "entropy",
             Stat::EntropyNorm => "entropy_norm",
+            Stat::Topk => "topk",
             Stat::TopkMass => "topk_mass",
             Stat::SinkFirst => "sink_first",
             Stat::SinkLast => "sink_last",
@@ -282,6 +287,7 @@ impl Stat {
                 | Stat::PosinfCount
                 | Stat::NeginfCount
                 | Stat::Queries
+                | Stat::Topk
                 | Stat::Tokens
                 | Stat::KeptMass
                 | Stat::BadIds

@@ -70,16 +70,18 @@ impl SummarySink {
         let prefix = common_prefix(&names);
         let width = names.iter().map(|s| s.len() - prefix.len() + 9).max().unwrap_or(4).max(4);
         let mut out = String::new();
+        let tensor_role = |r: &str| matches!(r, "lhs" | "rhs" | "out");
         if !prefix.is_empty() {
             let _ = writeln!(out, "sites under {prefix}");
         }
-        let _ = writeln!(
-            out,
-            "{:<width$}  {:<4}  {:<16}  {:>10}  {:>8}  {:>9}  {:>12}  {:>10}",
-            "site", "role", "shape", "absmax", "density", "kurtosis", "chan_outlier", "non-finite"
-        );
+        if sites.iter().any(|((_, r, _), _)| tensor_role(r)) {
+            let _ = writeln!(
+                out,
+                "{:<width$}  {:<4}  {:<16}  {:>10}  {:>8}  {:>9}  {:>12}  {:>10}",
+                "site", "role", "shape", "absmax", "density", "kurtosis", "chan_outlier", "non-finite"
+            );
+        }
         let show = |x: Option<f64>, prec: usize| x.map_or("-".to_string(), |x| format!("{x:.prec$}"));
-        let tensor_role = |r: &str| matches!(r, "lhs" | "rhs" | "out");
         let probes: Vec<String> = sites
             .iter()
             .filter(|((_, r, _), _)| !tensor_role(r))

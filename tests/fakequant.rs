@@ -314,7 +314,7 @@ fn dequant_matmul_is_skipped() {
 }
 
 fn render(g: &Graph, m: &Manifest) -> String {
-    let mut s = rlx_ir::text::print(g);
+    let mut s = common::print_graph(g);
     s.push_str(&format!("\n# pipeline: {}\n# user outputs: {}\n", m.pipeline, m.user_outputs));
     for a in &m.actuations {
         s.push_str(&format!("# actuation {} node=%{} pass={}#{}: {}\n", a.site, a.node, a.pass, a.pass_idx, a.action));

@@ -80,6 +80,13 @@ fn bad_values_say_what_was_expected() {
         ("matmul{sites=[a[b]}", "expected ',' or ']'", 15),
         ("matmul{roles=[lhs,lhs]}", "'lhs' is listed twice", 13),
         ("matmul{sités=[x]}", "unknown option 'sités'", 7),
+        ("matmul,skip{blocks=[1]}", "actuation 'skip' comes after tap 'matmul': put actuations first", 7),
+        ("skip{blocks=[1,x]}", "'x': expected list of distinct integers", 12),
+        ("skip{blocks=[2,2]}", "'2' is listed twice", 12),
+        ("fakequant{clip=2}", "'2': expected number 0.01..=1", 15),
+        ("fakequant{clip=nan}", "expected number", 15),
+        ("attn{topk=0}", "expected integer 1..=", 10),
+        ("residual{mask=yes}", "expected one of auto|none", 14),
     ] {
         let e = err(text);
         assert!(e.message.contains(needle), "{text}: {e}");
@@ -88,6 +95,24 @@ fn bad_values_say_what_was_expected() {
 }
 
 proptest! {
+    /// Float and integer-list values print back to text that parses to the same pipeline.
+    #[test]
+    fn actuation_options_round_trip(
+        blocks in proptest::sample::subsequence((0u64..12).collect::<Vec<_>>(), 0..=6),
+        clip in 1u32..=100,
+        bits in 2u64..=8,
+    ) {
+        let text = format!(
+            "skip{{blocks=[{}]}},fakequant{{bits={bits},clip={}}},residual",
+            blocks.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(","),
+            clip as f32 / 100.0
+        );
+        let p = Pipeline::parse(&text).unwrap();
+        let printed = p.to_string();
+        prop_assert_eq!(Pipeline::parse(&printed).unwrap(), p);
+        prop_assert_eq!(printed, text);
+    }
+
     /// Any pipeline built from valid option values prints to text that parses back to it.
     #[test]
     fn printed_pipelines_parse_back(

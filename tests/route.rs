@@ -152,7 +152,7 @@ fn router_over_logits_uses_their_softmax() {
 fn moe_snapshot() {
     let (g, m) = opscope::Pipeline::parse("route").unwrap().apply(&moe()).unwrap();
     assert!(rlx_ir::verify::verify_all(&g).is_empty());
-    let mut text = rlx_ir::text::print(&g);
+    let mut text = common::print_graph(&g);
     for s in &m.sites {
         text.push_str(&format!("# site {} op={} node=%{}\n", s.site, s.op, s.node));
     }
@@ -163,4 +163,19 @@ fn moe_snapshot() {
     insta::with_settings!({snapshot_path => "../snapshots", prepend_module_to_snapshot => false}, {
         insta::assert_snapshot!("route__moe", text);
     });
+}
+
+#[test]
+fn miner_flags_the_dead_expert_and_the_hot_one() {
+    let (_, rows) = run("route");
+    let verdicts = opscope::mine::mine(&opscope::mine::series_from_rows(&rows));
+    let find = |site: &str, kind: opscope::mine::Kind| verdicts.iter().find(|v| v.site == site && v.kind == kind);
+    // The router made 48 assignments (12 per expert if uniform): enough evidence.
+    let v = find("moe/router/TopK", opscope::mine::Kind::DeadExpert).unwrap_or_else(|| panic!("no DeadExpert in {verdicts:?}"));
+    assert!(v.evidence.iter().any(|(k, x)| k == "dead_experts" && *x == 1.0), "{:?}", v.evidence);
+    // The dispatch made 24 (6 per expert if uniform): below the rule's 10, no verdict yet.
+    assert!(find("moe/experts/GroupedMatMul", opscope::mine::Kind::DeadExpert).is_none());
+    // Dispatch (top-1) load is skewed to the favoured expert 0: >= 2x the mean of 6.
+    let hot = find("moe/experts/GroupedMatMul", opscope::mine::Kind::ExpertImbalance).expect("imbalance verdict");
+    assert!(hot.evidence.iter().any(|(k, x)| k == "expert" && *x == 0.0), "{:?}", hot.evidence);
 }

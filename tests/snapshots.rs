@@ -1,6 +1,8 @@
 //! insta snapshots of rewritten graphs (`rlx_ir::text::print`) and their manifests, one per
 //! pass per fixture; every rewritten graph also passes RLX's verifier.
 
+mod common;
+
 use opscope::{Manifest, Pipeline};
 use rlx_ir::quant::QuantScheme;
 use rlx_ir::op::{Activation, BinaryOp};
@@ -72,7 +74,7 @@ fn fixture_named_mlp() -> Graph {
 }
 
 fn render(g: &Graph, m: &Manifest) -> String {
-    let mut s = rlx_ir::text::print(g);
+    let mut s = common::print_graph(g);
     s.push_str(&format!("\n# pipeline: {}\n# user outputs: {}\n", m.pipeline, m.user_outputs));
     for site in &m.sites {
         s.push_str(&format!("# site {} op={} node=%{} flops={:?}\n", site.site, site.op, site.node, site.flops));

@@ -253,3 +253,22 @@ pub fn bits(outs: &[Vec<f32>]) -> Vec<Vec<u32>> {
 pub fn node_named(g: &Graph, name: &str) -> NodeId {
     g.nodes().iter().find(|n| n.name.as_deref() == Some(name)).map(|n| n.id).expect("node")
 }
+
+/// `rlx_ir::text::print(g)` with the attribute bytes of opscope's custom ops (JSON, printed by
+/// RLX as a byte array) shown as the JSON text they hold, so snapshots are reviewable.
+pub fn print_graph(g: &Graph) -> String {
+    let text = rlx_ir::text::print(g);
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        let decoded = line.contains("\"name\":\"opscope.").then(|| {
+            let start = line.find("\"attrs\":[")? + "\"attrs\":[".len();
+            let end = start + line[start..].find(']')?;
+            let bytes: Vec<u8> = line[start..end].split(',').map(|b| b.trim().parse::<u8>().ok()).collect::<Option<_>>()?;
+            let json = String::from_utf8(bytes).ok()?;
+            Some(format!("{}{}{}", &line[..start - 1], json, &line[end + 1..]))
+        });
+        out.push_str(&decoded.flatten().unwrap_or_else(|| line.to_string()));
+        out.push('\n');
+    }
+    out
+}

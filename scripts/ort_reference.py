@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Independent reference for opscope's matmul sketches: run an ONNX model in onnxruntime with
-every MatMul's operands and result exposed as graph outputs, and compute the same statistics
-with numpy (float64). Also tokenizes the text with Python's `tokenizers`, so the Rust side can
-check its token ids against Hugging Face's.
+"""Independent reference for opscope's sketches and probes: run an ONNX model in onnxruntime
+with every MatMul's operands and result, every attention Softmax and every residual Add's inputs
+exposed as graph outputs, and compute the same statistics with numpy (float64), padding taken
+from Hugging Face's attention mask. Also tokenizes the text with Python's `tokenizers`, so the
+Rust side can check its token ids against Hugging Face's.
 
-Input JSON:  {"texts": [...], "seq": S, "ids": [[...]], "mask": [[...]]}
+Input JSON:  {"texts": [...], "seq": S, "ids": [[...]], "mask": [[...]], "topk": k}
 Output JSON: {"ids": [[...]], "mask": [[...]], "outputs": {name: [...]},
-              "sites": {site: {role: {stat: value or [values]}}}}
+              "sites": {site: {role: {stat: value or [values]}}},
+              "attn": {site: {stat: [values]}}, "blocks": [{stat: value or [values]}]}
 """
 import argparse
 import json
@@ -44,6 +46,66 @@ def stats(x):
     return out
 
 
+def attn_stats(p, mask, topk):
+    """Attention statistics of probabilities p [B,H,S,S] with the key/query padding of mask
+    [B,S] (1 = token), as opscope defines them (src/probes.rs)."""
+    p = np.asarray(p, dtype=np.float64)
+    b_, h_, sq, sk = p.shape
+    acc = {k: np.zeros(h_) for k in ("peak", "entropy", "entropy_norm", "topk_mass", "sink_first", "sink_last", "pad_mass")}
+    recv_max, seqs = np.zeros(h_), 0
+    peak_pos, peak_n = np.zeros((h_, sq)), np.zeros(sq)
+    recv_pos, recv_n = np.zeros((h_, sk)), np.zeros(sk)
+    queries = 0
+    for b in range(b_):
+        valid = np.asarray(mask[b]) == 1
+        q = p[b][:, valid, :]                                  # [H, nq, Sk]
+        n = int(valid.sum())
+        queries += n
+        last = int(np.nonzero(valid)[0].max())
+        acc["peak"] += q.max(axis=2).sum(axis=1)
+        ent = -(np.where(q > 0, q * np.log(np.where(q > 0, q, 1)), 0)).sum(axis=2)
+        acc["entropy"] += ent.sum(axis=1)
+        acc["entropy_norm"] += (ent / np.log(n)).sum(axis=1) if n >= 2 else 0
+        acc["topk_mass"] += np.sort(q, axis=2)[:, :, ::-1][:, :, :topk].sum(axis=2).sum(axis=1)
+        acc["sink_first"] += q[:, :, 0].sum(axis=1)
+        acc["sink_last"] += q[:, :, last].sum(axis=1)
+        acc["pad_mass"] += q[:, :, ~valid].sum(axis=2).sum(axis=1)
+        peak_pos[:, valid] += q.max(axis=2)
+        peak_n[valid] += 1
+        recv = q.sum(axis=1) / n                               # [H, Sk]
+        recv_max += recv[:, valid].max(axis=1)
+        seqs += 1
+        recv_pos[:, valid] += recv[:, valid]
+        recv_n[valid] += 1
+    out = {k: (v / queries).tolist() for k, v in acc.items()}
+    out["queries"] = [float(queries)]
+    out["topk"] = [float(topk)]
+    out["recv_max"] = (recv_max / seqs).tolist()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["peak_pos"] = np.where(peak_n > 0, peak_pos / np.maximum(peak_n, 1), np.nan).ravel().tolist()
+        out["recv_pos"] = np.where(recv_n > 0, recv_pos / np.maximum(recv_n, 1), np.nan).ravel().tolist()
+    return {k: nan_to_none(v) for k, v in out.items()}
+
+
+def nan_to_none(v):
+    """JSON has no NaN: an undefined entry (a position that is padding everywhere) is null."""
+    return [None if isinstance(x, float) and np.isnan(x) else x for x in v]
+
+
+def block_stats(x, f, mask):
+    """Residual statistics over the non-padding rows of x, f [B,S,D]."""
+    x = np.asarray(x, dtype=np.float64).reshape(-1, np.shape(x)[-1])
+    f = np.asarray(f, dtype=np.float64).reshape(x.shape)
+    keep = np.asarray(mask).ravel() == 1
+    xv, fv = x[keep], f[keep]
+    y = xv + fv
+    cos = (xv * y).sum(1) / (np.linalg.norm(xv, axis=1) * np.linalg.norm(y, axis=1))
+    cos_row = np.full(x.shape[0], np.nan)
+    cos_row[keep] = cos
+    return {"rows": [float(keep.sum())], "ratio": [float(np.sqrt((fv ** 2).sum() / (xv ** 2).sum()))],
+            "cos": [float(cos.mean())], "cos_row": nan_to_none(cos_row.tolist())}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--onnx", required=True)
@@ -70,6 +132,29 @@ def main():
         site = node.name.lstrip("/")
         tensors[site] = {"lhs": node.input[0], "rhs": node.input[1], "out": node.output[0]}
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in g.initializer}
+    # Attention: Softmax nodes whose output feeds a MatMul (the probabilities @ V).
+    consumers = {}
+    for node in g.node:
+        for i in node.input:
+            consumers.setdefault(i, []).append(node)
+    producer = {o: node for node in g.node for o in node.output}
+    softmax = {node.name.lstrip("/"): node.output[0] for node in g.node
+               if node.op_type == "Softmax" and any(c.op_type == "MatMul" for c in consumers.get(node.output[0], []))}
+    # Residual blocks: an Add feeding a LayerNormalization whose other input is a LayerNormalization
+    # output (the stream x; post-LN BERT), in node order.
+    blocks = []
+    for node in g.node:
+        if node.op_type != "Add" or not any(c.op_type == "LayerNormalization" for c in consumers.get(node.output[0], [])):
+            continue
+        ins = list(node.input)
+        streams = [i for i in ins if i in producer and producer[i].op_type == "LayerNormalization"]
+        if len(streams) == 1:
+            blocks.append((streams[0], [i for i in ins if i != streams[0]][0]))
+    extra = list(softmax.values()) + [t for pair in blocks for t in pair]
+    for t in extra:
+        if t not in known and t not in inits:
+            g.output.append(onnx.helper.make_empty_tensor_value_info(t))
+            known.add(t)
     for roles in tensors.values():
         for t in roles.values():
             if t not in known and t not in inits:
@@ -84,11 +169,14 @@ def main():
     values = dict(zip(names, sess.run(names, feeds)))
     values.update(inits)
     sites = {site: {role: stats(values[t]) for role, t in roles.items()} for site, roles in tensors.items()}
+    mask = np.array(req["mask"])
+    attn = {site: attn_stats(values[t], mask, req.get("topk", 8)) for site, t in softmax.items()}
+    blocks_out = [block_stats(values[x], values[f], mask) for x, f in blocks]
     first = [o.name for o in onnx.load(a.onnx).graph.output]
     json.dump({"ids": hf_ids, "mask": hf_mask,
                "outputs": {n: np.asarray(values[n], dtype=np.float64).ravel().tolist() for n in first},
                "output_order": first,
-               "sites": sites}, open(a.out, "w"))
+               "sites": sites, "attn": attn, "blocks": blocks_out}, open(a.out, "w"))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 //! The real model: paraphrase-MiniLM-L3-v2 over real text. Token ids equal Hugging Face's
 //! (Python `tokenizers`), the model's outputs are bit-identical with taps on, and every recorded
-//! sketch of the 24 MatMul sites x 3 roles agrees with statistics computed by numpy on
-//! onnxruntime's intermediate tensors for the same token ids.
+//! sketch of the 24 MatMul sites x 3 roles, every attention statistic of the 3 Softmax sites and
+//! every residual statistic of the 6 blocks agrees with statistics computed by numpy on
+//! onnxruntime's intermediate tensors for the same token ids, padding taken from Hugging Face's
+//! attention mask.
 //!
 //! Needs the assets of `scripts/fetch-assets.sh` and the Python packages of
 //! `scripts/requirements-test.txt` (README's test command installs both).
@@ -32,7 +34,7 @@ fn minilm_sketches_match_onnxruntime_and_outputs_are_bit_identical() {
 
     let plain = model.run(&mut model.compile(&session), &enc).unwrap();
     let sink = MemorySink::default();
-    let p = Pipeline::parse("matmul").unwrap();
+    let p = Pipeline::parse("matmul,attn,residual").unwrap();
     let tapped = opscope::scope(&p, Box::new(sink.clone()), || model.run(&mut model.compile(&session), &enc).unwrap()).unwrap();
     assert_eq!(plain.len(), tapped.len());
     assert_eq!(plain, tapped, "model outputs must be bit-identical with taps on (bytes and dtypes)");
@@ -44,7 +46,7 @@ fn minilm_sketches_match_onnxruntime_and_outputs_are_bit_identical() {
     let rows2d = |v: &[i64]| -> Vec<Vec<i64>> { v.chunks(seq).map(|c| c.to_vec()).collect() };
     std::fs::write(
         &req,
-        serde_json::to_vec(&serde_json::json!({"texts": texts, "seq": seq, "ids": rows2d(&enc.ids), "mask": rows2d(&enc.mask)})).unwrap(),
+        serde_json::to_vec(&serde_json::json!({"texts": texts, "seq": seq, "ids": rows2d(&enc.ids), "mask": rows2d(&enc.mask), "topk": 8})).unwrap(),
     )
     .unwrap();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/ort_reference.py");
@@ -108,4 +110,43 @@ fn minilm_sketches_match_onnxruntime_and_outputs_are_bit_identical() {
         }
     }
     assert!(checked > 50_000, "compared {checked} values");
+
+    // Attention probes against numpy on onnxruntime's Softmax outputs. Entries that are null in
+    // the reference (a position that is padding in every sentence) must be absent here.
+    let compare = |what: &str, got: &std::collections::BTreeMap<String, Vec<(u64, f64)>>, want: &serde_json::Map<String, serde_json::Value>| {
+        let mut n = 0;
+        for (stat, w) in want {
+            let w: Vec<Option<f64>> = serde_json::from_value(w.clone()).unwrap();
+            let g: std::collections::BTreeMap<u64, f64> = got.get(stat).unwrap_or_else(|| panic!("{what}: {stat} missing")).iter().copied().collect();
+            assert_eq!(g.len(), w.iter().filter(|x| x.is_some()).count(), "{what} {stat}: recorded entries");
+            for (i, w) in w.iter().enumerate() {
+                if let Some(w) = w {
+                    let a = g[&(i as u64)];
+                    assert!((a - w).abs() <= 1e-4 * w.abs().max(1e-2), "{what} {stat}[{i}]: opscope {a}, onnxruntime {w}");
+                    n += 1;
+                }
+            }
+        }
+        n
+    };
+    let with_idx = |site: &str, role: &str| {
+        let mut m: std::collections::BTreeMap<String, Vec<(u64, f64)>> = Default::default();
+        for r in rows.iter().filter(|r| &*r.site == site && &*r.role == role && r.step == 0) {
+            m.entry(r.stat.to_string()).or_default().push((r.idx, r.value as f64));
+        }
+        m
+    };
+    let attn = r["attn"].as_object().unwrap();
+    assert_eq!(attn.len(), 3, "3 attention Softmax sites");
+    let mut probes = 0;
+    for (site, want) in attn {
+        probes += compare(site, &with_idx(site, "probs"), want.as_object().unwrap());
+    }
+    let blocks = r["blocks"].as_array().unwrap();
+    assert_eq!(blocks.len(), 6, "6 residual blocks (attention + FFN per layer)");
+    for (k, want) in blocks.iter().enumerate() {
+        let site = format!("block.{k}");
+        probes += compare(&site, &with_idx(&site, "block"), want.as_object().unwrap());
+    }
+    assert!(probes > 2_000, "compared {probes} probe values");
 }

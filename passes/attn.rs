@@ -235,6 +235,11 @@ fn attn_probe(g: &Graph, id: NodeId, topk: usize) -> Result<(Probe, Vec<NodeId>,
     }
 }
 
+/// Referenced by [`super::link`] so that this file's object code, and with it the
+/// registration below, is linked into every program that uses opscope.
+#[inline(never)]
+pub(super) fn link() {}
+
 inventory::submit! { PassRegistration(&AttnTap) }
 
 #[cfg(test)]

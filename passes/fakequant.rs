@@ -275,4 +275,9 @@ impl Pass for FakeQuant {
     }
 }
 
+/// Referenced by [`super::link`] so that this file's object code, and with it the
+/// registration below, is linked into every program that uses opscope.
+#[inline(never)]
+pub(super) fn link() {}
+
 inventory::submit! { PassRegistration(&FakeQuant) }

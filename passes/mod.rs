@@ -7,3 +7,11 @@ mod matmul;
 mod residual;
 mod route;
 mod skip;
+
+/// Make sure every pass file is linked. A static library member is only linked when something
+/// references it, and `inventory` registrations are never referenced by name: without this, a
+/// program that links opscope with just `use opscope as _;` saw `matmul` but not the passes in
+/// other files (measured with the `mlp` example). [`crate::pass::registered`] calls it.
+pub(crate) fn link() {
+    std::hint::black_box([attn::link as fn(), fakequant::link, matmul::link, residual::link, route::link, skip::link]);
+}

@@ -111,4 +111,9 @@ fn row_mask(rw: &mut Rewrite, rows: usize) -> Option<NodeId> {
     }))
 }
 
+/// Referenced by [`super::link`] so that this file's object code, and with it the
+/// registration below, is linked into every program that uses opscope.
+#[inline(never)]
+pub(super) fn link() {}
+
 inventory::submit! { PassRegistration(&ResidualTap) }

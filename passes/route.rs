@@ -123,4 +123,9 @@ impl Pass for RouteTap {
     }
 }
 
+/// Referenced by [`super::link`] so that this file's object code, and with it the
+/// registration below, is linked into every program that uses opscope.
+#[inline(never)]
+pub(super) fn link() {}
+
 inventory::submit! { PassRegistration(&RouteTap) }

@@ -89,4 +89,9 @@ impl Pass for Skip {
     }
 }
 
+/// Referenced by [`super::link`] so that this file's object code, and with it the
+/// registration below, is linked into every program that uses opscope.
+#[inline(never)]
+pub(super) fn link() {}
+
 inventory::submit! { PassRegistration(&Skip) }

@@ -243,6 +243,12 @@ fn passes() {
 
 fn record(a: RecordArgs) -> Result<()> {
     let pipeline = Pipeline::parse(&a.pipeline)?;
+    if !pipeline.has_tap() {
+        anyhow::bail!(
+            "the pipeline '{pipeline}' has no tap: actuation passes change the model but record nothing; \
+             add a tap after them, e.g. '{pipeline},residual' or '{pipeline},matmul'"
+        );
+    }
     let (batch, seq) = (a.batch as usize, a.seq as usize);
     let text = std::fs::read_to_string(&a.text).with_context(|| format!("reading {}", a.text.display()))?;
     let mut entries = split_entries(&text);
@@ -250,12 +256,6 @@ fn record(a: RecordArgs) -> Result<()> {
         entries.truncate(n as usize);
     }
     anyhow::ensure!(!entries.is_empty(), "{}: no text entries found", a.text.display());
-    if !pipeline.has_tap() {
-        anyhow::bail!(
-            "the pipeline '{pipeline}' has no tap: actuation passes change the model but record nothing; \
-             add a tap after them, e.g. '{pipeline},residual' or '{pipeline},matmul'"
-        );
-    }
     // A bad --out fails before the model is imported; the file is created once the inputs
     // have loaded, so a failed start never touches an earlier recording.
     opscope::sink::check_path(&a.out)?;

@@ -353,6 +353,7 @@ inventory::collect!(PassRegistration);
 
 /// Every registered pass, sorted by name.
 pub fn registered() -> Vec<&'static dyn Pass> {
+    crate::passes::link();
     let mut v: Vec<&'static dyn Pass> = inventory::iter::<PassRegistration>
         .into_iter()
         .map(|r| r.0)

@@ -19,18 +19,48 @@ fn example(name: &str) -> Command {
 }
 
 #[test]
-fn passes_lists_matmul_with_options() {
+fn passes_lists_every_pass_with_kind_and_options() {
     let out = opscope().arg("passes").output().unwrap();
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.starts_with("matmul  (tap)"), "{text}");
-    for opt in ["sites", "roles", "stats", "hist_bins", "hist_range", "elemsig"] {
+    let heads: Vec<String> = text.lines().filter(|l| !l.starts_with(' ')).map(|l| l.split("  ").take(2).collect::<Vec<_>>().join(" ")).collect();
+    assert_eq!(
+        heads,
+        ["attn (tap)", "fakequant (actuation)", "matmul (tap)", "residual (tap)", "route (tap)", "skip (actuation)"],
+        "{text}"
+    );
+    for opt in ["sites", "roles", "stats", "hist_bins", "hist_range", "elemsig", "topk", "bits", "scope", "weights", "rounding", "range", "clip", "blocks", "mask"] {
         assert!(text.contains(&format!("    {opt} ")), "option {opt} listed: {text}");
     }
 }
 
 #[test]
-fn record_with_bogus_pipeline_fails_naming_matmul() {
+fn env_activation_runs_an_actuation_on_unchanged_code() {
+    // fakequant alone in the environment: the program computes with 2-bit activations (its
+    // printed outputs change) and nothing is recorded.
+    let dir = tempfile::tempdir().unwrap();
+    let plain = example("mlp").output().unwrap();
+    let q = example("mlp").env("RLX_OPSCOPE", "fakequant{bits=2}").env("RLX_OPSCOPE_OUT", dir.path().join("q.csv")).output().unwrap();
+    assert!(q.status.success(), "{}", String::from_utf8_lossy(&q.stderr));
+    assert_ne!(plain.stdout, q.stdout, "the actuation reached the program");
+    let lines = |o: &[u8]| String::from_utf8_lossy(o).lines().count();
+    assert_eq!(lines(&plain.stdout), lines(&q.stdout), "outputs keep their count");
+}
+
+#[test]
+fn record_refuses_a_pipeline_without_a_tap() {
+    let out = opscope()
+        .args(["record", "--onnx", "m.onnx", "--tokenizer", "t.json", "--text", "x.txt", "--out", "r.csv"])
+        .args(["--pipeline", "skip{blocks=[2]}"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("has no tap") && err.contains("skip{blocks=[2]},residual"), "{err}");
+}
+
+#[test]
+fn record_with_bogus_pipeline_fails_listing_the_passes() {
     let out = opscope()
         .args(["record", "--onnx", "m.onnx", "--tokenizer", "t.json", "--text", "x.txt", "--out", "r.csv"])
         .args(["--pipeline", "bogus"])
@@ -38,7 +68,10 @@ fn record_with_bogus_pipeline_fails_naming_matmul() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8(out.stderr).unwrap();
-    assert!(err.contains("unknown pass 'bogus'") && err.contains("known passes (closest first): matmul"), "{err}");
+    assert!(err.contains("unknown pass 'bogus'") && err.contains("known passes (closest first): "), "{err}");
+    for name in ["attn", "fakequant", "matmul", "residual", "route", "skip"] {
+        assert!(err.contains(name), "{name} listed: {err}");
+    }
     assert!(!err.contains("panicked"), "{err}");
 }
 

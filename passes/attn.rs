@@ -112,6 +112,7 @@ impl Pass for AttnTap {
             words.iter().filter_map(|w| Stat::parse(w)).collect()
         };
         let topk = opts.uint("topk")? as usize;
+        rw.note_removed(|op| matches!(op, Op::Softmax { .. } | Op::Attention { .. }));
         let nodes: Vec<NodeId> = rw.original_nodes().collect();
         for id in nodes {
             let node = rw.graph().node(id).clone();

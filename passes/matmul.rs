@@ -153,6 +153,7 @@ impl Pass for MatmulTap {
         let hist_bins = opts.uint("hist_bins")? as usize;
         let elemsig = opts.uint("elemsig")? as usize;
 
+        rw.note_removed(|op| crate::rewrite::family(op) == "matmul");
         let nodes: Vec<NodeId> = rw.original_nodes().collect();
         // (site name, node, lhs, rhs, out) of every logical site.
         let mut sites: Vec<(String, NodeId, NodeId, Option<NodeId>, NodeId)> = Vec::new();

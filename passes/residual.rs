@@ -60,6 +60,11 @@ impl Pass for ResidualTap {
         } else {
             words.iter().filter_map(|w| Stat::parse(w)).collect()
         };
+        let bypassed: Vec<String> =
+            rw.actuations().iter().filter(|a| a.site.starts_with("block.")).map(|a| a.site.clone()).collect();
+        for site in bypassed {
+            rw.skip(&site, Some(Role::Block), None, "bypassed by an earlier skip: not observed".into());
+        }
         for b in rw.residual_blocks() {
             let name = format!("block.{}", b.index);
             if !patterns.iter().any(|p| p.matches(&name)) {

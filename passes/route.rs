@@ -67,6 +67,7 @@ impl Pass for RouteTap {
         } else {
             words.iter().filter_map(|w| Stat::parse(w)).collect()
         };
+        rw.note_removed(|op| matches!(op, Op::TopK { .. } | Op::GroupedMatMul));
         let nodes: Vec<NodeId> = rw.original_nodes().collect();
         for id in nodes {
             let node = rw.graph().node(id).clone();

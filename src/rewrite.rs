@@ -209,6 +209,29 @@ impl Rewrite {
         &mut self.graph
     }
 
+    /// For a tap: record, as skipped, every original node that `is_site` would have made a site
+    /// but that an earlier actuation removed (a `skip` that made an attention block dead), so
+    /// that a site never disappears without a word.
+    pub fn note_removed(&mut self, is_site: impl Fn(&Op) -> bool) {
+        if self.manifest.actuations.is_empty() {
+            return;
+        }
+        let by: Vec<String> = self.manifest.actuations.iter().map(|a| format!("{} {}", a.pass, a.site)).collect();
+        let dead: Vec<NodeId> = (0..self.names.len() as u32)
+            .map(NodeId)
+            .filter(|i| !self.live[i.0 as usize] && is_site(&self.graph.node(*i).op))
+            .collect();
+        for id in dead {
+            let site = self.site_name(id);
+            self.skip(&site, None, None, format!("removed by an earlier actuation ({}): not observed", by.join(", ")));
+        }
+    }
+
+    /// The changes actuation passes made so far.
+    pub fn actuations(&self) -> &[Actuation] {
+        &self.manifest.actuations
+    }
+
     /// Record that the current pass changed the program at `node` (shown as `site`): `action`
     /// says what, in words (`fake-quant lhs int8 per-token`, `bypass block`).
     pub fn actuate(&mut self, site: &str, node: NodeId, action: String) {

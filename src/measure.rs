@@ -25,7 +25,8 @@ pub const BASELINE: &str =
     "attn{stats=[queries,peak,entropy_norm,topk_mass,sink_first,sink_last,pad_mass,recv_max]},residual{stats=[ratio,cos_row]}";
 
 /// The W8A8 configurations compared (scales per `fakequant`'s docs).
-pub const W8A8: [(&str, &str); 2] = [
+pub const W8A8: [(&str, &str); 3] = [
+    ("per-tensor activations, per-channel weights", "fakequant{scope=tensor,weights=true}"),
     ("per-token activations, per-channel weights", "fakequant{scope=token,weights=true}"),
     ("per-channel activations, per-channel weights", "fakequant{scope=channel,weights=true}"),
 ];

@@ -150,3 +150,41 @@ fn minilm_sketches_match_onnxruntime_and_outputs_are_bit_identical() {
     }
     assert!(probes > 2_000, "compared {probes} probe values");
 }
+
+#[test]
+fn measure_on_minilm_holds_together() {
+    let (onnx, tok, text) = (asset("paraphrase-MiniLM-L3-v2.onnx"), asset("tokenizer.json"), asset("fortunes.txt"));
+    let entries: Vec<String> = split_entries(&std::fs::read_to_string(&text).unwrap()).into_iter().take(20).collect();
+    // 20 entries in batches of 8: two full batches and a tail of 4 (its own compile).
+    let job = opscope::measure::Job::new(&onnx, &tok, entries, 8, 32).unwrap();
+    let m = opscope::measure::measure(&job, |_| {}).unwrap();
+    assert_eq!(m.sentences, 20);
+    assert_eq!(m.attention.len(), 3);
+    for a in &m.attention {
+        for v in [&a.peak, &a.entropy_norm, &a.topk_mass, &a.sink_first, &a.sink_last, &a.recv_max] {
+            assert_eq!(v.len(), 12, "{}: one value per head", a.site);
+            assert!(v.iter().all(|x| (0.0..=1.0).contains(x)), "{}: {v:?}", a.site);
+        }
+        assert!(a.pad_mass.iter().all(|x| *x < 1e-6), "padding keys get no mass: {:?}", a.pad_mass);
+        // A head's peak probability is at least its mass on any single key.
+        for h in 0..12 {
+            assert!(a.peak[h] + 1e-6 >= a.sink_first[h] && a.peak[h] + 1e-6 >= a.sink_last[h]);
+        }
+    }
+    assert_eq!(m.w8a8.len(), 3);
+    for q in &m.w8a8 {
+        assert!(q.cos_mean < 1.0 && q.cos_mean > 0.9 && q.sqnr_db.is_finite(), "{q:?}: the actuation took effect");
+    }
+    // The [SEP] rows' massive activations make one scale per tensor clearly worse than per token.
+    assert!(m.w8a8[0].sqnr_db + 6.0 < m.w8a8[1].sqnr_db, "{:?}", m.w8a8);
+    assert_eq!(m.blocks.len(), 6);
+    for b in &m.blocks {
+        assert!(b.influence > 0.0 && b.influence < 1.0 && b.skip_change > 0.0, "{b:?}");
+    }
+    let rho = opscope::measure::spearman(
+        &m.blocks.iter().map(|b| b.influence).collect::<Vec<_>>(),
+        &m.blocks.iter().map(|b| b.skip_change).collect::<Vec<_>>(),
+    );
+    assert_eq!(rho, m.spearman);
+    assert!(m.markdown().contains("| block.5 |"));
+}

@@ -100,17 +100,8 @@ impl Pass for AttnTap {
     }
 
     fn run(&self, opts: &Options, rw: &mut Rewrite) -> Result<(), Error> {
-        let patterns: Vec<glob::Pattern> = opts
-            .list("sites")?
-            .iter()
-            .map(|p| glob::Pattern::new(p).map_err(|e| Error::Internal(e.to_string())))
-            .collect::<Result<_, _>>()?;
-        let words = opts.list("stats")?;
-        let stats: Vec<Stat> = if words.iter().any(|w| w == "all") {
-            ATTN_STATS.to_vec()
-        } else {
-            words.iter().filter_map(|w| Stat::parse(w)).collect()
-        };
+        let patterns = opts.globs("sites")?;
+        let stats = opts.stats("stats", &ATTN_STATS)?;
         let topk = opts.uint("topk")? as usize;
         rw.note_removed(|op| matches!(op, Op::Softmax { .. } | Op::Attention { .. }));
         let nodes: Vec<NodeId> = rw.original_nodes().collect();

@@ -200,11 +200,7 @@ impl Pass for FakeQuant {
     }
 
     fn run(&self, opts: &Options, rw: &mut Rewrite) -> Result<(), Error> {
-        let patterns: Vec<glob::Pattern> = opts
-            .list("sites")?
-            .iter()
-            .map(|p| glob::Pattern::new(p).map_err(|e| Error::Internal(e.to_string())))
-            .collect::<Result<_, _>>()?;
+        let patterns = opts.globs("sites")?;
         let bits = opts.uint("bits")?;
         let qmax = ((1u32 << (bits - 1)) - 1) as f32;
         let scope = opts.word("scope")?.to_string();

@@ -125,11 +125,7 @@ impl Pass for MatmulTap {
     }
 
     fn run(&self, opts: &Options, rw: &mut Rewrite) -> Result<(), Error> {
-        let patterns: Vec<glob::Pattern> = opts
-            .list("sites")?
-            .iter()
-            .map(|p| glob::Pattern::new(p).map_err(|e| Error::Internal(e.to_string())))
-            .collect::<Result<_, _>>()?;
+        let patterns = opts.globs("sites")?;
         let roles: Vec<Role> = opts
             .list("roles")?
             .iter()
@@ -140,12 +136,7 @@ impl Pass for MatmulTap {
                 _ => None,
             })
             .collect();
-        let words = opts.list("stats")?;
-        let stats: Vec<Stat> = if words.iter().any(|w| w == "all") {
-            Stat::SELECTABLE.to_vec()
-        } else {
-            words.iter().filter_map(|w| Stat::parse(w)).collect()
-        };
+        let stats = opts.stats("stats", &Stat::SELECTABLE)?;
         let hist_range = match opts.value("hist_range")? {
             OptionValue::Range(lo, hi) => HistRange::Fixed { lo: *lo, hi: *hi },
             _ => HistRange::Absmax,

@@ -8,7 +8,7 @@ use crate::manifest::Role;
 use crate::pass::{OptionSpec, OptionType, Options, Pass, PassKind, PassRegistration};
 use crate::probes::{self, Probe, ResidualProbe, RESIDUAL_STATS};
 use crate::rewrite::Rewrite;
-use crate::sketch::{static_dims, Stat};
+use crate::sketch::static_dims;
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec {
@@ -49,17 +49,8 @@ impl Pass for ResidualTap {
     }
 
     fn run(&self, opts: &Options, rw: &mut Rewrite) -> Result<(), Error> {
-        let patterns: Vec<glob::Pattern> = opts
-            .list("blocks")?
-            .iter()
-            .map(|p| glob::Pattern::new(p).map_err(|e| Error::Internal(e.to_string())))
-            .collect::<Result<_, _>>()?;
-        let words = opts.list("stats")?;
-        let stats: Vec<Stat> = if words.iter().any(|w| w == "all") {
-            RESIDUAL_STATS.to_vec()
-        } else {
-            words.iter().filter_map(|w| Stat::parse(w)).collect()
-        };
+        let patterns = opts.globs("blocks")?;
+        let stats = opts.stats("stats", &RESIDUAL_STATS)?;
         let bypassed: Vec<String> =
             rw.actuations().iter().filter(|a| a.site.starts_with("block.")).map(|a| a.site.clone()).collect();
         for site in bypassed {

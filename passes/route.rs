@@ -9,7 +9,7 @@ use crate::manifest::Role;
 use crate::pass::{OptionSpec, OptionType, Options, Pass, PassKind, PassRegistration};
 use crate::probes::{self, Probe, RouteProbe, RouteScores, ROUTE_STATS};
 use crate::rewrite::Rewrite;
-use crate::sketch::{static_dims, Stat};
+use crate::sketch::static_dims;
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec {
@@ -56,17 +56,8 @@ impl Pass for RouteTap {
     }
 
     fn run(&self, opts: &Options, rw: &mut Rewrite) -> Result<(), Error> {
-        let patterns: Vec<glob::Pattern> = opts
-            .list("sites")?
-            .iter()
-            .map(|p| glob::Pattern::new(p).map_err(|e| Error::Internal(e.to_string())))
-            .collect::<Result<_, _>>()?;
-        let words = opts.list("stats")?;
-        let stats: Vec<Stat> = if words.iter().any(|w| w == "all") {
-            ROUTE_STATS.to_vec()
-        } else {
-            words.iter().filter_map(|w| Stat::parse(w)).collect()
-        };
+        let patterns = opts.globs("sites")?;
+        let stats = opts.stats("stats", &ROUTE_STATS)?;
         rw.note_removed(|op| matches!(op, Op::TopK { .. } | Op::GroupedMatMul));
         let nodes: Vec<NodeId> = rw.original_nodes().collect();
         for id in nodes {

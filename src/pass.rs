@@ -314,6 +314,24 @@ impl Options {
         }
     }
 
+    /// A glob-list option, compiled (the values were checked when the pipeline was parsed).
+    pub fn globs(&self, name: &str) -> Result<Vec<glob::Pattern>, Error> {
+        self.list(name)?
+            .iter()
+            .map(|p| glob::Pattern::new(p).map_err(|e| Error::Internal(format!("option '{name}': {e}"))))
+            .collect()
+    }
+
+    /// A statistics-list option: `all` means `all`, else each named statistic.
+    pub fn stats(&self, name: &str, all: &[crate::sketch::Stat]) -> Result<Vec<crate::sketch::Stat>, Error> {
+        let words = self.list(name)?;
+        Ok(if words.iter().any(|w| w == "all") {
+            all.to_vec()
+        } else {
+            words.iter().filter_map(|w| crate::sketch::Stat::parse(w)).collect()
+        })
+    }
+
     /// A list option.
     pub fn list(&self, name: &str) -> Result<&[String], Error> {
         match self.get(name)? {

@@ -553,32 +553,6 @@ fn attn_only_outputs_are_bit_identical() {
 
 // ───────────────────────────── snapshots ─────────────────────────────
 
-/// As tests/snapshots.rs renders a rewritten graph and its manifest.
-fn render(g: &Graph, m: &Manifest) -> String {
-    let mut s = common::print_graph(g);
-    s.push_str(&format!("\n# pipeline: {}\n# user outputs: {}\n", m.pipeline, m.user_outputs));
-    for site in &m.sites {
-        s.push_str(&format!("# site {} op={} node=%{} flops={:?}\n", site.site, site.op, site.node, site.flops));
-    }
-    for o in &m.outputs {
-        let uses: Vec<String> = o.uses.iter().map(|u| format!("{}/{}", u.site, u.role.as_str())).collect();
-        let layout: Vec<String> = o.layout.iter().map(|l| format!("{}@{}x{}", l.stat.as_str(), l.offset, l.len)).collect();
-        s.push_str(&format!(
-            "# output {:?} tensor=%{} shape={} numel={:?} invariant={} uses=[{}]\n#   layout {}\n",
-            o.output_index,
-            o.tensor,
-            o.shape,
-            o.numel,
-            o.invariant,
-            uses.join(", "),
-            layout.join(" ")
-        ));
-    }
-    for k in &m.skipped {
-        s.push_str(&format!("# skipped {}/{:?} shape={:?}: {}\n", k.site, k.role.map(|r| r.as_str()), k.shape, k.reason));
-    }
-    s
-}
 
 fn snap(name: &str, g: &Graph) {
     let (out, m) = Pipeline::parse("attn").unwrap().apply(g).unwrap();
@@ -586,7 +560,7 @@ fn snap(name: &str, g: &Graph) {
     assert!(errors.is_empty(), "{name}: verifier: {errors:?}");
     assert_eq!(&out.outputs[..g.outputs.len()], &g.outputs[..], "{name}: caller's outputs first");
     insta::with_settings!({snapshot_path => "../snapshots", prepend_module_to_snapshot => false}, {
-        insta::assert_snapshot!(name, render(&out, &m));
+        insta::assert_snapshot!(name, common::render(&out, &m));
     });
 }
 

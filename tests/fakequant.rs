@@ -313,17 +313,6 @@ fn dequant_matmul_is_skipped() {
     assert!(m.skipped[0].reason.contains("already quantized"));
 }
 
-fn render(g: &Graph, m: &Manifest) -> String {
-    let mut s = common::print_graph(g);
-    s.push_str(&format!("\n# pipeline: {}\n# user outputs: {}\n", m.pipeline, m.user_outputs));
-    for a in &m.actuations {
-        s.push_str(&format!("# actuation {} node=%{} pass={}#{}: {}\n", a.site, a.node, a.pass, a.pass_idx, a.action));
-    }
-    for k in &m.skipped {
-        s.push_str(&format!("# skipped {}/{:?} shape={:?}: {}\n", k.site, k.role.map(|r| r.as_str()), k.shape, k.reason));
-    }
-    s
-}
 
 fn snap(name: &str, pipeline: &str, source: &Graph, deployed: bool) {
     let p = Pipeline::parse(pipeline).unwrap();
@@ -338,7 +327,7 @@ fn snap(name: &str, pipeline: &str, source: &Graph, deployed: bool) {
     assert!(errors.is_empty(), "{name}: verifier: {errors:?}");
     assert_eq!(out.outputs.len(), g.outputs.len());
     insta::with_settings!({snapshot_path => "../snapshots", prepend_module_to_snapshot => false}, {
-        insta::assert_snapshot!(name, render(&out, &m));
+        insta::assert_snapshot!(name, common::render(&out, &m));
     });
 }
 

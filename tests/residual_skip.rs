@@ -152,31 +152,14 @@ fn skip_after_fusion_keeps_the_norm() {
     // The residual tap after skip still calls the surviving block block.0.
     let sites: Vec<&str> = m.sites.iter().map(|s| s.site.as_str()).collect();
     assert_eq!(sites, vec!["block.0"]);
-    let text = format!("{}\n# actuations {:?}\n# sites {:?}", common::print_graph(&g), m.actuations, sites);
-    insta::with_settings!({snapshot_path => "../snapshots", prepend_module_to_snapshot => false}, {
-        insta::assert_snapshot!("skip__deployed_post_ln", text);
-    });
+    common::snapshot("skip__deployed_post_ln", &g, &m);
 }
 
 #[test]
 fn snapshots_of_residual_and_skip() {
     for (name, pipeline) in [("residual__stack", "residual"), ("skip__stack_block1", "skip{blocks=[1]}")] {
         let (g, m) = Pipeline::parse(pipeline).unwrap().apply(&stack(&[true, true], false)).unwrap();
-        assert!(rlx_ir::verify::verify_all(&g).is_empty());
-        let mut text = common::print_graph(&g);
-        for s in &m.sites {
-            text.push_str(&format!("# site {} op={} node=%{}\n", s.site, s.op, s.node));
-        }
-        for o in &m.outputs {
-            let layout: Vec<String> = o.layout.iter().map(|l| format!("{}@{}x{}", l.stat.as_str(), l.offset, l.len)).collect();
-            text.push_str(&format!("# output {:?} tensor=%{} layout {}\n", o.output_index, o.tensor, layout.join(" ")));
-        }
-        for a in &m.actuations {
-            text.push_str(&format!("# actuation {} node=%{}: {}\n", a.site, a.node, a.action));
-        }
-        insta::with_settings!({snapshot_path => "../snapshots", prepend_module_to_snapshot => false}, {
-            insta::assert_snapshot!(name, text);
-        });
+        common::snapshot(name, &g, &m);
     }
 }
 

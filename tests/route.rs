@@ -151,18 +151,7 @@ fn router_over_logits_uses_their_softmax() {
 #[test]
 fn moe_snapshot() {
     let (g, m) = opscope::Pipeline::parse("route").unwrap().apply(&moe()).unwrap();
-    assert!(rlx_ir::verify::verify_all(&g).is_empty());
-    let mut text = common::print_graph(&g);
-    for s in &m.sites {
-        text.push_str(&format!("# site {} op={} node=%{}\n", s.site, s.op, s.node));
-    }
-    for o in &m.outputs {
-        let layout: Vec<String> = o.layout.iter().map(|l| format!("{}@{}x{}", l.stat.as_str(), l.offset, l.len)).collect();
-        text.push_str(&format!("# output {:?} tensor=%{} uses={}/{} layout {}\n", o.output_index, o.tensor, o.uses[0].site, o.uses[0].role.as_str(), layout.join(" ")));
-    }
-    insta::with_settings!({snapshot_path => "../snapshots", prepend_module_to_snapshot => false}, {
-        insta::assert_snapshot!("route__moe", text);
-    });
+    common::snapshot("route__moe", &g, &m);
 }
 
 #[test]

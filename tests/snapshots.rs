@@ -73,31 +73,6 @@ fn fixture_named_mlp() -> Graph {
     g
 }
 
-fn render(g: &Graph, m: &Manifest) -> String {
-    let mut s = common::print_graph(g);
-    s.push_str(&format!("\n# pipeline: {}\n# user outputs: {}\n", m.pipeline, m.user_outputs));
-    for site in &m.sites {
-        s.push_str(&format!("# site {} op={} node=%{} flops={:?}\n", site.site, site.op, site.node, site.flops));
-    }
-    for o in &m.outputs {
-        let uses: Vec<String> = o.uses.iter().map(|u| format!("{}/{}", u.site, u.role.as_str())).collect();
-        let layout: Vec<String> = o.layout.iter().map(|l| format!("{}@{}x{}", l.stat.as_str(), l.offset, l.len)).collect();
-        s.push_str(&format!(
-            "# output {:?} tensor=%{} shape={} numel={:?} invariant={} uses=[{}]\n#   layout {}\n",
-            o.output_index,
-            o.tensor,
-            o.shape,
-            o.numel,
-            o.invariant,
-            uses.join(", "),
-            layout.join(" ")
-        ));
-    }
-    for k in &m.skipped {
-        s.push_str(&format!("# skipped {}/{:?} shape={:?}: {}\n", k.site, k.role.map(|r| r.as_str()), k.shape, k.reason));
-    }
-    s
-}
 
 fn snap(name: &str, pipeline: &str, g: Graph) {
     let p = Pipeline::parse(pipeline).unwrap();
@@ -120,7 +95,7 @@ fn check_and_snap(name: &str, g: &Graph, out: Graph, m: Manifest) {
     // The caller's outputs come first, unchanged.
     assert_eq!(&out.outputs[..g.outputs.len()], &g.outputs[..]);
     insta::with_settings!({snapshot_path => "../snapshots", prepend_module_to_snapshot => false}, {
-        insta::assert_snapshot!(name, render(&out, &m));
+        insta::assert_snapshot!(name, common::render(&out, &m));
     });
 }
 

@@ -272,3 +272,46 @@ pub fn print_graph(g: &Graph) -> String {
     }
     out
 }
+
+/// A rewritten graph and its manifest as snapshot text: the graph ([`print_graph`]), then the
+/// pipeline, sites, appended outputs with their layouts, skipped sites with reasons, and
+/// actuations.
+pub fn render(g: &Graph, m: &opscope::Manifest) -> String {
+    let mut s = print_graph(g);
+    s.push_str(&format!("\n# pipeline: {}\n# user outputs: {}\n", m.pipeline, m.user_outputs));
+    for site in &m.sites {
+        s.push_str(&format!("# site {} op={} node=%{} flops={:?}\n", site.site, site.op, site.node, site.flops));
+    }
+    for o in &m.outputs {
+        let uses: Vec<String> = o.uses.iter().map(|u| format!("{}/{}", u.site, u.role.as_str())).collect();
+        let layout: Vec<String> = o.layout.iter().map(|l| format!("{}@{}x{}", l.stat.as_str(), l.offset, l.len)).collect();
+        s.push_str(&format!(
+            "# output {:?} tensor=%{} shape={} numel={:?} invariant={} uses=[{}]\n#   layout {}\n",
+            o.output_index,
+            o.tensor,
+            o.shape,
+            o.numel,
+            o.invariant,
+            uses.join(", "),
+            layout.join(" ")
+        ));
+    }
+    for k in &m.skipped {
+        s.push_str(&format!("# skipped {}/{:?} shape={:?}: {}\n", k.site, k.role.map(|r| r.as_str()), k.shape, k.reason));
+    }
+    for a in &m.actuations {
+        s.push_str(&format!("# actuation {} node=%{} pass={}#{}: {}\n", a.site, a.node, a.pass, a.pass_idx, a.action));
+    }
+    s
+}
+
+/// Assert the snapshot `name` (in `snapshots/`) of a rewritten graph and its manifest; the graph
+/// must also pass RLX's verifier.
+pub fn snapshot(name: &str, g: &Graph, m: &opscope::Manifest) {
+    let errors = rlx_ir::verify::verify_all(g);
+    assert!(errors.is_empty(), "{name}: verifier: {errors:?}");
+    // Relative to this file (tests/common/): the repository's snapshots/ folder.
+    insta::with_settings!({snapshot_path => "../../snapshots", prepend_module_to_snapshot => false}, {
+        insta::assert_snapshot!(name, render(g, m));
+    });
+}

@@ -35,10 +35,11 @@ enum Cmd {
     Measure(MeasureArgs),
 }
 
+/// The model and the text both `record` and `measure` run.
 #[derive(clap::Args)]
-struct MeasureArgs {
-    /// ONNX model (BERT-style encoder with inputs input_ids, attention_mask; its last output is
-    /// the sentence embedding).
+struct Corpus {
+    /// ONNX model (BERT-style encoder with inputs input_ids, attention_mask; for `measure`, its
+    /// last output is the sentence embedding).
     #[arg(long)]
     onnx: PathBuf,
     /// Hugging Face tokenizer.json.
@@ -56,19 +57,33 @@ struct MeasureArgs {
     /// Use at most this many text entries.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     limit: Option<u64>,
+}
+
+impl Corpus {
+    /// The text's entries, at most `--limit`. Errors if the file is unreadable or empty.
+    fn entries(&self) -> Result<Vec<String>> {
+        let text = std::fs::read_to_string(&self.text).with_context(|| format!("reading {}", self.text.display()))?;
+        let mut entries = split_entries(&text);
+        if let Some(n) = self.limit {
+            entries.truncate(n as usize);
+        }
+        anyhow::ensure!(!entries.is_empty(), "{}: no text entries found", self.text.display());
+        Ok(entries)
+    }
+}
+
+#[derive(clap::Args)]
+struct MeasureArgs {
+    #[command(flatten)]
+    corpus: Corpus,
     /// Also write the measurement as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
 }
 
 fn measure(a: MeasureArgs) -> Result<()> {
-    let text = std::fs::read_to_string(&a.text).with_context(|| format!("reading {}", a.text.display()))?;
-    let mut entries = split_entries(&text);
-    if let Some(n) = a.limit {
-        entries.truncate(n as usize);
-    }
-    anyhow::ensure!(!entries.is_empty(), "{}: no text entries found", a.text.display());
-    let job = opscope::measure::Job::new(&a.onnx, &a.tokenizer, entries, a.batch as usize, a.seq as usize)?;
+    let c = &a.corpus;
+    let job = opscope::measure::Job::new(&c.onnx, &c.tokenizer, c.entries()?, c.batch as usize, c.seq as usize)?;
     let bar = ProgressBar::new_spinner();
     let m = opscope::measure::measure(&job, |stage| bar.set_message(stage.to_string()))?;
     bar.finish_and_clear();
@@ -189,31 +204,15 @@ fn sweep(a: SweepArgs) -> Result<()> {
 
 #[derive(clap::Args)]
 struct RecordArgs {
-    /// ONNX model (BERT-style encoder with inputs input_ids, attention_mask).
-    #[arg(long)]
-    onnx: PathBuf,
-    /// Hugging Face tokenizer.json.
-    #[arg(long)]
-    tokenizer: PathBuf,
-    /// Text file: entries separated by lines holding only '%' (fortune format) or blank lines.
-    #[arg(long)]
-    text: PathBuf,
+    #[command(flatten)]
+    corpus: Corpus,
     /// Pass pipeline, e.g. `matmul{hist_bins=16}`.
     #[arg(long, default_value = "matmul")]
     pipeline: String,
-    /// Sentences per batch.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096))]
-    batch: u32,
-    /// Tokens per sentence (truncate and pad to this length).
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(2..=512))]
-    seq: u32,
     /// Which program to observe: `deployed` (after RLX's fusion; outputs bit-identical) or
     /// `source` (the graph as imported, before fusion).
     #[arg(long, default_value = "deployed")]
     stage: opscope::activate::Stage,
-    /// Use at most this many text entries.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
-    limit: Option<u64>,
     /// Recording path: `.parquet`, `.csv` or `.csv.gz`; the manifest goes to
     /// `<out>.manifest.json`.
     #[arg(long)]
@@ -249,18 +248,13 @@ fn record(a: RecordArgs) -> Result<()> {
              add a tap after them, e.g. '{pipeline},residual' or '{pipeline},matmul'"
         );
     }
-    let (batch, seq) = (a.batch as usize, a.seq as usize);
-    let text = std::fs::read_to_string(&a.text).with_context(|| format!("reading {}", a.text.display()))?;
-    let mut entries = split_entries(&text);
-    if let Some(n) = a.limit {
-        entries.truncate(n as usize);
-    }
-    anyhow::ensure!(!entries.is_empty(), "{}: no text entries found", a.text.display());
+    let (batch, seq) = (a.corpus.batch as usize, a.corpus.seq as usize);
+    let entries = a.corpus.entries()?;
     // A bad --out fails before the model is imported; the file is created once the inputs
     // have loaded, so a failed start never touches an earlier recording.
     opscope::sink::check_path(&a.out)?;
-    let encoder = TextEncoder::load(&a.tokenizer, seq)?;
-    let full = OnnxEncoder::load(&a.onnx, batch, seq)?;
+    let encoder = TextEncoder::load(&a.corpus.tokenizer, seq)?;
+    let full = OnnxEncoder::load(&a.corpus.onnx, batch, seq)?;
     // Dry run on the program that will be observed: a pipeline that does not fit the model
     // (skip of a block that does not exist) fails here, before any file is written, and taps
     // that find nothing are named.
@@ -275,7 +269,7 @@ fn record(a: RecordArgs) -> Result<()> {
     let idle = pipeline.idle_taps(&manifest);
     let lines: Vec<String> = idle
         .iter()
-        .map(|(i, text, doc)| format!("pass {i} '{text}' found no site in {} (it looks for: {doc})", a.onnx.display()))
+        .map(|(i, text, doc)| format!("pass {i} '{text}' found no site in {} (it looks for: {doc})", a.corpus.onnx.display()))
         .collect();
     if idle.len() == pipeline.instances().iter().filter(|p| p.pass.kind() == opscope::PassKind::Tap).count() {
         anyhow::bail!("nothing to record:\n  {}", lines.join("\n  "));
@@ -285,7 +279,7 @@ fn record(a: RecordArgs) -> Result<()> {
     }
     let rest = entries.len() % batch;
     let tail = if rest > 0 && entries.len() > batch {
-        Some(OnnxEncoder::load(&a.onnx, rest, seq)?)
+        Some(OnnxEncoder::load(&a.corpus.onnx, rest, seq)?)
     } else {
         None
     };
@@ -312,7 +306,7 @@ fn record(a: RecordArgs) -> Result<()> {
                 }
                 _ => {
                     // Fewer entries than one batch: import for exactly that many.
-                    let m = OnnxEncoder::load(&a.onnx, chunk.len(), seq)?;
+                    let m = OnnxEncoder::load(&a.corpus.onnx, chunk.len(), seq)?;
                     let mut c = m.compile(&session);
                     m.run(&mut c, &enc)?;
                 }
@@ -328,7 +322,7 @@ fn record(a: RecordArgs) -> Result<()> {
         anyhow::bail!(
             "nothing was recorded: the pipeline '{pipeline}' matched no site in {} (the header-only \
              recording is at {}; run with --pipeline matmul to see every site's name)",
-            a.onnx.display(),
+            a.corpus.onnx.display(),
             a.out.display()
         );
     }

@@ -202,7 +202,26 @@ fn attn_probe(g: &Graph, id: NodeId, topk: usize) -> Result<(Probe, Vec<NodeId>,
                 MaskKind::Custom => FusedMask::Keys,
                 MaskKind::Bias => FusedMask::Bias,
             };
-            let mut inputs = vec![node.inputs[0], node.inputs[1]];
+            // Q or K sliced from a merged projection is read in place from it, as RLX's kernel
+            // does (the slice itself is never written; see `backend_elided`).
+            let view = |id: NodeId| -> (NodeId, Option<[usize; 2]>) {
+                let mut src = id;
+                while matches!(g.node(src).op, Op::Reshape { .. }) {
+                    src = g.node(src).inputs[0];
+                }
+                match g.node(src).op {
+                    Op::Narrow { axis, start, .. } if !bhsd && axis + 1 == g.node(src).shape.rank() => {
+                        let parent = g.node(src).inputs[0];
+                        match static_dims(&g.node(parent).shape).and_then(|d| d.last().copied()) {
+                            Some(stride) => (parent, Some([start, stride])),
+                            None => (id, None),
+                        }
+                    }
+                    _ => (id, None),
+                }
+            };
+            let ((q_in, q_view), (k_in, k_view)) = (view(node.inputs[0]), view(node.inputs[1]));
+            let mut inputs = vec![q_in, k_in];
             if matches!(mask, FusedMask::Keys | FusedMask::Bias) {
                 inputs.push(*node.inputs.get(3).ok_or("the attention's mask input is missing")?);
             }
@@ -219,6 +238,8 @@ fn attn_probe(g: &Graph, id: NodeId, topk: usize) -> Result<(Probe, Vec<NodeId>,
                     scale: score_scale.unwrap_or((dh as f32).powf(-0.5)),
                     softcap: attn_logit_softcap.unwrap_or(0.0),
                     mask,
+                    q_view,
+                    k_view,
                 },
             });
             Ok((probe, inputs, None))

@@ -86,6 +86,13 @@ pub enum AttnSource {
         softcap: f32,
         /// The op's mask kind.
         mask: FusedMask,
+        /// Q is read in place from a wider tensor (a merged QKV projection, which RLX's kernel
+        /// also reads in place): `[column offset, row stride]` of the `[B*S, stride]` rows.
+        #[serde(default)]
+        q_view: Option<[usize; 2]>,
+        /// K likewise.
+        #[serde(default)]
+        k_view: Option<[usize; 2]>,
     },
 }
 
@@ -331,14 +338,23 @@ fn bcast(d: &[usize; 4], i: [usize; 4]) -> usize {
 /// Rebuild a fused `Op::Attention`'s probabilities, `[B, H, Sq, Sk]`, and which (b, h, q, k)
 /// the mask allows, exactly as RLX 0.2.19's CPU kernel does (see [`AttnSource::Fused`]).
 fn rebuild_fused(a: &AttnProbe, q: &[f32], k: &[f32], mask: Option<&[f32]>) -> Result<(Vec<f32>, Vec<bool>), String> {
-    let AttnSource::Fused { head_dim: dh, kv_heads, bhsd, scale, softcap, mask: kind } = &a.source else {
+    let AttnSource::Fused { head_dim: dh, kv_heads, bhsd, scale, softcap, mask: kind, q_view, k_view } = &a.source else {
         unreachable!("called for fused attention only")
     };
     let (b, nh, sq, sk, dh) = (a.batch, a.heads, a.sq, a.sk, *dh);
     let nkv = (*kv_heads).max(1);
     let group = (nh / nkv).max(1);
-    need(q.len(), b * nh * sq * dh, "attention Q")?;
-    need(k.len(), b * nkv * sk * dh, "attention K")?;
+    // Row stride and column offset of the [B*S, ...] rows Q and K are read from.
+    let [q_col, q_rs] = q_view.unwrap_or([0, nh * dh]);
+    let [k_col, k_rs] = k_view.unwrap_or([0, nkv * dh]);
+    if *bhsd && (q_view.is_some() || k_view.is_some()) {
+        return Err("opscope probe: an in-place Q/K view needs the [B,S,H*D] row layout".into());
+    }
+    need(q.len(), b * sq * q_rs, "attention Q")?;
+    need(k.len(), b * sk * k_rs, "attention K")?;
+    if q_col + nh * dh > q_rs || k_col + nkv * dh > k_rs {
+        return Err("opscope probe: the Q/K view runs past its row".into());
+    }
     let cfg = rlx_cpu::config::RuntimeConfig::global();
     let (thr, neg) = (cfg.mask_binary_threshold, cfg.attn_mask_neg_inf);
     let m = match kind {
@@ -363,9 +379,9 @@ fn rebuild_fused(a: &AttnProbe, q: &[f32], k: &[f32], mask: Option<&[f32]>) -> R
             let base = (bi * nh + hi) * sq * sk;
             let scores = &mut p[base..base + sq * sk];
             for qi in 0..sq {
-                let qo = if *bhsd { ((bi * nh + hi) * sq + qi) * dh } else { (bi * sq + qi) * nh * dh + hi * dh };
+                let qo = if *bhsd { ((bi * nh + hi) * sq + qi) * dh } else { (bi * sq + qi) * q_rs + q_col + hi * dh };
                 for ki in 0..sk {
-                    let ko = if *bhsd { ((bi * nkv + kv) * sk + ki) * dh } else { (bi * sk + ki) * nkv * dh + kv * dh };
+                    let ko = if *bhsd { ((bi * nkv + kv) * sk + ki) * dh } else { (bi * sk + ki) * k_rs + k_col + kv * dh };
                     let mut dot = 0f32;
                     for d in 0..dh {
                         dot += q[qo + d] * k[ko + d];

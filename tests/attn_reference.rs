@@ -573,3 +573,94 @@ fn snapshot_unfused_bert() {
 fn snapshot_fused_custom_mask() {
     snap("attn__fused_custom_mask", &fused_cases().remove(0).graph());
 }
+
+/// A fused attention fed by one merged QKV projection sliced with `Narrow`, the form RLX's CPU
+/// backend fuses further at the thunk level, where the slices are never written: above 64
+/// tokens per batch the kernel reads Q/K/V in place from the projection, and so does the probe
+/// (its statistics match the host); at 64 or fewer the projection, attention and output
+/// projection are one kernel and nothing in between exists, so the site is skipped with the
+/// reason (and the matmul tap skips the projection's output and the output projection's input),
+/// never recorded from stale memory.
+#[test]
+fn fused_attention_from_a_merged_qkv_projection() {
+    for (b, s) in [(2usize, 40usize), (2, 8)] {
+        let (h, d) = (2usize, 4usize);
+        let e = h * d;
+        let mut gr = Graph::new("qkv_attn");
+        let x = gr.input("x", f32s(&[b, s, e]));
+        let w = gr.param("w_qkv", f32s(&[e, 3 * e]));
+        let wo = gr.param("w_o", f32s(&[e, e]));
+        let m = gr.input("mask", f32s(&[b, s]));
+        let qkv = gr.matmul(x, w, f32s(&[b, s, 3 * e]));
+        let part = |gr: &mut Graph, i: usize| gr.add_node(rlx_ir::Op::Narrow { axis: 2, start: i * e, len: e }, vec![qkv], f32s(&[b, s, e]));
+        let (q, k, v) = (part(&mut gr, 0), part(&mut gr, 1), part(&mut gr, 2));
+        let o = gr.attention(q, k, v, m, h, d, f32s(&[b, s, e]));
+        let y = gr.matmul(o, wo, f32s(&[b, s, e]));
+        gr.set_outputs(vec![y]);
+
+        let xs = randn(b * s * e, 40);
+        let ws: Vec<f32> = randn(e * 3 * e, 41).iter().map(|v| v * 0.7).collect();
+        let wos = randn(e * e, 42);
+        let mask = key_mask(b, s, s - 3);
+        let params: [(&str, &[f32]); 2] = [("w_qkv", &ws), ("w_o", &wos)];
+        let inputs: [(&str, &[f32]); 2] = [("x", &xs), ("mask", &mask)];
+        // Host y = attention(x Wq, x Wk, x Wv) Wo.
+        let proj = |col0: usize| -> Vec<f32> {
+            let mut out = vec![0f32; b * s * e];
+            for r in 0..b * s {
+                for c in 0..e {
+                    out[r * e + c] = (0..e).map(|i| xs[r * e + i] as f64 * ws[i * 3 * e + col0 + c] as f64).sum::<f64>() as f32;
+                }
+            }
+            out
+        };
+        let g = Geom { b, h, sq: s, sk: s, d, layout: Layout::Rank3 };
+        let (p, allowed) = ref_probs(&g, &proj(0), &proj(e), (d as f64).powf(-0.5), None, &|bi, _, _, ki| (mask[bi * s + ki] > 0.5).then_some(0.0));
+        let o = ref_output(&g, &p, &proj(2 * e));
+        let y: Vec<f64> = (0..b * s * e)
+            .map(|i| (0..e).map(|j| o[(i / e) * e + j] * wos[j * e + i % e] as f64).sum())
+            .collect();
+        let worst = |out: &[f32]| out.iter().zip(&y).map(|(a, b)| (*a as f64 - b).abs()).fold(0.0, f64::max);
+        let plain = run_plain(&gr, &params, &inputs);
+        let (tapped, sink) = run_tapped("attn,matmul{stats=[max]}", &gr, &params, &inputs);
+        assert!(worst(&tapped[0]) < 1e-4, "B={b} S={s}: tapped output off the host by {}", worst(&tapped[0]));
+        if b * s > 64 {
+            // RLX 0.2.19 miscompiles this program untapped: its Narrow x3 -> Attention rewrite
+            // reads the QKV buffer after the arena plan has reused it (measured: off by ~18).
+            // A tap reading the QKV output keeps that buffer alive, so the tapped run is the
+            // correct one and cannot be bit-identical to the untapped run.
+            assert!(worst(&plain[0]) > 1.0, "RLX fixed its in-place QKV attention: make this test assert bit-identity again");
+        } else {
+            assert_eq!(bits(&tapped), bits(&plain), "B={b} S={s}: outputs changed");
+        }
+        let rows = sink.rows();
+        let m = sink.manifests().pop().expect("manifest");
+        let skipped = |site: &str, role: &str| {
+            m.skipped.iter().any(|k| k.site == site && k.role.map(|r| r.as_str()) == Some(role) && k.reason.contains("never written"))
+        };
+        if b * s <= 64 {
+            assert!(skipped("attention.0", "probs"), "{:?}", m.skipped);
+            assert!(skipped("matmul.0", "out") && skipped("matmul.1", "lhs"), "{:?}", m.skipped);
+            assert!(!rows.iter().any(|r| &*r.role == "probs"), "nothing recorded from stale memory");
+            continue;
+        }
+        let got: Stats = {
+            let mut st = Stats::new();
+            for r in rows.iter().filter(|r| &*r.role == "probs") {
+                st.entry(r.stat.to_string()).or_default().push((r.idx, r.value as f64));
+            }
+            st.values_mut().for_each(|v| v.sort_by_key(|p| p.0));
+            st
+        };
+        let want = host_stats(&g, &p, &allowed, 8);
+        assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>());
+        for (stat, w) in &want {
+            for ((gi, gv), (wi, wv)) in got[stat].iter().zip(w) {
+                assert_eq!(gi, wi);
+                assert!((gv - wv).abs() < 1e-4, "B={b} S={s} {stat}[{gi}]: tap {gv}, host {wv}");
+            }
+        }
+        // The projection's output is written here (the attention reads it in place): sketched.
+        assert!(rows.iter().any(|r| &*r.site == "matmul.0" && &*r.role == "out" && &*r.stat == "max"));
+    }
+}

@@ -14,7 +14,7 @@ use crate::rewrite::{family, Rewrite};
 use crate::sketch::{static_dims, Stat};
 
 const STAT_WORDS: &[&str] = &[
-    "all", "queries", "peak", "entropy", "entropy_norm", "topk", "topk_mass", "sink_first", "sink_last", "pad_mass",
+    "all", "queries", "keys", "peak", "entropy", "entropy_norm", "topk", "topk_mass", "sink_first", "sink_last", "pad_mass",
     "recv_max", "peak_pos", "recv_pos",
 ];
 
@@ -42,20 +42,22 @@ const OPTIONS: &[OptionSpec] = &[
 /// The `attn` tap pass.
 pub struct AttnTap;
 
-/// Walk back from the softmax input through elementwise/shape ops: true if a matmul (the
-/// scores) is found within a few steps.
-fn from_matmul(g: &Graph, mut id: NodeId) -> bool {
-    for _ in 0..6 {
+/// Walk back from the softmax input through elementwise and shape ops (both operands of a
+/// binary op, a few steps deep): true if a matmul (the scores) is found.
+fn from_matmul(g: &Graph, id: NodeId) -> bool {
+    fn walk(g: &Graph, id: NodeId, depth: usize) -> bool {
         let n = g.node(id);
         if family(&n.op) == "matmul" {
             return true;
         }
-        match &n.op {
-            Op::Binary(_) | Op::Activation(_) | Op::Reshape { .. } | Op::Transpose { .. } => id = n.inputs[0],
-            _ => return false,
-        }
+        depth > 0
+            && match &n.op {
+                Op::Binary(_) => n.inputs.iter().any(|&i| walk(g, i, depth - 1)),
+                Op::Activation(_) | Op::Reshape { .. } | Op::Transpose { .. } => walk(g, n.inputs[0], depth - 1),
+                _ => false,
+            }
     }
-    false
+    walk(g, id, 6)
 }
 
 /// The additive mask of a softmax over scores: the operand of an `Add` feeding the softmax that

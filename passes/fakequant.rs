@@ -105,6 +105,12 @@ const OPTIONS: &[OptionSpec] = &[
         doc: "codes in [-Q, Q] (narrow, symmetric) or [-Q-1, Q] (full two's complement)",
     },
     OptionSpec {
+        name: "bmm",
+        ty: OptionType::Bool,
+        default: "false",
+        doc: "also quantize matmuls whose rhs is an activation (attention's Q@K^T and P@V, lhs only); W8A8 keeps them in float by default, as LLM.int8 does",
+    },
+    OptionSpec {
         name: "clip",
         ty: OptionType::Float { min: 0.01, max: 1.0 },
         default: "1",
@@ -213,6 +219,7 @@ impl Pass for FakeQuant {
         let settings = format!("round {ties}, codes [{},{}], clip {clip}", qz.lo, qmax);
 
         // One quantizer per (tensor, is-weight): Q, K and V projections of one x share it.
+        let bmm = opts.bool("bmm")?;
         let mut made: HashMap<(NodeId, bool), NodeId> = HashMap::new();
         let nodes: Vec<NodeId> = rw.original_nodes().collect();
         for id in nodes {
@@ -228,6 +235,12 @@ impl Pass for FakeQuant {
             }
             if dequant {
                 rw.skip(&site, None, None, "DequantMatMul: its weight is already quantized".into());
+                continue;
+            }
+            if !bmm && !rhs.is_some_and(|r| is_weight(rw.graph(), r)) {
+                // Activation x activation (attention BMMs): W8A8 schemes keep these in float
+                // (LLM.int8, Dettmers et al. 2022); `bmm=true` quantizes their lhs.
+                rw.skip(&site, None, None, "rhs is an activation (an attention BMM): left in float; bmm=true quantizes it".into());
                 continue;
             }
             if let Some(why) = unsupported(rw.graph(), lhs) {

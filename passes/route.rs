@@ -29,14 +29,17 @@ const OPTIONS: &[OptionSpec] = &[
 /// The `route` tap pass.
 pub struct RouteTap;
 
-/// True if `id` is a softmax output (router scores that are already probabilities), looking
-/// through reshapes.
-fn is_softmax(g: &Graph, mut id: NodeId) -> bool {
+/// How to read router scores `id`, looking through reshapes: a last-axis softmax output or a
+/// sigmoid output (DeepSeek-V3-style routers) already holds gate values; anything else is taken
+/// as logits (softmax over experts).
+fn score_kind(g: &Graph, mut id: NodeId) -> RouteScores {
     loop {
-        match &g.node(id).op {
-            Op::Softmax { .. } => return true,
-            Op::Reshape { .. } => id = g.node(id).inputs[0],
-            _ => return false,
+        let n = g.node(id);
+        match &n.op {
+            Op::Softmax { axis } if *axis == -1 || *axis + 1 == n.shape.rank() as i32 => return RouteScores::Probs,
+            Op::Activation(rlx_ir::op::Activation::Sigmoid) => return RouteScores::Probs,
+            Op::Reshape { .. } => id = n.inputs[0],
+            _ => return RouteScores::Logits,
         }
     }
 }
@@ -80,7 +83,7 @@ impl Pass for RouteTap {
                         Some(d) if d.len() >= 2 && g.node(scores).shape.dtype() == rlx_ir::DType::F32 => {
                             let experts = d[d.len() - 1];
                             let tokens = d.iter().product::<usize>() / experts.max(1);
-                            let kind = if is_softmax(g, scores) { RouteScores::Probs } else { RouteScores::Logits };
+                            let kind = score_kind(g, scores);
                             Ok((
                                 Probe::Route(RouteProbe { experts, tokens, k, scores: kind }),
                                 vec![id, scores],

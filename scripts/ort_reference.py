@@ -55,19 +55,24 @@ def attn_stats(p, mask, topk):
     recv_max, seqs = np.zeros(h_), 0
     peak_pos, peak_n = np.zeros((h_, sq)), np.zeros(sq)
     recv_pos, recv_n = np.zeros((h_, sk)), np.zeros(sk)
-    queries = 0
+    queries, keys = 0, 0
+    topk_n = np.zeros(h_)
     for b in range(b_):
         valid = np.asarray(mask[b]) == 1
         q = p[b][:, valid, :]                                  # [H, nq, Sk]
         n = int(valid.sum())
         queries += n
+        keys += n
         last = int(np.nonzero(valid)[0].max())
         acc["peak"] += q.max(axis=2).sum(axis=1)
         ent = -(np.where(q > 0, q * np.log(np.where(q > 0, q, 1)), 0)).sum(axis=2)
         acc["entropy"] += ent.sum(axis=1)
         acc["entropy_norm"] += (ent / np.log(n)).sum(axis=1) if n >= 2 else 0
-        acc["topk_mass"] += np.sort(q, axis=2)[:, :, ::-1][:, :, :topk].sum(axis=2).sum(axis=1)
-        acc["sink_first"] += q[:, :, 0].sum(axis=1)
+        if n > topk:  # a query allowed topk keys or fewer is left out of topk_mass
+            acc["topk_mass"] += np.sort(q, axis=2)[:, :, ::-1][:, :, :topk].sum(axis=2).sum(axis=1)
+            topk_n += n
+        first = int(np.nonzero(valid)[0].min())
+        acc["sink_first"] += q[:, :, first].sum(axis=1)
         acc["sink_last"] += q[:, :, last].sum(axis=1)
         acc["pad_mass"] += q[:, :, ~valid].sum(axis=2).sum(axis=1)
         peak_pos[:, valid] += q.max(axis=2)
@@ -78,7 +83,10 @@ def attn_stats(p, mask, topk):
         recv_pos[:, valid] += recv[:, valid]
         recv_n[valid] += 1
     out = {k: (v / queries).tolist() for k, v in acc.items()}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["topk_mass"] = np.where(topk_n > 0, acc["topk_mass"] / np.maximum(topk_n, 1), np.nan).tolist()
     out["queries"] = [float(queries)]
+    out["keys"] = [keys / b_]
     out["topk"] = [float(topk)]
     out["recv_max"] = (recv_max / seqs).tolist()
     with np.errstate(invalid="ignore", divide="ignore"):

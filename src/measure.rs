@@ -126,8 +126,9 @@ impl Job {
     }
 
     /// Run the corpus under `pipeline` (observing the deployed program): sentence embeddings
-    /// (`[sentences][hidden]`, the model's last output) and the recorded rows.
-    pub fn run(&self, pipeline: &Pipeline) -> Result<(Vec<Vec<f32>>, Vec<Row>)> {
+    /// (`[sentences][hidden]`, the model's last output), the recorded rows and the manifests of
+    /// the compiles.
+    pub fn run(&self, pipeline: &Pipeline) -> Result<(Vec<Vec<f32>>, Vec<Row>, Vec<crate::Manifest>)> {
         let _ = &self.text;
         let sink = MemorySink::default();
         let session = rlx_runtime::Session::new(rlx_runtime::Device::Cpu);
@@ -149,7 +150,7 @@ impl Job {
             Ok(emb)
         });
         recorded.context("recording")?;
-        Ok((res?, sink.rows()))
+        Ok((res?, sink.rows(), sink.manifests()))
     }
 }
 
@@ -209,7 +210,7 @@ pub fn spearman(a: &[f64], b: &[f64]) -> f64 {
 /// Run every measurement. `progress` is told each stage's name.
 pub fn measure(job: &Job, mut progress: impl FnMut(&str)) -> Result<Measurement> {
     progress("fp32 with attn + residual taps");
-    let (fp32, rows) = job.run(&Pipeline::parse(BASELINE)?)?;
+    let (fp32, rows, _) = job.run(&Pipeline::parse(BASELINE)?)?;
     // Runs in execution order: (compile, step) of each batch as first seen.
     let mut run_of: BTreeMap<(u32, u64), usize> = BTreeMap::new();
     let mut order: Vec<(u32, u64)> = Vec::new();
@@ -285,7 +286,7 @@ pub fn measure(job: &Job, mut progress: impl FnMut(&str)) -> Result<Measurement>
     let mut w8a8 = Vec::new();
     for (name, p) in W8A8 {
         progress(p);
-        let (q, _) = job.run(&Pipeline::parse(p)?)?;
+        let (q, _, _) = job.run(&Pipeline::parse(p)?)?;
         let (cos_mean, cos_min, sqnr_db) = compare(&fp32, &q);
         w8a8.push(Quant { name: name.into(), pipeline: p.into(), cos_mean, cos_min, sqnr_db });
     }
@@ -294,7 +295,16 @@ pub fn measure(job: &Job, mut progress: impl FnMut(&str)) -> Result<Measurement>
     for (&k, &(s, n)) in &infl {
         let p = format!("skip{{blocks=[{k}]}}");
         progress(&p);
-        let (e, _) = job.run(&Pipeline::parse(&p)?)?;
+        let (e, _, manifests) = job.run(&Pipeline::parse(&p)?)?;
+        // A block skip refused (a fused residual norm with a bias) must not enter the ranking
+        // as "skipping costs nothing".
+        let site = format!("block.{k}");
+        for m in &manifests {
+            if !m.actuations.iter().any(|a| a.site == site) {
+                let why = m.skipped.iter().find(|s| s.site == site).map(|s| s.reason.clone()).unwrap_or_default();
+                bail!("{p} did not bypass {site} in graph '{}': {why}", m.graph);
+            }
+        }
         let (cos_mean, cos_min, _) = compare(&fp32, &e);
         let (rs, rn) = ratio.get(&k).copied().unwrap_or((f64::NAN, 1.0));
         blocks.push(Block { block: k, influence: s / n, ratio: rs / rn, skip_change: 1.0 - cos_mean, skip_cos_min: cos_min });

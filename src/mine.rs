@@ -404,12 +404,12 @@ fn probe_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>) 
         match key.1.as_str() {
             "probs" => {
                 let q = |r: &Run| r.scalar(Stat::Queries).unwrap_or(0.0);
-                let dims = parse_shape(&s.shape);
-                let batch = dims.first().copied().unwrap_or(1) as f64;
-                let queries: f64 = s.runs.iter().map(q).sum();
-                let runs = s.runs.iter().filter(|r| q(r) > 0.0).count().max(1) as f64;
-                // Mean non-padding keys per sequence (self-attention: = queries per sequence).
-                let valid_keys = (queries / runs / batch).max(1.0);
+                // Mean non-padding keys per sequence, over runs (weighted by queries).
+                let (kw, kn) = s.runs.iter().fold((0.0, 0.0), |(a, n), r| match r.scalar(Stat::Keys) {
+                    Some(k) => (a + q(r) * k, n + q(r)),
+                    None => (a, n),
+                });
+                let valid_keys = if kn > 0.0 { (kw / kn).max(1.0) } else { continue };
                 let topk = s.runs.iter().find_map(|r| r.scalar(Stat::Topk));
                 let mass = weighted_vector(s, Stat::TopkMass, q);
                 if let (Some(k), false) = (topk, mass.is_empty()) {

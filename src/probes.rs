@@ -131,7 +131,8 @@ pub struct RouteProbe {
 pub enum RouteScores {
     /// No scores: load only.
     None,
-    /// Input 1 is `[T, E]` probabilities (the router's softmax output).
+    /// Input 1 is `[T, E]` gate values used as they are: the router's softmax output, or its
+    /// sigmoid output (per-expert gates that need not sum to 1).
     Probs,
     /// Input 1 is `[T, E]` logits; gate probabilities are their softmax (computed in f64).
     Logits,
@@ -156,7 +157,7 @@ impl Probe {
         Some(match self {
             Probe::Tensor => return None,
             Probe::Attention(a) => match s {
-                Stat::Queries | Stat::Topk => 1,
+                Stat::Queries | Stat::Keys | Stat::Topk => 1,
                 Stat::PeakPos => a.heads * a.sq,
                 Stat::RecvPos => a.heads * a.sk,
                 _ => a.heads,
@@ -185,8 +186,9 @@ impl Probe {
 }
 
 /// Statistics of an attention probe, in layout order.
-pub const ATTN_STATS: [Stat; 12] = [
+pub const ATTN_STATS: [Stat; 13] = [
     Stat::Queries,
+    Stat::Keys,
     Stat::Peak,
     Stat::Entropy,
     Stat::EntropyNorm,
@@ -425,7 +427,9 @@ fn rebuild_fused(a: &AttnProbe, q: &[f32], k: &[f32], mask: Option<&[f32]>) -> R
 /// A key of sequence `b` is padding when no (head, query) may attend to it; when `Sq == Sk`
 /// (self-attention), query `i` is padding when key `i` is (the BERT convention: a padded token
 /// is padded as a query too). Padding queries are left out of every statistic; padding keys get
-/// no position statistics, and the mass valid queries put on them is [`Stat::PadMass`].
+/// no position statistics, and the mass valid queries put on them is [`Stat::PadMass`]. The first
+/// and last keys are the first and last non-padding ones; a sink statistic counts only the
+/// queries the mask lets see that key, and `topk_mass` only queries allowed more than `topk` keys.
 fn attn_stats(a: &AttnProbe, p: &[f32], allowed: &dyn Fn(usize, usize, usize, usize) -> bool) -> Vec<(Stat, Vec<f32>)> {
     let (nb, nh, sq, sk) = (a.batch, a.heads, a.sq, a.sk);
     let topk = a.topk.clamp(1, sk.max(1));
@@ -434,7 +438,10 @@ fn attn_stats(a: &AttnProbe, p: &[f32], allowed: &dyn Fn(usize, usize, usize, us
     let mut ent_norm = vec![0f64; nh];
     let mut ent_norm_n = vec![0f64; nh];
     let mut topm = vec![0f64; nh];
+    let mut topm_n = vec![0f64; nh];
     let mut first = vec![0f64; nh];
+    let mut first_n = vec![0f64; nh];
+    let mut keys = 0f64;
     let mut last = vec![0f64; nh];
     let mut last_n = vec![0f64; nh];
     let mut pad = vec![0f64; nh];
@@ -452,7 +459,9 @@ fn attn_stats(a: &AttnProbe, p: &[f32], allowed: &dyn Fn(usize, usize, usize, us
         let valid_q: Vec<bool> = (0..sq).map(|q| !(sq == sk && key_pad[q])).collect();
         let nq = valid_q.iter().filter(|v| **v).count();
         queries += nq as f64;
+        let first_key = (0..sk).find(|&k| !key_pad[k]);
         let last_key = (0..sk).rev().find(|&k| !key_pad[k]);
+        keys += (sk - key_pad.iter().filter(|p| **p).count()) as f64;
         for h in 0..nh {
             recv.iter_mut().for_each(|r| *r = 0.0);
             for q in (0..sq).filter(|&q| valid_q[q]) {
@@ -479,13 +488,21 @@ fn attn_stats(a: &AttnProbe, p: &[f32], allowed: &dyn Fn(usize, usize, usize, us
                     ent_norm[h] += e / (n_allowed as f64).ln();
                     ent_norm_n[h] += 1.0;
                 }
-                sorted.copy_from_slice(row);
-                if topk < sk {
+                // A query that may attend to topk keys or fewer keeps all its mass trivially
+                // (the first queries of a causal mask): it says nothing about sparsity.
+                if n_allowed > topk {
+                    sorted.copy_from_slice(row);
                     sorted.select_nth_unstable_by(topk - 1, |x, y| y.total_cmp(x));
+                    topm[h] += sorted[..topk].iter().map(|&x| x as f64).sum::<f64>();
+                    topm_n[h] += 1.0;
                 }
-                topm[h] += sorted[..topk].iter().map(|&x| x as f64).sum::<f64>();
-                first[h] += row[0] as f64;
-                if let Some(l) = last_key {
+                // Sinks among the keys this query may see (left padding moves the first key;
+                // a causal mask hides the last key from earlier queries).
+                if let Some(f) = first_key.filter(|&f| allowed(b, h, q, f)) {
+                    first[h] += row[f] as f64;
+                    first_n[h] += 1.0;
+                }
+                if let Some(l) = last_key.filter(|&l| allowed(b, h, q, l)) {
                     last[h] += row[l] as f64;
                     last_n[h] += 1.0;
                 }
@@ -513,12 +530,13 @@ fn attn_stats(a: &AttnProbe, p: &[f32], allowed: &dyn Fn(usize, usize, usize, us
     let per_q = |s: &[f64]| -> Vec<f32> { s.iter().map(|s| if queries > 0.0 { (s / queries) as f32 } else { f32::NAN }).collect() };
     vec![
         (Stat::Queries, vec![queries as f32]),
+        (Stat::Keys, vec![if nb > 0 { (keys / nb as f64) as f32 } else { f32::NAN }]),
         (Stat::Peak, per_q(&peak)),
         (Stat::Entropy, per_q(&ent)),
         (Stat::EntropyNorm, div(&ent_norm, &ent_norm_n)),
         (Stat::Topk, vec![topk as f32]),
-        (Stat::TopkMass, per_q(&topm)),
-        (Stat::SinkFirst, per_q(&first)),
+        (Stat::TopkMass, div(&topm, &topm_n)),
+        (Stat::SinkFirst, div(&first, &first_n)),
         (Stat::SinkLast, div(&last, &last_n)),
         (Stat::PadMass, per_q(&pad)),
         (Stat::RecvMax, div(&recv_max, &seqs)),

@@ -93,6 +93,8 @@ pub enum Stat {
     // ---- attention probes (`attn` tap; see `crate::probes`) ----
     /// Non-padding queries `(batch, query)` the attention statistics average over (1 value).
     Queries,
+    /// Mean non-padding keys per sequence (1 value).
+    Keys,
     /// Per head: mean over non-padding queries of the largest probability (`H` values).
     Peak,
     /// Per head: mean over non-padding queries of the entropy `-sum p ln p`, in nats (`H`).
@@ -103,7 +105,7 @@ pub enum Stat {
     Topk,
     /// Per head: mean over non-padding queries of the mass on the `topk` most probable keys (`H`).
     TopkMass,
-    /// Per head: mean probability non-padding queries give the first key (`H`).
+    /// Per head: mean probability non-padding queries give the first non-padding key (`H`).
     SinkFirst,
     /// Per head: mean probability non-padding queries give the last non-padding key (`H`).
     SinkLast,
@@ -146,7 +148,7 @@ pub enum Stat {
 
 impl Stat {
     /// Every statistic, in layout order.
-    pub const ALL: [Stat; 42] = [
+    pub const ALL: [Stat; 43] = [
         Stat::Count,
         Stat::Min,
         Stat::Max,
@@ -168,6 +170,7 @@ impl Stat {
         Stat::PosinfCount,
         Stat::NeginfCount,
         Stat::Queries,
+        Stat::Keys,
         Stat::Peak,
         Stat::Entropy,
         Stat::EntropyNorm,
@@ -215,6 +218,7 @@ impl Stat {
             Stat::PosinfCount => "posinf_count",
             Stat::NeginfCount => "neginf_count",
             Stat::Queries => "queries",
+            Stat::Keys => "keys",
             Stat::Peak => "peak",
             Stat::Entropy => "entropy",
             Stat::EntropyNorm => "entropy_norm",
@@ -287,6 +291,7 @@ impl Stat {
                 | Stat::PosinfCount
                 | Stat::NeginfCount
                 | Stat::Queries
+                | Stat::Keys
                 | Stat::Topk
                 | Stat::Tokens
                 | Stat::KeptMass

@@ -148,13 +148,16 @@ fn host_stats(g: &Geom, p: &[f64], allowed: &[bool], topk: usize) -> Stats {
         e.1 += 1.0;
     };
     let mut queries = 0usize;
+    let mut keys = 0usize;
     for b in 0..g.b {
         let key_pad: Vec<bool> = (0..g.sk)
             .map(|k| (0..g.h).all(|h| (0..g.sq).all(|q| !allowed[g.p_at(b, h, q, k)])))
             .collect();
         let valid: Vec<usize> = (0..g.sq).filter(|&q| !(g.sq == g.sk && key_pad[q])).collect();
         queries += valid.len();
+        let first = (0..g.sk).find(|&k| !key_pad[k]);
         let last = (0..g.sk).rev().find(|&k| !key_pad[k]);
+        keys += key_pad.iter().filter(|p| !**p).count();
         for h in 0..g.h {
             for &q in &valid {
                 let row: Vec<f64> = (0..g.sk).map(|k| p[g.p_at(b, h, q, k)]).collect();
@@ -168,12 +171,16 @@ fn host_stats(g: &Geom, p: &[f64], allowed: &[bool], topk: usize) -> Stats {
                 if n_allowed >= 2 {
                     add("entropy_norm", h, ent / (n_allowed as f64).ln());
                 }
-                if topk < g.sk {
-                    // topk >= keys keeps every key: the tap drops topk_mass (mass 1 by definition).
+                // topk >= keys keeps every key: the tap drops topk_mass (mass 1 by definition);
+                // a query allowed topk keys or fewer is left out of it.
+                if topk < g.sk && n_allowed > topk {
                     add("topk_mass", h, sorted[..topk].iter().sum());
                 }
-                add("sink_first", h, row[0]);
-                if let Some(l) = last {
+                // Sinks: the first / last non-padding key, for queries allowed to see it.
+                if let Some(f) = first.filter(|&f| allowed[g.p_at(b, h, q, f)]) {
+                    add("sink_first", h, row[f]);
+                }
+                if let Some(l) = last.filter(|&l| allowed[g.p_at(b, h, q, l)]) {
                     add("sink_last", h, row[l]);
                 }
                 add("pad_mass", h, (0..g.sk).filter(|&k| key_pad[k]).map(|k| row[k]).sum());
@@ -195,6 +202,7 @@ fn host_stats(g: &Geom, p: &[f64], allowed: &[bool], topk: usize) -> Stats {
     }
     let mut out = Stats::new();
     out.insert("queries".into(), vec![(0, queries as f64)]);
+    out.insert("keys".into(), vec![(0, keys as f64 / g.b as f64)]);
     if topk < g.sk {
         out.insert("topk".into(), vec![(0, topk as f64)]);
     }

@@ -284,13 +284,17 @@ fn outputs_keep_count_and_order_and_other_users_see_f32() {
 
 #[test]
 fn batched_activation_rhs_stays_f32_with_reason() {
-    // a[2,4,8] @ b[2,8,8] with b an input (like K^T): weights=true quantizes a only.
+    // a[2,4,8] @ b[2,8,8] with b an input (like K^T): by default an attention BMM stays float.
     let (bsz, mm, k) = (2, 4, 8);
     let a = data(bsz * mm, k, 6);
     let eye = identity(k);
     let b: Vec<f32> = eye.iter().chain(&eye).copied().collect();
     let g = common::matmul_3d(bsz, mm, k, k);
     let (outs, m) = run_fq("fakequant{weights=true}", &g, &[], &[("a", &a), ("b", &b)]);
+    assert_eq!(bitpat(&outs[0]), bitpat(&a), "left in float");
+    assert!(m.actuations.is_empty() && m.skipped[0].reason.contains("attention BMM"), "{:?}", m.skipped);
+    // bmm=true: weights=true quantizes a only.
+    let (outs, m) = run_fq("fakequant{weights=true,bmm=true}", &g, &[], &[("a", &a), ("b", &b)]);
     assert_eq!(bitpat(&outs[0]), ident_ref(INT8, &a, k));
     assert_eq!(m.skipped.len(), 1);
     assert!(m.skipped[0].reason.contains("not a weight"), "{:?}", m.skipped);

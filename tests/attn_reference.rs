@@ -382,6 +382,10 @@ fn fused_cases() -> Vec<Fused> {
     // Sq != H here: a [B, S, H, D] tensor with S == H is read as [B, H, S, D].
     let cross = Geom { sq: 4, sk: 6, ..geom(Layout::Bshd) };
     cases.push(fused("causal_cross_Bshd", cross, Mask::Causal, None, 60));
+    // Left padding (decoder batches): sequence 1's first two keys are padding, so its first
+    // non-padding key, the sink position, is key 2.
+    let left: Vec<f32> = (0..2 * 5).map(|i| if i / 5 == 1 && i % 5 < 2 { 0.0 } else { 1.0 }).collect();
+    cases.push(fused("keys_left_padded_Rank3", geom(Layout::Rank3), Mask::Keys(left), None, 80));
     cases
 }
 

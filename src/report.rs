@@ -30,13 +30,17 @@ fn pool(v: &[f32]) -> Vec<(f32, f32)> {
         .collect()
 }
 
-/// A line plot of `points` (x, y) as an SVG string.
-fn line_svg(title: &str, x_label: &str, points: &[(f32, f32)]) -> Result<String, Error> {
+/// A line plot of `points` (x, y) as an SVG string; `None` when no point is finite (an empty
+/// range would give plotters an infinite axis).
+fn line_svg(title: &str, x_label: &str, points: &[(f32, f32)]) -> Result<Option<String>, Error> {
+    let finite: Vec<(f32, f32)> = points.iter().copied().filter(|p| p.0.is_finite() && p.1.is_finite()).collect();
+    if finite.is_empty() {
+        return Ok(None);
+    }
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
         root.fill(&WHITE).map_err(plot_err)?;
-        let finite: Vec<(f32, f32)> = points.iter().copied().filter(|p| p.0.is_finite() && p.1.is_finite()).collect();
         let (x0, x1) = finite.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |a, p| (a.0.min(p.0), a.1.max(p.0)));
         let (y0, y1) = finite.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |a, p| (a.0.min(p.1), a.1.max(p.1)));
         let (x0, x1) = if x0 < x1 { (x0, x1) } else { (x0 - 1.0, x0 + 1.0) };
@@ -61,7 +65,7 @@ fn line_svg(title: &str, x_label: &str, points: &[(f32, f32)]) -> Result<String,
             .map_err(plot_err)?;
         root.present().map_err(plot_err)?;
     }
-    Ok(svg)
+    Ok(Some(svg))
 }
 
 /// A histogram (bar) plot of `counts` over `[lo, hi]`.
@@ -105,11 +109,22 @@ fn plots(s: &Series) -> Result<Vec<String>, Error> {
     if let (Some(h), Some(lo), Some(hi)) = (last.vector(Stat::Hist), last.scalar(Stat::HistLo), last.scalar(Stat::HistHi)) {
         out.push(hist_svg(h, lo as f32, hi as f32)?);
     }
-    if let Some(c) = last.vector(Stat::ChanMaxabs) {
-        out.push(line_svg("per-channel max|x|", "channel", &pool(c))?);
-    }
-    if let Some(p) = last.vector(Stat::PosSumsq) {
-        out.push(line_svg("per-row energy (sum x²)", "row", &pool(p))?);
+    let indexed = |v: &[f32]| -> Vec<(f32, f32)> { v.iter().enumerate().map(|(i, &y)| (i as f32, y)).collect() };
+    let vectors: [(Stat, &str, &str, bool); 8] = [
+        (Stat::ChanMaxabs, "per-channel max|x|", "channel", true),
+        (Stat::PosSumsq, "per-row energy (sum x²)", "row", true),
+        (Stat::Peak, "peak probability per head (last run)", "head", false),
+        (Stat::SinkFirst, "mass on the first key per head (last run)", "head", false),
+        (Stat::SinkLast, "mass on the last key per head (last run)", "head", false),
+        (Stat::TopkMass, "top-k mass per head (last run)", "head", false),
+        (Stat::Load, "assignments per expert (last run)", "expert", false),
+        (Stat::CosRow, "cos(x, x + f(x)) per row (last run)", "row", true),
+    ];
+    for (stat, title, x, pooled) in vectors {
+        if let Some(v) = last.vector(stat) {
+            let points = if pooled { pool(v) } else { indexed(v) };
+            out.extend(line_svg(title, x, &points)?);
+        }
     }
     if s.runs.len() >= 2 {
         let rms: Vec<(f32, f32)> = s
@@ -118,7 +133,7 @@ fn plots(s: &Series) -> Result<Vec<String>, Error> {
             .enumerate()
             .filter_map(|(i, r): (usize, &Run)| Some((i as f32, (r.scalar(Stat::Sumsq)? / r.scalar(Stat::Count)?).sqrt() as f32)))
             .collect();
-        out.push(line_svg("rms across runs", "run", &rms)?);
+        out.extend(line_svg("rms across runs", "run", &rms)?);
     }
     Ok(out)
 }

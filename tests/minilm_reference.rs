@@ -14,18 +14,14 @@ use opscope::model::{decode, split_entries, OnnxEncoder, TextEncoder};
 use opscope::{MemorySink, Pipeline};
 use std::path::PathBuf;
 
-fn asset(name: &str) -> PathBuf {
-    let dir = std::env::var_os("OPSCOPE_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/opscope"));
-    let p = dir.join(name);
-    assert!(p.is_file(), "{} is missing: run scripts/fetch-assets.sh first", p.display());
-    p
+fn assets() -> (PathBuf, PathBuf, PathBuf) {
+    let a = opscope::model::MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}"));
+    (a.onnx, a.tokenizer, a.text)
 }
 
 #[test]
 fn minilm_sketches_match_onnxruntime_and_outputs_are_bit_identical() {
-    let (onnx, tok, text) = (asset("paraphrase-MiniLM-L3-v2.onnx"), asset("tokenizer.json"), asset("fortunes.txt"));
+    let (onnx, tok, text) = assets();
     let (batch, seq) = (4usize, 32usize);
     let texts: Vec<String> = split_entries(&std::fs::read_to_string(&text).unwrap()).into_iter().take(batch).collect();
     let enc = TextEncoder::load(&tok, seq).unwrap().encode(&texts).unwrap();
@@ -153,10 +149,10 @@ fn minilm_sketches_match_onnxruntime_and_outputs_are_bit_identical() {
 
 #[test]
 fn measure_on_minilm_holds_together() {
-    let (onnx, tok, text) = (asset("paraphrase-MiniLM-L3-v2.onnx"), asset("tokenizer.json"), asset("fortunes.txt"));
+    let (onnx, tok, text) = assets();
     let entries: Vec<String> = split_entries(&std::fs::read_to_string(&text).unwrap()).into_iter().take(20).collect();
     // 20 entries in batches of 8: two full batches and a tail of 4 (its own compile).
-    let job = opscope::measure::Job::new(&onnx, &tok, entries, 8, 32).unwrap();
+    let job = opscope::model::Job::new(&onnx, &tok, entries, 8, 32).unwrap();
     let m = opscope::measure::measure(&job, |_| {}).unwrap();
     assert_eq!(m.sentences, 20);
     assert_eq!(m.attention.len(), 3);

@@ -568,12 +568,8 @@ fn attn_only_outputs_are_bit_identical() {
 
 fn snap(name: &str, g: &Graph) {
     let (out, m) = Pipeline::parse("attn").unwrap().apply(g).unwrap();
-    let errors = rlx_ir::verify::verify_all(&out);
-    assert!(errors.is_empty(), "{name}: verifier: {errors:?}");
     assert_eq!(&out.outputs[..g.outputs.len()], &g.outputs[..], "{name}: caller's outputs first");
-    insta::with_settings!({snapshot_path => "../snapshots", prepend_module_to_snapshot => false}, {
-        insta::assert_snapshot!(name, common::render(&out, &m));
-    });
+    common::snapshot(name, &out, &m);
 }
 
 #[test]

@@ -6,7 +6,7 @@ mod common;
 
 use common::{randn, run_plain};
 use opscope::{Manifest, PassKind, Pipeline};
-use rlx_ir::op::{Activation, BinaryOp};
+use rlx_ir::op::Activation;
 use rlx_ir::{DType, Graph, Shape};
 
 fn f32s(d: &[usize]) -> Shape {
@@ -327,12 +327,8 @@ fn snap(name: &str, pipeline: &str, source: &Graph, deployed: bool) {
         (source.clone(), None)
     };
     let (out, m) = p.apply_tagged(&g, src, 0).unwrap();
-    let errors = rlx_ir::verify::verify_all(&out);
-    assert!(errors.is_empty(), "{name}: verifier: {errors:?}");
     assert_eq!(out.outputs.len(), g.outputs.len());
-    insta::with_settings!({snapshot_path => "../snapshots", prepend_module_to_snapshot => false}, {
-        insta::assert_snapshot!(name, common::render(&out, &m));
-    });
+    common::snapshot(name, &out, &m);
 }
 
 /// Q projection of x (a weight), then scores q @ kt with kt an input (an activation rhs).
@@ -349,19 +345,6 @@ fn fixture_attn_like() -> Graph {
     g
 }
 
-/// x[4,8] @ w + b -> gelu, fused by RLX into one `FusedMatMulBiasAct`.
-fn fixture_bias_gelu() -> Graph {
-    let mut g = Graph::new("bias_gelu");
-    let x = g.input("x", f32s(&[4, 8]));
-    let w = g.param("w", f32s(&[8, 6]));
-    let b = g.param("b", f32s(&[6]));
-    let y = g.matmul(x, w, f32s(&[4, 6]));
-    g.node_mut(y).name = Some("/fc/MatMul".into());
-    let z = g.binary(BinaryOp::Add, y, b, f32s(&[4, 6]));
-    let a = g.activation(Activation::Gelu, z, f32s(&[4, 6]));
-    g.set_outputs(vec![a]);
-    g
-}
 
 #[test]
 fn snapshot_2d_token() {
@@ -376,13 +359,13 @@ fn snapshot_channel_weights() {
 #[test]
 fn snapshot_deployed_bias_gelu_away_int4() {
     let p = "fakequant{bits=4,weights=true,rounding=away,clip=0.9}";
-    snap("fakequant__deployed_bias_gelu", p, &fixture_bias_gelu(), true);
+    snap("fakequant__deployed_bias_gelu", p, &common::fixture_bias_gelu(), true);
 }
 
 #[test]
 fn deployed_fused_site_runs_on_the_quantized_activation() {
     // gelu(fq(x) @ w + b) in the fused kernel equals the fused kernel run on host-quantized x.
-    let g = fixture_bias_gelu();
+    let g = common::fixture_bias_gelu();
     let fused = opscope::activate::fuse(&g, rlx_runtime::Device::Cpu, &rlx_runtime::CompileOptions::new());
     assert!(fused.nodes().iter().any(|n| matches!(n.op, rlx_ir::Op::FusedMatMulBiasAct { .. })));
     let (out, m) = Pipeline::parse("fakequant").unwrap().apply_tagged(&fused, Some(&g), 0).unwrap();

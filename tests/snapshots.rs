@@ -90,13 +90,9 @@ fn snap_deployed(name: &str, pipeline: &str, g: Graph) {
 }
 
 fn check_and_snap(name: &str, g: &Graph, out: Graph, m: Manifest) {
-    let errors = rlx_ir::verify::verify_all(&out);
-    assert!(errors.is_empty(), "{name}: verifier: {errors:?}");
     // The caller's outputs come first, unchanged.
     assert_eq!(&out.outputs[..g.outputs.len()], &g.outputs[..]);
-    insta::with_settings!({snapshot_path => "../snapshots", prepend_module_to_snapshot => false}, {
-        insta::assert_snapshot!(name, common::render(&out, &m));
-    });
+    common::snapshot(name, &out, &m);
 }
 
 #[test]
@@ -148,19 +144,6 @@ fn matmul_option_site_filter() {
     snap("matmul__opt_sites_key", "matmul{sites=[*key*],stats=[nnz]}", fixture_named_mlp());
 }
 
-/// x[4,8] @ w + b -> gelu: fused into one `FusedMatMulBiasAct`; its output is the fused kernel's.
-fn fixture_bias_gelu() -> Graph {
-    let mut g = Graph::new("bias_gelu");
-    let x = g.input("x", f32s(&[4, 8]));
-    let w = g.param("w", f32s(&[8, 6]));
-    let b = g.param("b", f32s(&[6]));
-    let y = g.matmul(x, w, f32s(&[4, 6]));
-    g.node_mut(y).name = Some("/fc/MatMul".into());
-    let z = g.binary(BinaryOp::Add, y, b, f32s(&[4, 6]));
-    let a = g.activation(Activation::Gelu, z, f32s(&[4, 6]));
-    g.set_outputs(vec![a]);
-    g
-}
 
 /// Three projections of one input (Q, K, V), merged by RLX into one matmul over a concat of
 /// the weights; the tap splits it back into three named logical sites.
@@ -182,7 +165,7 @@ fn fixture_qkv() -> Graph {
 
 #[test]
 fn matmul_deployed_bias_gelu_fused() {
-    snap_deployed("matmul__deployed_bias_gelu", "matmul{stats=[max]}", fixture_bias_gelu());
+    snap_deployed("matmul__deployed_bias_gelu", "matmul{stats=[max]}", common::fixture_bias_gelu());
 }
 
 #[test]

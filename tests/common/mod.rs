@@ -315,3 +315,20 @@ pub fn snapshot(name: &str, g: &Graph, m: &opscope::Manifest) {
         insta::assert_snapshot!(name, render(g, m));
     });
 }
+
+/// x[4,8] @ w + b -> gelu (matmul named `/fc/MatMul`): RLX's CPU fusion makes it one
+/// `FusedMatMulBiasAct`, whose output is the fused kernel's.
+pub fn fixture_bias_gelu() -> Graph {
+    use rlx_ir::op::{Activation, BinaryOp};
+    let f = |d: &[usize]| Shape::new(d, DType::F32);
+    let mut g = Graph::new("bias_gelu");
+    let x = g.input("x", f(&[4, 8]));
+    let w = g.param("w", f(&[8, 6]));
+    let b = g.param("b", f(&[6]));
+    let y = g.matmul(x, w, f(&[4, 6]));
+    g.node_mut(y).name = Some("/fc/MatMul".into());
+    let z = g.binary(BinaryOp::Add, y, b, f(&[4, 6]));
+    let a = g.activation(Activation::Gelu, z, f(&[4, 6]));
+    g.set_outputs(vec![a]);
+    g
+}

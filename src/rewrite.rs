@@ -638,7 +638,8 @@ pub fn backend_elided(g: &Graph) -> HashMap<u32, String> {
     };
     let strided = "RLX 0.2.19's CPU backend reads this slice in place from its parent (Narrow -> Attention/Rope \
                    fusion) and never writes it: a sketch would read stale memory";
-    let threshold: usize = std::env::var("RLX_FUSE_ATTN_THRESHOLD").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
+    // Read as rlx-cpu reads it (`rlx_ir::env::var`, registry overrides included).
+    let threshold: usize = rlx_ir::env::var("RLX_FUSE_ATTN_THRESHOLD").and_then(|v| v.parse().ok()).unwrap_or(64);
     for n in g.nodes() {
         match &n.op {
             Op::Rope { .. } => {

@@ -302,12 +302,6 @@ impl Stat {
         )
     }
 
-    /// True for the statistics of a plain tensor sketch (the `matmul` tap's), false for the
-    /// attention, routing and residual probes'.
-    pub fn is_tensor_stat(self) -> bool {
-        (self as usize) <= (Stat::NeginfCount as usize)
-    }
-
     /// True if a NaN in this slot means "undefined for this data" (dropped from recordings).
     /// Every statistic: a sampled `elemsig` element that is itself NaN is left out too
     /// (`nan_count` counts it), so that a recording never carries a NaN.

@@ -1,17 +1,17 @@
 //! Registered passes, one file each. Each file ends with `inventory::submit!`; nothing outside
 //! this folder names a concrete pass.
 
-mod attn;
-mod fakequant;
-mod matmul;
-mod residual;
-mod route;
-mod skip;
+pub mod attn;
+pub mod fakequant;
+pub mod matmul;
+pub mod residual;
+pub mod route;
+pub mod skip;
 
 /// Make sure every pass file is linked. A static library member is only linked when something
 /// references it, and `inventory` registrations are never referenced by name: without this, a
 /// program that links opscope with just `use opscope as _;` saw `matmul` but not the passes in
-/// other files (measured with the `mlp` example). [`crate::pass::registered`] calls it.
-pub(crate) fn link() {
+/// other files (measured with the `mlp` example). The crate's load-time constructor calls it.
+pub fn link() {
     std::hint::black_box([attn::link as fn(), fakequant::link, matmul::link, residual::link, route::link, skip::link]);
 }

@@ -9,7 +9,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cache="${OPSCOPE_CACHE:-$HOME/.cache/opscope}"
 bash "$here/fetch-assets.sh"
-cargo run --release --manifest-path "$here/../Cargo.toml" --bin opscope -- measure \
+cargo run --release --manifest-path "$here/../Cargo.toml" -p opscope-lab --bin opscope -- measure \
   --onnx "$cache/paraphrase-MiniLM-L3-v2.onnx" \
   --tokenizer "$cache/tokenizer.json" \
   --text "$cache/fortunes.txt" "$@"

@@ -11,7 +11,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 if ! command -v chromium >/dev/null 2>&1; then
   apt-get install -y chromium >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y chromium >/dev/null; }
 fi
-cargo run --quiet --release --manifest-path "$here/../Cargo.toml" --bin opscope -- report "$rec" -o "$out.html"
+cargo run --quiet --release --manifest-path "$here/../Cargo.toml" -p opscope-lab --bin opscope -- report "$rec" -o "$out.html"
 profile="$(mktemp -d)"
 # Flags as this workplace's machines need them: no sandbox as root, no background networking.
 timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \

@@ -1,5 +1,6 @@
 //! Errors. Every error names the problem and, where there is one, the fix.
 
+use std::fmt;
 use std::path::PathBuf;
 
 /// An opscope error.
@@ -7,7 +8,7 @@ use std::path::PathBuf;
 pub enum Error {
     /// The pipeline text does not parse or names an unknown pass, option or value.
     #[error("{0}")]
-    Pipeline(#[from] crate::pipeline::ParseError),
+    Pipeline(#[from] ParseError),
     /// Writing or finishing a recording failed. (The cause is part of the message, not a
     /// separate `source`, so that error chains print it once.)
     #[error("recording {path}: {error}")]
@@ -24,6 +25,18 @@ pub enum Error {
         path: PathBuf,
         /// The underlying CSV error.
         error: csv::Error,
+    },
+    /// A recording (or its manifest sidecar) that is read back is malformed or is not a
+    /// recording.
+    #[error(transparent)]
+    Recording(#[from] RecordingError),
+    /// Writing a recording's encoded data failed (a Parquet encoder error).
+    #[error("recording {path}: {why}")]
+    Write {
+        /// The file being written.
+        path: PathBuf,
+        /// What failed.
+        why: String,
     },
     /// The recording path cannot be used.
     #[error("recording {path}: {why}")]
@@ -58,4 +71,45 @@ pub fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) ->
         .collect();
     v.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(b.1)));
     v.into_iter().map(|(_, c)| c).collect()
+}
+
+/// A pipeline text error: what, where (byte offset into the text), and what is known.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub struct ParseError {
+    /// The whole pipeline text.
+    pub text: String,
+    /// Byte offset of the problem.
+    pub offset: usize,
+    /// What is wrong.
+    pub message: String,
+    /// What would be accepted there, closest first (may be empty).
+    pub known: Vec<String>,
+    /// What the `known` list names (`passes`, `options of matmul`).
+    pub known_what: String,
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "bad opscope pipeline: {} (at column {})", self.message, self.offset + 1)?;
+        writeln!(f, "  {}", self.text)?;
+        write!(f, "  {}^", " ".repeat(self.text[..self.offset.min(self.text.len())].chars().count()))?;
+        if !self.known.is_empty() {
+            write!(f, "\n  known {} (closest first): {}", self.known_what, self.known.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+
+/// A recording read back is malformed: which file, which line (CSV; the sidecar's JSON line),
+/// and what is wrong.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{}{}: {reason}", path.display(), line.map(|l| format!(" line {l}")).unwrap_or_default())]
+pub struct RecordingError {
+    /// The file.
+    pub path: PathBuf,
+    /// The line, where the format has lines.
+    pub line: Option<u64>,
+    /// What is wrong.
+    pub reason: String,
 }

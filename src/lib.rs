@@ -38,31 +38,44 @@
 #![warn(missing_docs)]
 
 pub mod activate;
+pub mod analysis;
 pub mod error;
 pub mod manifest;
-pub mod measure;
 pub mod mine;
-pub mod model;
 pub mod pass;
 pub mod pipeline;
-pub mod probes;
 pub mod record;
-pub mod report;
+pub mod recording;
 pub mod rewrite;
-pub mod sink;
 pub mod sketch;
-pub mod summary;
-pub mod sweep;
 
 #[path = "../passes/mod.rs"]
 pub mod passes;
 
-pub mod parquet;
-
-pub use activate::{finish_env, init_from_env, scope, scope_with_result};
+pub use activate::{scope, Scope, Stage};
 pub use error::Error;
 pub use manifest::{Manifest, Role};
 pub use pass::{Pass, PassKind, PassRegistration};
 pub use pipeline::Pipeline;
-pub use sink::{CsvSink, MemorySink, Row, Sink};
+pub use recording::{CsvSink, MemorySink, Row, Sink};
 pub use sketch::{SketchSpec, Stat};
+
+/// `inventory`, re-exported so that a crate defining its own pass registers it with the same
+/// version opscope collects (`opscope::inventory::submit! { PassRegistration(&MyTap) }`).
+pub use inventory;
+
+/// At load time: link every pass file (see [`passes::link`]) and, when `RLX_OPSCOPE` is set,
+/// install the environment mode's tapping backend.
+#[ctor::ctor]
+fn opscope_load() {
+    passes::link();
+    activate::env::init();
+}
+
+/// At exit: finish the environment mode's recording (nothing when it is off).
+#[ctor::dtor]
+fn opscope_exit() {
+    if let Err(e) = activate::env::finish() {
+        eprintln!("opscope: recording failed: {e}");
+    }
+}

@@ -3,43 +3,41 @@
 //! Strings for sites and roles appear here because they are names; statistics stay typed
 //! ([`Stat`]) until a sink writes them.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
-use crate::sketch::{Slot, SketchSpec};
+use crate::sketch::{SketchSpec, Slot};
 
-/// The role a tensor plays at a site.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    /// Left operand of a matmul (the activation `x` of `x @ W`).
-    Lhs,
-    /// Right operand of a matmul (the weight `W` of `x @ W`, or the second activation of a
-    /// batched matmul such as attention scores `Q @ K^T`).
-    Rhs,
-    /// The op's output.
-    Out,
-    /// Attention probabilities (the `attn` tap).
-    Probs,
-    /// A MoE router's choice of experts (the `route` tap at a TopK).
-    Router,
-    /// Expert dispatch (the `route` tap at a GroupedMatMul).
-    Dispatch,
-    /// A residual block: the stream `x` and the branch `f(x)` of `x + f(x)` (the `residual` tap).
-    Block,
-}
+/// The role a tensor plays at a site (the `role` column): a name a pass declares as a
+/// `const` next to its statistics (`Role::new("lhs")`), so the core knows no concrete role.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Role(Cow<'static, str>);
 
 impl Role {
+    /// A role named `name`.
+    pub const fn new(name: &'static str) -> Role {
+        Role(Cow::Borrowed(name))
+    }
+
+    /// Left operand of a binary op (the activation `x` of `x @ W`).
+    pub const LHS: Role = Role::new("lhs");
+    /// Right operand (the weight `W` of `x @ W`, or the second activation of a batched matmul
+    /// such as attention scores `Q @ K^T`).
+    pub const RHS: Role = Role::new("rhs");
+    /// The op's output.
+    pub const OUT: Role = Role::new("out");
+
     /// Name used in the `role` column.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Lhs => "lhs",
-            Role::Rhs => "rhs",
-            Role::Out => "out",
-            Role::Probs => "probs",
-            Role::Router => "router",
-            Role::Dispatch => "dispatch",
-            Role::Block => "block",
-        }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
@@ -149,6 +147,18 @@ pub struct Actuation {
     pub pass_idx: usize,
     /// What was done, in words.
     pub action: String,
+}
+
+impl TapOutput {
+    /// Values the sketch output holds: the compile tag plus every slot of the layout.
+    pub fn len(&self) -> usize {
+        1 + self.layout.iter().map(|s| s.len).sum::<usize>()
+    }
+
+    /// Never true: the tag is always there.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
 }
 
 impl Manifest {

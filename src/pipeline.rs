@@ -16,37 +16,11 @@ use std::fmt;
 
 use rlx_ir::Graph;
 
+pub use crate::error::ParseError;
 use crate::error::{closest, Error};
 use crate::manifest::Manifest;
 use crate::pass::{lookup, registered, OptionValue, Options, Pass, PassKind, RawValue};
 use crate::rewrite::Rewrite;
-
-/// A pipeline text error: what, where (byte offset into the text), and what is known.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub struct ParseError {
-    /// The whole pipeline text.
-    pub text: String,
-    /// Byte offset of the problem.
-    pub offset: usize,
-    /// What is wrong.
-    pub message: String,
-    /// What would be accepted there, closest first (may be empty).
-    pub known: Vec<String>,
-    /// What the `known` list names (`passes`, `options of matmul`).
-    pub known_what: String,
-}
-
-impl fmt::Display for ParseError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "bad opscope pipeline: {} (at column {})", self.message, self.offset + 1)?;
-        writeln!(f, "  {}", self.text)?;
-        write!(f, "  {}^", " ".repeat(self.text[..self.offset.min(self.text.len())].chars().count()))?;
-        if !self.known.is_empty() {
-            write!(f, "\n  known {} (closest first): {}", self.known_what, self.known.join(", "))?;
-        }
-        Ok(())
-    }
-}
 
 /// One pass of a pipeline with its options.
 #[derive(Clone)]
@@ -101,16 +75,6 @@ impl std::str::FromStr for Pipeline {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Pipeline::parse(s)
     }
-}
-
-/// Split `[a,b,c]` (or `a`) into trimmed items; used for option defaults.
-pub fn split_list(text: &str) -> Vec<String> {
-    let inner = text.trim().trim_start_matches('[').trim_end_matches(']');
-    inner
-        .split(',')
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .collect()
 }
 
 struct Parser<'a> {
@@ -355,7 +319,7 @@ impl Pipeline {
     /// then recovered from `source`), with a compile tag written as the first value of every
     /// sketch, so that a recorder receiving outputs can tell which compiled graph produced them.
     pub fn apply_tagged(&self, graph: &Graph, source: Option<&Graph>, tag: u32) -> Result<(Graph, Manifest), Error> {
-        crate::sketch::register();
+        crate::sketch::register_kernels();
         let mut rw = Rewrite::new(graph, source, self.to_string(), tag);
         for (i, p) in self.passes.iter().enumerate() {
             rw.begin_pass(i, p.pass.name());

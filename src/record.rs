@@ -9,8 +9,8 @@ use std::thread::JoinHandle;
 
 use crate::error::Error;
 use crate::manifest::Manifest;
-use crate::sink::{Row, Sink};
-use crate::sketch::Stat;
+use crate::recording::{Row, Sink};
+use crate::sketch::{tensor, Stat};
 
 type Use = (Arc<str>, u32, Arc<str>, Arc<str>, Arc<str>, Option<u64>);
 
@@ -21,8 +21,8 @@ struct Interned {
     uses: Vec<Vec<Use>>,
     /// Per output: shape.
     shapes: Vec<Arc<str>>,
-    /// Per statistic (index in `Stat::ALL`): name.
-    stats: Vec<Arc<str>>,
+    /// Per statistic of any layout: its name, shared.
+    stats: HashMap<Stat, Arc<str>>,
 }
 
 impl Interned {
@@ -51,7 +51,13 @@ impl Interned {
             graph: Arc::from(m.graph.as_str()),
             uses,
             shapes: m.outputs.iter().map(|o| Arc::from(o.shape.as_str())).collect(),
-            stats: Stat::ALL.iter().map(|s| Arc::from(s.as_str())).collect(),
+            stats: m
+                .outputs
+                .iter()
+                .flat_map(|o| o.layout.iter().map(|s| s.stat))
+                .chain([tensor::COUNT])
+                .map(|s| (s, Arc::from(s.as_str())))
+                .collect(),
         }
     }
 }
@@ -324,8 +330,8 @@ fn decode_each(
             Some(_) => {
                 let v = &outputs[k];
                 k += 1;
-                if v.len() != out.spec.len() {
-                    return Err(mismatch(format!("output {k} has {} values, spec {}", v.len(), out.spec.len())));
+                if v.len() != out.len() {
+                    return Err(mismatch(format!("output {k} has {} values, spec {}", v.len(), out.len())));
                 }
                 if v[0] as u32 != m.tag {
                     return Err(mismatch(format!("output {k} has tag {}, manifest {}", v[0], m.tag)));
@@ -357,7 +363,7 @@ fn decode_each(
                 site: site.clone(),
                 op: op.clone(),
                 role: role.clone(),
-                stat: names.stats[stat as usize].clone(),
+                stat: names.stats[&stat].clone(),
                 idx: idx as u64,
                 value,
                 numel: out.numel,
@@ -365,11 +371,13 @@ fn decode_each(
                 flops: *flops,
             };
             match values[oi] {
-                None => rows.push(row(Stat::Count, 0, 0.0)),
+                None => rows.push(row(tensor::COUNT, 0, 0.0)),
                 Some(v) => {
                     for slot in &out.layout {
                         for (i, &x) in v[slot.offset..slot.offset + slot.len].iter().enumerate() {
-                            if x.is_nan() && slot.stat.nan_means_undefined() {
+                            // NaN means "undefined for this data" (and a sampled element that
+                            // is itself NaN is counted in nan_count): never recorded.
+                            if x.is_nan() {
                                 continue;
                             }
                             rows.push(row(slot.stat, i, x));

@@ -5,8 +5,10 @@ use std::collections::HashMap;
 
 use rlx_ir::{Graph, NodeId, Op};
 
+pub use crate::analysis::{backend_elided, family, op_name, residual_blocks, ResidualBlock};
+use crate::analysis::{shape_text, site_names, static_dims};
 use crate::manifest::{Actuation, Manifest, Role, Site, Skipped, TapOutput, TapUse};
-use crate::sketch::{is_sketch_op, shape_text, static_dims, SketchSpec, KEEP_OP, SKETCH2_OP, SKETCH3_OP, SKETCH_OP};
+use crate::sketch::{is_sketch_op, SketchSpec, KEEP_OP, SKETCH2_OP, SKETCH3_OP, SKETCH_OP};
 
 /// A graph being rewritten by a pipeline, and the manifest of what was done to it.
 pub struct Rewrite {
@@ -76,80 +78,10 @@ impl Rewrite {
             .iter()
             .find(|n| rw.dynamic[n.id.0 as usize] && n.shape.dtype() == rlx_ir::DType::F32)
             .map(|n| n.id);
-        rw.name_nodes(source);
+        let (names, by_param) = site_names(graph, source);
+        rw.names = names;
+        rw.by_param = by_param;
         rw
-    }
-
-    /// Site names. A node's own name (ONNX node name without the leading '/') wins; else, for
-    /// a fused graph, the name of the source node of the same family that consumed the same
-    /// parameter (the weight survives fusion, node names do not), else the name of the k-th
-    /// parameter-less source node of that family when both graphs have the same number of
-    /// them; else `{family}.{k}`. Names are made unique with `#node`.
-    fn name_nodes(&mut self, source: Option<&Graph>) {
-        let own = base_names(&self.graph);
-        let mut names: Vec<String> = own.clone();
-        if let Some(src) = source {
-            let src_names = base_names(src);
-            let mut by_param: HashMap<(String, String), Vec<String>> = HashMap::new();
-            let mut paramless_src: HashMap<String, Vec<String>> = HashMap::new();
-            for n in src.nodes() {
-                let fam = family(&n.op);
-                let params = param_inputs(src, &n.inputs);
-                for p in &params {
-                    by_param.entry((fam.clone(), p.clone())).or_default().push(src_names[n.id.0 as usize].clone());
-                }
-                if params.is_empty() {
-                    paramless_src.entry(fam).or_default().push(src_names[n.id.0 as usize].clone());
-                }
-            }
-            let mut paramless_dst: HashMap<String, Vec<usize>> = HashMap::new();
-            for n in self.graph.nodes() {
-                let i = n.id.0 as usize;
-                if n.name.as_deref().is_some_and(|s| !s.is_empty()) {
-                    continue;
-                }
-                let fam = family(&n.op);
-                let params = param_inputs(&self.graph, &n.inputs);
-                // Every parameter's source node, deduplicated: one source node names the fused
-                // node; several (a merged op that is not split into parts) are joined with '+',
-                // so a site never silently carries another site's name alone.
-                let mut hits: Vec<&String> = Vec::new();
-                for p in &params {
-                    if let Some(v) = by_param.get(&(fam.clone(), p.clone())) {
-                        if v.len() == 1 && !hits.contains(&&v[0]) {
-                            hits.push(&v[0]);
-                        }
-                    }
-                }
-                let hit = (!hits.is_empty()).then(|| hits.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("+"));
-                match hit {
-                    Some(name) => names[i] = name,
-                    None if params.is_empty() => paramless_dst.entry(fam).or_default().push(i),
-                    None => {}
-                }
-            }
-            for (fam, dst) in paramless_dst {
-                if let Some(src) = paramless_src.get(&fam) {
-                    if src.len() == dst.len() {
-                        for (i, name) in dst.into_iter().zip(src) {
-                            names[i] = name.clone();
-                        }
-                    }
-                }
-            }
-            self.by_param = by_param
-                .into_iter()
-                .filter(|(_, v)| v.len() == 1)
-                .map(|(k, mut v)| (k, v.remove(0)))
-                .collect();
-        }
-        let mut taken: HashMap<String, usize> = HashMap::new();
-        for (i, base) in names.into_iter().enumerate() {
-            let count = taken.entry(base.clone()).or_default();
-            let name = if *count == 0 { base } else { format!("{base}#{i}") };
-            *count += 1;
-            self.names.insert(i as u32, name);
-        }
     }
 
     /// The source site name of the node of `family` that consumed parameter `param`, if the
@@ -306,7 +238,7 @@ impl Rewrite {
     }
 
     /// [`Rewrite::tap`] for a probe that reads several tensors (1 to 3; see
-    /// [`crate::probes::Probe`]): `inputs[0]` is the tensor the row's shape and count describe.
+    /// [`crate::sketch::Probe`]): `inputs[0]` is the tensor the row's shape and count describe.
     pub fn tap_inputs(&mut self, site: &str, role: Role, inputs: &[NodeId], mut spec: SketchSpec) {
         let tensor = inputs[0];
         if let Some(why) = inputs.iter().find_map(|t| self.elided(*t)) {
@@ -314,6 +246,13 @@ impl Rewrite {
             self.skip(site, Some(role), Some(tensor), why);
             return;
         }
+        let layout = match spec.layout() {
+            Ok(l) => l,
+            Err(why) => {
+                self.skip(site, Some(role), Some(tensor), why);
+                return;
+            }
+        };
         let op = match inputs.len() {
             1 => SKETCH_OP,
             2 => SKETCH2_OP,
@@ -342,7 +281,7 @@ impl Rewrite {
         let output_index = if numel == Some(0) {
             None
         } else {
-            let name = format!("opscope/{site}/{}", role.as_str());
+            let name = format!("opscope/{site}/{}", use_.role.as_str());
             let mut id = self.graph.custom_op(op, spec.to_attrs(), inputs.to_vec());
             self.graph.node_mut(id).name = Some(name.clone());
             if let (true, Some(anchor)) = (invariant, self.anchor) {
@@ -360,7 +299,7 @@ impl Rewrite {
             numel,
             uses: vec![use_],
             invariant,
-            layout: spec.layout(),
+            layout,
             spec,
         });
     }
@@ -478,246 +417,3 @@ fn rebuild(g: &Graph) -> (Graph, HashMap<u32, u32>) {
     (out, map)
 }
 
-/// Base names of every node: own name without a leading '/', else `{family}.{k}`.
-fn base_names(g: &Graph) -> Vec<String> {
-    let mut per: HashMap<String, usize> = HashMap::new();
-    g.nodes()
-        .iter()
-        .map(|n| {
-            let fam = family(&n.op);
-            let k = per.entry(fam.clone()).or_default();
-            let name = match &n.name {
-                Some(name) if !name.is_empty() => name.trim_start_matches('/').to_string(),
-                _ => format!("{fam}.{k}"),
-            };
-            *k += 1;
-            name
-        })
-        .collect()
-}
-
-/// Names of the parameters among `inputs`, looking through reshapes, transposes and concats
-/// (fusion concatenates the weights of merged projections).
-fn param_inputs(g: &Graph, inputs: &[NodeId]) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut stack: Vec<NodeId> = inputs.to_vec();
-    while let Some(i) = stack.pop() {
-        let n = g.node(i);
-        match &n.op {
-            Op::Param { name } => out.push(name.clone()),
-            Op::Reshape { .. } | Op::Transpose { .. } | Op::Concat { .. } => stack.extend(n.inputs.iter().rev()),
-            _ => {}
-        }
-    }
-    out
-}
-
-/// The op family used for naming: fusion turns a MatMul into a fused matmul, so all matmul
-/// forms share the family `matmul`; other ops are their own family.
-pub fn family(op: &Op) -> String {
-    match op {
-        Op::MatMul | Op::FusedMatMulBiasAct { .. } | Op::FusedMatMulResidual | Op::DequantMatMul { .. } => {
-            "matmul".into()
-        }
-        _ => op_name(op),
-    }
-}
-
-/// Op name as RLX prints it, without attributes (`matmul`, `softmax`, `fused_mm_bias`).
-pub fn op_name(op: &Op) -> String {
-    let s = op.to_string();
-    let end = s.find(['(', '{', ' ']).unwrap_or(s.len());
-    s[..end].to_string()
-}
-
-/// A residual connection `x + f(x)` found in a graph.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ResidualBlock {
-    /// Block index in execution (node) order, shared by the `residual` tap and the `skip`
-    /// actuation: `block.{index}`.
-    pub index: usize,
-    /// The node computing the sum: `Binary(Add)`, or a `FusedResidualLN` / `FusedResidualRmsNorm`
-    /// (RLX's CPU fusion of `Add` + norm) that normalizes it.
-    pub node: NodeId,
-    /// The residual stream `x`.
-    pub stream: NodeId,
-    /// The branch `f(x)`.
-    pub branch: NodeId,
-    /// Which input of `node` (0 or 1) is the stream.
-    pub stream_input: usize,
-}
-
-/// Every residual connection of `g`, in node order: an `Add` (or a fused residual norm, whose
-/// inputs 0 and 1 are summed) of two same-shape F32 tensors where one (`x`) is an ancestor of
-/// the other (`f(x)`) through a path holding at least one matmul or attention op. Bias adds
-/// (broadcast) and sums of independent tensors (token + position embeddings) are not blocks.
-pub fn residual_blocks(g: &Graph) -> Vec<ResidualBlock> {
-    let mut out = Vec::new();
-    for n in g.nodes() {
-        let pair = match &n.op {
-            Op::Binary(rlx_ir::op::BinaryOp::Add) => true,
-            Op::FusedResidualLN { .. } | Op::FusedResidualRmsNorm { .. } => true,
-            _ => false,
-        };
-        if !pair || n.inputs.len() < 2 {
-            continue;
-        }
-        let (a, b) = (n.inputs[0], n.inputs[1]);
-        let (sa, sb) = (&g.node(a).shape, &g.node(b).shape);
-        if sa != sb || sa.dtype() != rlx_ir::DType::F32 {
-            continue;
-        }
-        let found = if through_matmul(g, b, a) {
-            Some((a, b, 0))
-        } else if through_matmul(g, a, b) {
-            Some((b, a, 1))
-        } else {
-            None
-        };
-        if let Some((stream, branch, stream_input)) = found {
-            out.push(ResidualBlock { index: out.len(), node: n.id, stream, branch, stream_input });
-        }
-    }
-    out
-}
-
-/// True if `ancestor` is reached walking back from `from` along a path that passes through a
-/// matmul-family or attention node (nodes before `ancestor` are not visited).
-fn through_matmul(g: &Graph, from: NodeId, ancestor: NodeId) -> bool {
-    if from.0 <= ancestor.0 {
-        return false;
-    }
-    // state: 1 = reaches ancestor without a matmul yet, 2 = with one; search (node, seen_mm).
-    let mut seen = std::collections::HashSet::new();
-    let mut stack = vec![(from, false)];
-    while let Some((id, mm)) = stack.pop() {
-        if !seen.insert((id, mm)) {
-            continue;
-        }
-        let node = g.node(id);
-        let mm = mm || family(&node.op) == "matmul" || matches!(node.op, Op::Attention { .. });
-        for &i in &node.inputs {
-            if i == ancestor {
-                if mm {
-                    return true;
-                }
-            } else if i.0 > ancestor.0 {
-                stack.push((i, mm));
-            }
-        }
-    }
-    false
-}
-
-/// Tensors of `g` that RLX 0.2.19's CPU backend never writes, because a thunk-level fusion reads
-/// around them (measured: a sketch reading one sees stale memory). RLX decides these fusions
-/// after opscope's rewrite and does not count a custom op as a reader, so they are predicted
-/// here from the graph, mirroring `rlx-cpu` `thunk/compile_dispatch.rs`:
-/// - `Narrow` -> `Attention` / `Rope`: a last-axis slice whose only reader is an attention (all
-///   three of Q, K, V sliced) or a rope is read in place from its parent;
-/// - `FusedAttnBlock`: at batch x seq <= `RLX_FUSE_ATTN_THRESHOLD` (default 64), a QKV projection
-///   sliced three ways into an attention whose output feeds one projection is one kernel: the
-///   QKV output, the slices and the attention output never exist.
-pub fn backend_elided(g: &Graph) -> HashMap<u32, String> {
-    let mut out: HashMap<u32, String> = HashMap::new();
-    let users = |id: NodeId| g.users(id);
-    // The node and the reshape views above it (a Reshape shares its input's buffer).
-    let strip = |mut id: NodeId| -> (NodeId, Vec<NodeId>) {
-        let mut views = Vec::new();
-        while matches!(g.node(id).op, Op::Reshape { .. }) {
-            views.push(id);
-            id = g.node(id).inputs[0];
-        }
-        (id, views)
-    };
-    let last_axis_narrow = |id: NodeId| matches!(g.node(id).op, Op::Narrow { axis, .. } if axis + 1 == g.node(id).shape.rank());
-    let single_reader = |id: NodeId, views: &[NodeId]| {
-        // The narrow feeds only the view chain, and the chain's top only its one reader.
-        let chain: Vec<NodeId> = std::iter::once(id).chain(views.iter().rev().copied()).collect();
-        chain.iter().all(|&n| users(n).len() == 1)
-    };
-    let strided = "RLX 0.2.19's CPU backend reads this slice in place from its parent (Narrow -> Attention/Rope \
-                   fusion) and never writes it: a sketch would read stale memory";
-    // Read as rlx-cpu reads it (`rlx_ir::env::var`, registry overrides included).
-    let threshold: usize = rlx_ir::env::var("RLX_FUSE_ATTN_THRESHOLD").and_then(|v| v.parse().ok()).unwrap_or(64);
-    for n in g.nodes() {
-        match &n.op {
-            Op::Rope { .. } => {
-                let (src, views) = strip(n.inputs[0]);
-                if last_axis_narrow(src) && single_reader(src, &views) {
-                    for v in std::iter::once(src).chain(views) {
-                        out.insert(v.0, strided.into());
-                    }
-                }
-            }
-            Op::Attention { num_heads, .. } => {
-                if n.inputs.len() < 3 {
-                    continue;
-                }
-                // Q and K may pass through a Rope (its output is written).
-                let through_rope = |id: NodeId| match g.node(strip(id).0).op {
-                    Op::Rope { .. } => g.node(strip(id).0).inputs[0],
-                    _ => id,
-                };
-                let parts: Vec<(NodeId, Vec<NodeId>)> =
-                    [through_rope(n.inputs[0]), through_rope(n.inputs[1]), n.inputs[2]].into_iter().map(strip).collect();
-                if !parts.iter().all(|(p, _)| last_axis_narrow(*p)) {
-                    continue;
-                }
-                if parts.iter().all(|(p, v)| single_reader(*p, v)) {
-                    for (p, v) in &parts {
-                        for x in std::iter::once(*p).chain(v.iter().copied()) {
-                            out.insert(x.0, strided.into());
-                        }
-                    }
-                }
-                // FusedAttnBlock: batch x seq from Q as the CPU kernel reads it.
-                let q = static_dims(&g.node(n.inputs[0]).shape).unwrap_or_default();
-                let (b, s) = match q.as_slice() {
-                    [b, d1, d2, _] => (*b, if *d1 == *num_heads { *d2 } else { *d1 }),
-                    [b, s, _] => (*b, *s),
-                    [s, _] => (1, *s),
-                    _ => continue,
-                };
-                let parent = g.node(parts[0].0).inputs[0];
-                let same_parent = parts.iter().all(|(p, _)| g.node(*p).inputs[0] == parent);
-                let qkv_matmul = matches!(
-                    g.node(parent).op,
-                    Op::MatMul | Op::FusedMatMulBiasAct { activation: None, .. }
-                );
-                let out_users: Vec<NodeId> = {
-                    let mut u = users(n.id);
-                    while u.len() == 1 && matches!(g.node(u[0]).op, Op::Reshape { .. }) {
-                        u = users(u[0]);
-                    }
-                    u
-                };
-                let out_proj = out_users.len() == 1 && family(&g.node(out_users[0]).op) == "matmul";
-                if b * s <= threshold && same_parent && qkv_matmul && out_proj {
-                    let block = format!(
-                        "RLX 0.2.19's CPU backend fuses the QKV projection, its slices, this attention and the output \
-                         projection into one kernel at batch x seq = {} <= {threshold} (RLX_FUSE_ATTN_THRESHOLD): this \
-                         tensor is never written, a sketch would read stale memory (RLX_FUSE_ATTN_THRESHOLD=0 makes it \
-                         observable, in a different program)",
-                        b * s
-                    );
-                    let mut ids = vec![parent, n.id];
-                    for (p, v) in &parts {
-                        ids.push(*p);
-                        ids.extend(v.iter().copied());
-                    }
-                    let mut u = users(n.id);
-                    while u.len() == 1 && matches!(g.node(u[0]).op, Op::Reshape { .. }) {
-                        ids.push(u[0]);
-                        u = users(u[0]);
-                    }
-                    for id in ids {
-                        out.insert(id.0, block.clone());
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    out
-}

@@ -644,7 +644,7 @@ fn fused_attention_from_a_merged_qkv_projection() {
         let rows = sink.rows();
         let m = sink.manifests().pop().expect("manifest");
         let skipped = |site: &str, role: &str| {
-            m.skipped.iter().any(|k| k.site == site && k.role.map(|r| r.as_str()) == Some(role) && k.reason.contains("never written"))
+            m.skipped.iter().any(|k| k.site == site && k.role.as_ref().map(|r| r.as_str()) == Some(role) && k.reason.contains("never written"))
         };
         if b * s <= 64 {
             assert!(skipped("attention.0", "probs"), "{:?}", m.skipped);

@@ -55,7 +55,7 @@ fn gaussian_scores_get_no_attention_verdict() {
 fn a_planted_first_key_sink_is_found() {
     // +4 on key 0: exp(4) / (exp(4) + 31) = 0.64 of every query's mass.
     let s: Vec<f32> = randn(B * H * S * S, 2).iter().enumerate().map(|(i, x)| x * 0.5 + if i % S == 0 { 4.0 } else { 0.0 }).collect();
-    assert_eq!(attention_verdicts(&s), vec![Kind::AttentionSink]);
+    assert_eq!(attention_verdicts(&s), vec![opscope::passes::attn::rules::ATTENTION_SINK]);
 }
 
 #[test]
@@ -69,7 +69,7 @@ fn planted_top_k_sparsity_is_found() {
             x * 0.5 + if k == 1 + (q * 7) % (S - 2) || k == 1 + (q * 13 + 5) % (S - 2) { 6.0 } else { 0.0 }
         })
         .collect();
-    assert_eq!(attention_verdicts(&s), vec![Kind::SparseAttention]);
+    assert_eq!(attention_verdicts(&s), vec![opscope::passes::attn::rules::SPARSE_ATTENTION]);
 }
 
 #[test]
@@ -95,6 +95,6 @@ fn a_block_that_barely_moves_the_stream_is_a_skip_candidate() {
     let xs = randn(R * W, 5);
     let (_, sink) = run_tapped("residual", &g, &p, &[("x", &xs)]);
     let verdicts = mine(&series_from_rows(&sink.rows()));
-    let flagged: Vec<&str> = verdicts.iter().filter(|v| v.kind == Kind::LayerSkipProbe).map(|v| v.site.as_str()).collect();
+    let flagged: Vec<&str> = verdicts.iter().filter(|v| v.kind == opscope::passes::residual::rules::LAYER_SKIP_PROBE).map(|v| v.site.as_str()).collect();
     assert_eq!(flagged, vec!["block.2"], "{verdicts:?}");
 }

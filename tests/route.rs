@@ -160,11 +160,11 @@ fn miner_flags_the_dead_expert_and_the_hot_one() {
     let verdicts = opscope::mine::mine(&opscope::mine::series_from_rows(&rows));
     let find = |site: &str, kind: opscope::mine::Kind| verdicts.iter().find(|v| v.site == site && v.kind == kind);
     // The router made 48 assignments (12 per expert if uniform): enough evidence.
-    let v = find("moe/router/TopK", opscope::mine::Kind::DeadExpert).unwrap_or_else(|| panic!("no DeadExpert in {verdicts:?}"));
+    let v = find("moe/router/TopK", opscope::passes::route::rules::DEAD_EXPERT).unwrap_or_else(|| panic!("no DeadExpert in {verdicts:?}"));
     assert!(v.evidence.iter().any(|(k, x)| k == "dead_experts" && *x == 1.0), "{:?}", v.evidence);
     // The dispatch made 24 (6 per expert if uniform): below the rule's 10, no verdict yet.
-    assert!(find("moe/experts/GroupedMatMul", opscope::mine::Kind::DeadExpert).is_none());
+    assert!(find("moe/experts/GroupedMatMul", opscope::passes::route::rules::DEAD_EXPERT).is_none());
     // Dispatch (top-1) load is skewed to the favoured expert 0: >= 2x the mean of 6.
-    let hot = find("moe/experts/GroupedMatMul", opscope::mine::Kind::ExpertImbalance).expect("imbalance verdict");
+    let hot = find("moe/experts/GroupedMatMul", opscope::passes::route::rules::EXPERT_IMBALANCE).expect("imbalance verdict");
     assert!(hot.evidence.iter().any(|(k, x)| k == "expert" && *x == 0.0), "{:?}", hot.evidence);
 }

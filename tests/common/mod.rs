@@ -297,7 +297,7 @@ pub fn render(g: &Graph, m: &opscope::Manifest) -> String {
         ));
     }
     for k in &m.skipped {
-        s.push_str(&format!("# skipped {}/{:?} shape={:?}: {}\n", k.site, k.role.map(|r| r.as_str()), k.shape, k.reason));
+        s.push_str(&format!("# skipped {}/{:?} shape={:?}: {}\n", k.site, k.role.as_ref().map(|r| r.as_str()), k.shape, k.reason));
     }
     for a in &m.actuations {
         s.push_str(&format!("# actuation {} node=%{} pass={}#{}: {}\n", a.site, a.node, a.pass, a.pass_idx, a.action));

@@ -1,0 +1,327 @@
+//! `opscope`: list passes; record a real ONNX encoder over real text.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use opscope_lab::model::{split_entries, Job};
+use opscope_lab::summary::SummarySink;
+use opscope::Pipeline;
+
+#[derive(Parser)]
+#[command(name = "opscope", version, about = "Record what flows through an RLX model's op sites")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// List every registered pass with its kind, options, defaults and doc.
+    Passes,
+    /// Run an ONNX sentence encoder over text with a tap pipeline and write a recording.
+    Record(RecordArgs),
+    /// Record synthetic tensors with planted structures (ground truth for the miner) through
+    /// real tapped RLX matmul graphs; writes the recording and `<out>.truth.json`.
+    Sweep(SweepArgs),
+    /// Mine a recording (CSV or .csv.gz): the verdicts its sketches support, by payoff.
+    Mine(MineArgs),
+    /// Mine a recording and write a self-contained HTML report with plots.
+    Report(ReportArgs),
+    /// Measure an ONNX encoder over text: attention concentration and sinks (attn), W8A8
+    /// per-token vs per-channel (fakequant) and block influence vs layer skip (residual, skip).
+    Measure(MeasureArgs),
+}
+
+/// The model and the text both `record` and `measure` run.
+#[derive(clap::Args)]
+struct Corpus {
+    /// ONNX model (BERT-style encoder with inputs input_ids, attention_mask; for `measure`, its
+    /// last output is the sentence embedding).
+    #[arg(long)]
+    onnx: PathBuf,
+    /// Hugging Face tokenizer.json.
+    #[arg(long)]
+    tokenizer: PathBuf,
+    /// Text file: entries separated by lines holding only '%' (fortune format) or blank lines.
+    #[arg(long)]
+    text: PathBuf,
+    /// Sentences per batch.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    batch: u32,
+    /// Tokens per sentence (truncate and pad to this length).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(2..=512))]
+    seq: u32,
+    /// Use at most this many text entries.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    limit: Option<u64>,
+}
+
+impl Corpus {
+    /// The text's entries, at most `--limit`. Errors if the file is unreadable or empty.
+    fn entries(&self) -> Result<Vec<String>> {
+        let text = std::fs::read_to_string(&self.text).with_context(|| format!("reading {}", self.text.display()))?;
+        let mut entries = split_entries(&text);
+        if let Some(n) = self.limit {
+            entries.truncate(n as usize);
+        }
+        anyhow::ensure!(!entries.is_empty(), "{}: no text entries found", self.text.display());
+        Ok(entries)
+    }
+}
+
+#[derive(clap::Args)]
+struct MeasureArgs {
+    #[command(flatten)]
+    corpus: Corpus,
+    /// Also write the measurement as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn measure(a: MeasureArgs) -> Result<()> {
+    let c = &a.corpus;
+    let job = Job::new(&c.onnx, &c.tokenizer, c.entries()?, c.batch as usize, c.seq as usize)?;
+    let bar = ProgressBar::new_spinner();
+    let m = opscope_lab::measure::measure(&job, |stage| bar.set_message(stage.to_string()))?;
+    bar.finish_and_clear();
+    if let Some(path) = &a.json {
+        let body = serde_json::to_vec_pretty(&m).context("encoding the measurement")?;
+        opscope::recording::write_atomic(path, &body)?;
+    }
+    emit(&m.markdown())
+}
+
+#[derive(clap::Args)]
+struct ReportArgs {
+    /// Recording (CSV, or gzip CSV ending in .gz).
+    recording: PathBuf,
+    /// The HTML file to write.
+    #[arg(short, long)]
+    out: PathBuf,
+}
+
+fn report(a: ReportArgs) -> Result<()> {
+    opscope::recording::check_path(&a.out)?;
+    let series = opscope::mine::load(&a.recording)?;
+    let verdicts = opscope::mine::mine(&series);
+    let mut notes = opscope::mine::no_data(&a.recording, &series)?;
+    notes.push(opscope::mine::NOT_OBSERVABLE.to_string());
+    let title = format!("opscope report: {}", a.recording.display());
+    let html = opscope_lab::report::render(&title, &series, &verdicts, &notes)?;
+    opscope::recording::write_atomic(&a.out, html.as_bytes())?;
+    emit(&format!("wrote {} ({} verdicts, {} site/roles)\n", a.out.display(), verdicts.len(), series.len()))
+}
+
+#[derive(clap::Args)]
+struct MineArgs {
+    /// Recording (CSV, or gzip CSV ending in .gz).
+    recording: PathBuf,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn mine(a: MineArgs) -> Result<()> {
+    let series = opscope::mine::load(&a.recording)?;
+    let verdicts = opscope::mine::mine(&series);
+    let no_data = opscope::mine::no_data(&a.recording, &series)?;
+    if a.json {
+        let doc = serde_json::json!({
+            "recording": a.recording,
+            "verdicts": verdicts,
+            "no_data": no_data,
+            "not_observable": opscope::mine::NOT_OBSERVABLE,
+        });
+        return emit(&(serde_json::to_string_pretty(&doc).context("JSON")? + "\n"));
+    }
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(out, "{:>8}  {:<18}  {:<4}  {:<60}  evidence", "payoff", "verdict", "role", "site");
+    for v in &verdicts {
+        let ev: Vec<String> = v.evidence.iter().map(|(k, x)| format!("{k}={x:.3}")).collect();
+        let _ = writeln!(out, "{:>8.4}  {:<18}  {:<4}  {:<60}  {}", v.payoff, v.kind.to_string(), v.role, v.site, ev.join(" "));
+    }
+    if verdicts.is_empty() {
+        let _ = writeln!(out, "(no verdict: nothing in these sketches justifies a specialized kernel)");
+    }
+    for line in &no_data {
+        let _ = writeln!(out, "{line}");
+    }
+    let _ = writeln!(out, "note: {}", opscope::mine::NOT_OBSERVABLE);
+    emit(&out)
+}
+
+#[derive(clap::Args)]
+struct SweepArgs {
+    /// Recording path (`.parquet`, `.csv` or `.csv.gz`); ground truth goes to `<out>.truth.json`.
+    #[arg(long)]
+    out: PathBuf,
+    /// Seeds per structure and shape (seeds 0..N).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
+    seeds: u64,
+    /// Pass pipeline.
+    #[arg(long, default_value = "matmul{roles=[lhs,rhs]}")]
+    pipeline: String,
+    /// Mine the sweep and print the confusion matrix of verdicts against the ground truth;
+    /// exits non-zero unless every planted structure got its verdicts and nothing else fired.
+    #[arg(long)]
+    check: bool,
+}
+
+fn sweep(a: SweepArgs) -> Result<()> {
+    let pipeline = Pipeline::parse(&a.pipeline)?;
+    let sink = opscope::recording::open(&a.out)?;
+    let seeds: Vec<u64> = (0..a.seeds).collect();
+    let memory = opscope::MemorySink::default();
+    let tee = opscope::recording::Tee(vec![sink, Box::new(memory.clone())]);
+    let truth = opscope_lab::sweep::run(&pipeline, &seeds, Box::new(tee))?;
+    let mut truth_path = a.out.clone().into_os_string();
+    truth_path.push(".truth.json");
+    let json = serde_json::to_vec_pretty(&truth).context("ground truth JSON")?;
+    opscope::recording::write_atomic(std::path::Path::new(&truth_path), &json)?;
+    println!(
+        "recorded {} planted sites ({} structures x {} shapes x {} seeds) to {} (+ .manifest.json, .truth.json)",
+        truth.sites.len(),
+        opscope_lab::sweep::Planted::ALL.len(),
+        opscope_lab::sweep::SHAPES.len(),
+        seeds.len(),
+        a.out.display()
+    );
+    if a.check {
+        let verdicts = opscope::mine::mine(&opscope::mine::series_from_rows(&memory.rows()));
+        let check = opscope_lab::sweep::check(&truth, &verdicts);
+        print!("{}", check.table());
+        if !check.perfect() {
+            anyhow::bail!("{} departures from the ground truth:\n{}", check.errors.len(), check.errors.join("\n"));
+        }
+        println!("perfect: every planted structure got its verdicts; no verdict on any Gaussian null");
+    }
+    Ok(())
+}
+
+#[derive(clap::Args)]
+struct RecordArgs {
+    #[command(flatten)]
+    corpus: Corpus,
+    /// Pass pipeline, e.g. `matmul{hist_bins=16}`.
+    #[arg(long, default_value = "matmul")]
+    pipeline: String,
+    /// Which program to observe: `deployed` (after RLX's fusion; outputs bit-identical) or
+    /// `source` (the graph as imported, before fusion).
+    #[arg(long, default_value = "deployed")]
+    stage: opscope::activate::Stage,
+    /// Recording path: `.parquet`, `.csv` or `.csv.gz`; the manifest goes to
+    /// `<out>.manifest.json`.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// Write to stdout; a closed pipe (`| head`) ends the output quietly instead of panicking.
+fn emit(text: &str) -> Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.context("writing to stdout"),
+    }
+}
+
+fn passes() {
+    for p in opscope::pass::registered() {
+        println!("{}  ({})  {}", p.name(), p.kind(), p.doc());
+        let w = p.options().iter().map(|o| o.name.len()).max().unwrap_or(0);
+        let d = p.options().iter().map(|o| o.default.len()).max().unwrap_or(0);
+        for o in p.options() {
+            println!("    {:<w$}  default {:<d$}  {}", o.name, o.default, o.doc);
+            println!("    {:<w$}  {:<8}{}", "", "type", o.ty.describe());
+        }
+    }
+}
+
+fn record(a: RecordArgs) -> Result<()> {
+    let pipeline = Pipeline::parse(&a.pipeline)?;
+    if !pipeline.has_tap() {
+        anyhow::bail!(
+            "the pipeline '{pipeline}' has no tap: actuation passes change the model but record nothing; \
+             add a tap after them, e.g. '{pipeline},residual' or '{pipeline},matmul'"
+        );
+    }
+    let (batch, seq) = (a.corpus.batch as usize, a.corpus.seq as usize);
+    let entries = a.corpus.entries()?;
+    // A bad --out fails before the model is imported; the file is created once the inputs
+    // have loaded, so a failed start never touches an earlier recording.
+    opscope::recording::check_path(&a.out)?;
+    let job = Job::new(&a.corpus.onnx, &a.corpus.tokenizer, entries, batch, seq)?;
+    // Dry run on the program that will be observed: a pipeline that does not fit the model
+    // (skip of a block that does not exist) fails here, before any file is written, and taps
+    // that find nothing are named.
+    let options = rlx_runtime::CompileOptions::default();
+    let (_, manifest) = opscope::activate::rewrite(&pipeline, job.graph(), a.stage, &options, 0)?;
+    let idle = pipeline.idle_taps(&manifest);
+    let lines: Vec<String> = idle
+        .iter()
+        .map(|(i, text, doc)| format!("pass {i} '{text}' found no site in {} (it looks for: {doc})", a.corpus.onnx.display()))
+        .collect();
+    if idle.len() == pipeline.instances().iter().filter(|p| p.pass.kind() == opscope::PassKind::Tap).count() {
+        anyhow::bail!("nothing to record:\n  {}", lines.join("\n  "));
+    }
+    for l in &lines {
+        eprintln!("opscope: warning: {l}");
+    }
+
+    let file = opscope::recording::open(&a.out)?;
+    let summary = SummarySink::default();
+    let sink = opscope::recording::Tee(vec![file, Box::new(summary.clone())]);
+    let bar = ProgressBar::new(job.sentences() as u64).with_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} sentences {elapsed} {msg}")
+            .context("progress template")?,
+    );
+    let res = job.run(&pipeline, a.stage, Box::new(sink), |sentences, _| {
+        bar.inc(sentences as u64);
+        Ok(())
+    });
+    bar.finish();
+    res?;
+    if summary.sites().is_empty() {
+        anyhow::bail!(
+            "nothing was recorded: the pipeline '{pipeline}' matched no site in {} (the header-only \
+             recording is at {}; run with --pipeline matmul to see every site's name)",
+            a.corpus.onnx.display(),
+            a.out.display()
+        );
+    }
+    emit(&summary.table())?;
+    println!(
+        "recorded {} text entries ({} per batch, {} tokens) with '{}' to {} (+ .manifest.json)",
+        job.sentences(),
+        batch,
+        seq,
+        pipeline,
+        a.out.display()
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Passes => {
+            passes();
+            Ok(())
+        }
+        Cmd::Record(a) => record(a),
+        Cmd::Sweep(a) => sweep(a),
+        Cmd::Mine(a) => mine(a),
+        Cmd::Report(a) => report(a),
+        Cmd::Measure(a) => measure(a),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("opscope: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

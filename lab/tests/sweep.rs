@@ -1,0 +1,81 @@
+//! The sweep's planted structures are really in the recorded sketches (generators checked
+//! through real tapped RLX graphs), and the ground truth lists every site.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+use common::*;
+use opscope_lab::sweep::{run, Planted, SHAPES, SEQUENCE_STEPS};
+use opscope::{MemorySink, Pipeline};
+
+fn one(s: &std::collections::BTreeMap<String, Vec<f64>>, k: &str) -> f64 {
+    s[k][0]
+}
+
+#[test]
+fn planted_structures_show_in_the_recording() {
+    let sink = MemorySink::default();
+    let seeds = [0u64, 1];
+    let truth = run(&Pipeline::parse("matmul{roles=[lhs,rhs]}").unwrap(), &seeds, Box::new(sink.clone())).unwrap();
+    assert_eq!(truth.sites.len(), Planted::ALL.len() * SHAPES.len() * seeds.len());
+    let rows = sink.rows();
+    for t in &truth.sites {
+        let s = stats_of(&rows, &t.site, "lhs", 0);
+        assert!(!s.is_empty(), "{} recorded", t.site);
+        let density = one(&s, "nnz") / one(&s, "count");
+        let kurt = one(&s, "kurtosis");
+        let ctx = format!("{} density {density} kurtosis {kurt}", t.site);
+        let steps = rows.iter().filter(|r| *r.site == *t.site && &*r.role == "lhs" && &*r.stat == "count").count();
+        assert_eq!(steps, t.steps, "{ctx}: steps");
+        match t.planted {
+            Planted::Gaussian | Planted::Stationary => assert!((2.3..3.8).contains(&kurt) && density == 1.0, "{ctx}"),
+            Planted::Uniform => assert!((1.6..2.0).contains(&kurt), "{ctx}"),
+            Planted::Sparse => assert!((0.06..0.14).contains(&density), "{ctx}"),
+            Planted::TwoFour => assert_eq!(density, 0.5, "{ctx}"),
+            Planted::LowRank => {
+                // Row energies of a rank-4 tensor are chi-square-like with ~4 degrees of
+                // freedom: their coefficient of variation is far above a Gaussian's sqrt(2/C).
+                let pos = &s["pos_sumsq"];
+                let mean = pos.iter().sum::<f64>() / pos.len() as f64;
+                let cv = (pos.iter().map(|p| (p - mean).powi(2)).sum::<f64>() / pos.len() as f64).sqrt() / mean;
+                assert!(cv > 0.3, "{ctx}: row-energy CV {cv}");
+            }
+            Planted::ChannelOutliers => assert!(one(&s, "chan_outlier") > 8.0, "{ctx}"),
+            Planted::ScatteredOutliers => assert!(kurt > 20.0, "{ctx}"),
+            Planted::Quantized => {
+                let lo = one(&s, "min");
+                let hi = one(&s, "max");
+                let levels = ((hi - lo) / 0.5).round() as usize + 1;
+                let nonempty = s["hist"].iter().filter(|h| **h > 0.0).count();
+                assert!(nonempty <= levels, "{ctx}: {nonempty} non-empty bins, {levels} grid levels");
+            }
+            Planted::CoherentRows => {
+                let pairs: f64 = s["pos_sumsq"].windows(2).map(|w| w[0] + w[1]).sum();
+                assert!(one(&s, "adj_sumsq") / pairs < 0.05, "{ctx}: adjacent-row ratio");
+            }
+            Planted::Drifting => {
+                let means: Vec<f64> = (0..SEQUENCE_STEPS as u64).map(|k| one(&stats_of(&rows, &t.site, "lhs", k), "mean")).collect();
+                assert!(means.windows(2).all(|w| w[1] > w[0] + 0.3), "{ctx}: {means:?}");
+            }
+            Planted::Repeat => {
+                let first = stats_of(&rows, &t.site, "lhs", 0);
+                for k in 1..SEQUENCE_STEPS as u64 {
+                    assert_eq!(stats_of(&rows, &t.site, "lhs", k), first, "{ctx}: step {k} repeats step 0 exactly");
+                }
+            }
+        }
+        // The weight is a Gaussian null everywhere.
+        let w = stats_of(&rows, &t.site, "rhs", 0);
+        assert!((2.0..4.5).contains(&one(&w, "kurtosis")), "{} rhs kurtosis", t.site);
+    }
+}
+
+#[test]
+fn the_miner_finds_every_planted_structure_and_nothing_in_the_null() {
+    let seeds: Vec<u64> = (0..48).collect();
+    let sink = MemorySink::default();
+    let truth = run(&Pipeline::parse("matmul{roles=[lhs,rhs]}").unwrap(), &seeds, Box::new(sink.clone())).unwrap();
+    let verdicts = opscope::mine::mine(&opscope::mine::series_from_rows(&sink.rows()));
+    let check = opscope_lab::sweep::check(&truth, &verdicts);
+    println!("{}", check.table());
+    assert!(check.perfect(), "{}\n{}", check.table(), check.errors.join("\n"));
+}

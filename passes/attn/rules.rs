@@ -1,0 +1,90 @@
+//! Miner rules for the attention probe: sparse (top-k) attention, attention sinks, and the
+//! padding-leak health check.
+
+use std::collections::BTreeMap;
+
+use crate::mine::{weighted_vector, Kind, Rule, RuleRegistration, Series, SeriesKey, StepStats, Verdict, HEALTH};
+
+use super::probe::stats;
+use super::PROBS;
+
+/// Top-k attention keeps >= 90% of the probability mass with k <= keys/4, averaged over heads.
+pub const SPARSE_ATTENTION: Kind = Kind {
+    name: "sparse_attention",
+    doc: "top-k attention keeps >= 90% of the probability mass with k <= keys/4, averaged over heads: sparse / top-k attention (Gupta et al., Memory-efficient Transformers via Top-k Attention, 2021); 90% is opscope's line",
+};
+
+/// A head gives one key (the first, or the last non-padding one) >= 5x the uniform share and
+/// >= 0.2 of its mass.
+pub const ATTENTION_SINK: Kind = Kind {
+    name: "attention_sink",
+    doc: "a head gives one key (the first, or the last non-padding one) >= 5x the uniform share and >= 0.2 of its mass: an attention sink that KV eviction and windowed attention must keep (Xiao et al., StreamingLLM, 2024; Clark et al. 2019 on BERT's [CLS]/[SEP]); 5x and 0.2 are opscope's lines",
+};
+
+struct AttnRules;
+
+impl Rule for AttnRules {
+    fn name(&self) -> &'static str {
+        "attn"
+    }
+
+    fn mine(&self, series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>) {
+        for (key, s) in series.iter().filter(|(k, _)| k.1 == PROBS.as_str()) {
+            let q = |r: &StepStats| r.scalar(stats::QUERIES).unwrap_or(0.0);
+            // Mean non-padding keys per sequence, over runs (weighted by queries).
+            let (kw, kn) = s.runs.iter().fold((0.0, 0.0), |(a, n), r| match r.scalar(stats::KEYS) {
+                Some(k) => (a + q(r) * k, n + q(r)),
+                None => (a, n),
+            });
+            let valid_keys = if kn > 0.0 { (kw / kn).max(1.0) } else { continue };
+            let topk = s.runs.iter().find_map(|r| r.scalar(stats::TOPK));
+            let mass = weighted_vector(s, stats::TOPK_MASS, q);
+            if let (Some(k), false) = (topk, mass.is_empty()) {
+                let mean = mass.iter().sum::<f64>() / mass.len() as f64;
+                let worst = mass.iter().copied().fold(f64::INFINITY, f64::min);
+                if mean >= 0.9 && k * 4.0 <= valid_keys {
+                    out.push(Verdict::new(
+                        key,
+                        SPARSE_ATTENTION,
+                        vec![("topk", k), ("topk_mass_mean", mean), ("topk_mass_worst_head", worst), ("keys_per_sequence", valid_keys)],
+                        "top-k keeps >= 90% of the attention mass (mean over heads) with k <= keys/4",
+                        "Gupta et al., Memory-efficient Transformers via Top-k Attention (2021); 90%: opscope's line",
+                    ));
+                }
+            }
+            let uniform = 1.0 / valid_keys;
+            for (stat, evidence) in [(stats::SINK_FIRST, "sink_first_max"), (stats::SINK_LAST, "sink_last_max")] {
+                let v = weighted_vector(s, stat, q);
+                let (h, m) = v.iter().enumerate().fold((0, f64::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b });
+                if m >= 0.2 && m >= 5.0 * uniform {
+                    let heads = v.iter().filter(|&&x| x >= 0.2 && x >= 5.0 * uniform).count() as f64;
+                    out.push(Verdict::new(
+                        key,
+                        ATTENTION_SINK,
+                        vec![(evidence, m), ("head", h as f64), ("sink_heads", heads), ("uniform_share", uniform)],
+                        "a head gives one key (first, or last non-padding) >= 0.2 of its mass and >= 5x the uniform share",
+                        "Xiao et al., StreamingLLM (2024); Clark et al., What Does BERT Look At? (2019); 0.2 and 5x: opscope's lines",
+                    ));
+                }
+            }
+            let pad = weighted_vector(s, stats::PAD_MASS, q);
+            let pad_max = pad.iter().copied().fold(0.0, f64::max);
+            if pad_max > 1e-3 {
+                out.push(Verdict::new(
+                    key,
+                    HEALTH,
+                    vec![("pad_mass_max_head", pad_max)],
+                    "attention mass on padding keys > 1e-3: the mask leaks",
+                    "health check",
+                ));
+            }
+        }
+    }
+}
+
+inventory::submit! { RuleRegistration(&AttnRules) }
+
+/// Referenced by the pass's `link` so that this file's registrations are linked (see
+/// [`crate::passes::link`]).
+#[inline(never)]
+pub(super) fn link() {}

@@ -1,0 +1,198 @@
+//! `matmul`: tap every matmul site (MatMul of any rank, DequantMatMul, fused matmuls) and
+//! sketch its operands and output.
+
+use rlx_ir::{NodeId, Op};
+
+use crate::error::Error;
+use crate::manifest::Role;
+use crate::pass::{Globs, Opt, OptionSpec, Options, Pass, PassKind, PassRegistration, Range, Stats, Words};
+use crate::rewrite::Rewrite;
+use crate::sketch::{static_dims, HistRange, SketchSpec, SELECTABLE};
+
+const SITES: Opt<Globs> = Opt::globs("sites", "[*]", "glob patterns over site names (ONNX node names without the leading '/', else matmul.K)");
+const ROLES: Opt<Words> = Opt::words(
+    "roles",
+    &["lhs", "rhs", "out"],
+    "[lhs,rhs,out]",
+    "which tensors to sketch: lhs (activation), rhs (weight or 2nd operand), out",
+);
+const STATS: Opt<Stats> = Opt::stats(
+    "stats",
+    SELECTABLE,
+    "[all]",
+    "statistics to compute (count is always recorded; hist adds hist_lo/hist_hi/hist_outside)",
+);
+const HIST_BINS: Opt<u64> = Opt::uint("hist_bins", 1, 65536, "32", "value-histogram bins");
+const HIST_RANGE: Opt<Range> = Opt::range(
+    "hist_range",
+    "absmax",
+    "histogram range: absmax = [-max|x|, max|x|] per tensor and run, or a fixed LO:HI",
+);
+const ELEMSIG: Opt<u64> = Opt::uint(
+    "elemsig",
+    1,
+    65536,
+    "16",
+    "elements sampled at evenly spaced flat indices (exact-repeat detection)",
+);
+
+const OPTIONS: &[OptionSpec] = &[SITES.spec, ROLES.spec, STATS.spec, HIST_BINS.spec, HIST_RANGE.spec, ELEMSIG.spec];
+
+/// The `matmul` tap pass.
+pub struct MatmulTap;
+
+/// One logical matmul inside a horizontally merged one: RLX's fusion turns
+/// `x@Wq, x@Wk, x@Wv` into `narrow_i(x @ concat(Wq, Wk, Wv))`.
+struct Part {
+    /// The weight parameter node (an input of the concat).
+    weight: NodeId,
+    /// Its name.
+    param: String,
+    /// The narrow node holding this part's output.
+    out: NodeId,
+}
+
+/// The parts of a merged matmul `id`, if its rhs is a last-axis concat of parameters and its
+/// users are last-axis narrows that cover exactly the concat's segments.
+fn merged_parts(rw: &Rewrite, id: NodeId, rhs: NodeId) -> Option<Vec<Part>> {
+    let g = rw.graph();
+    let cat = g.node(rhs);
+    let Op::Concat { axis } = cat.op else { return None };
+    if axis + 1 != cat.shape.rank() || cat.inputs.len() < 2 {
+        return None;
+    }
+    let out_axis = g.node(id).shape.rank().checked_sub(1)?;
+    let mut parts = Vec::new();
+    let mut start = 0usize;
+    let users = rw.users(id); // O(nodes): only reached for a matmul whose rhs is a concat
+    for &w in &cat.inputs {
+        let wn = g.node(w);
+        let Op::Param { name } = &wn.op else { return None };
+        let len = static_dims(&wn.shape)?.get(axis).copied()?;
+        let narrow = users.iter().copied().find(|&u| {
+            matches!(g.node(u).op, Op::Narrow { axis: a, start: s, len: l } if a == out_axis && s == start && l == len)
+        })?;
+        parts.push(Part { weight: w, param: name.clone(), out: narrow });
+        start += len;
+    }
+    // Every user must be one of the parts' narrows: otherwise the merged output is used whole.
+    if users.iter().all(|u| parts.iter().any(|p| p.out == *u)) {
+        Some(parts)
+    } else {
+        None
+    }
+}
+
+/// Operand node ids `(lhs, rhs)` if `op` is a matmul site. (The packed weight of a
+/// DequantMatMul is not f32: its rhs is reported as skipped by the sketch planner.)
+fn matmul_operands(op: &Op, inputs: &[NodeId]) -> Option<(NodeId, Option<NodeId>)> {
+    match op {
+        Op::MatMul | Op::FusedMatMulBiasAct { .. } | Op::FusedMatMulResidual | Op::DequantMatMul { .. } => {
+            Some((*inputs.first()?, inputs.get(1).copied()))
+        }
+        _ => None,
+    }
+}
+
+impl Pass for MatmulTap {
+    fn name(&self) -> &'static str {
+        "matmul"
+    }
+    fn kind(&self) -> PassKind {
+        PassKind::Tap
+    }
+    fn doc(&self) -> &'static str {
+        "sketch lhs, rhs and out of every MatMul, DequantMatMul and fused matmul"
+    }
+    fn options(&self) -> &'static [OptionSpec] {
+        OPTIONS
+    }
+
+    fn run(&self, opts: &Options, rw: &mut Rewrite) -> Result<(), Error> {
+        let patterns = opts.get(&SITES)?;
+        let roles: Vec<Role> = [Role::LHS, Role::RHS, Role::OUT]
+            .into_iter()
+            .filter(|r| opts.get(&ROLES).is_ok_and(|v| v.iter().any(|w| w == r.as_str())))
+            .collect();
+        let stats = opts.stats(&STATS)?;
+        let hist_range = match opts.get(&HIST_RANGE)? {
+            Some((lo, hi)) => HistRange::Fixed { lo, hi },
+            None => HistRange::Absmax,
+        };
+        let hist_bins = opts.get(&HIST_BINS)? as usize;
+        let elemsig = opts.get(&ELEMSIG)? as usize;
+
+        rw.note_removed(|op| crate::rewrite::family(op) == "matmul");
+        let nodes: Vec<NodeId> = rw.original_nodes().collect();
+        // (site name, node, lhs, rhs, out) of every logical site.
+        let mut sites: Vec<(String, NodeId, NodeId, Option<NodeId>, NodeId)> = Vec::new();
+        for id in nodes {
+            let node = rw.graph().node(id);
+            let Some((lhs, rhs)) = matmul_operands(&node.op, &node.inputs) else {
+                continue;
+            };
+            let parts = match (&node.op, rhs) {
+                (Op::MatMul, Some(r)) => merged_parts(rw, id, r),
+                _ => None,
+            };
+            match parts {
+                Some(parts) => {
+                    let whole = rw.site_name(id);
+                    for (i, p) in parts.into_iter().enumerate() {
+                        let name = rw
+                            .source_name_for_param("matmul", &p.param)
+                            .unwrap_or_else(|| format!("{whole}[{i}]"));
+                        sites.push((name, id, lhs, Some(p.weight), p.out));
+                    }
+                }
+                None => sites.push((rw.site_name(id), id, lhs, rhs, id)),
+            }
+        }
+        for (site_name, id, lhs, rhs, out) in sites {
+            if !patterns.iter().any(|p| p.matches(&site_name)) {
+                continue;
+            }
+            // FLOPs of one execution: 2 * numel(out) * K, K = lhs's last dim. This is
+            // 2 x batch x M x K x N for batched (and broadcast) shapes.
+            let out_dims = static_dims(&rw.graph().node(out).shape);
+            let k = static_dims(&rw.graph().node(lhs).shape).and_then(|d| d.last().copied());
+            let flops = match (out_dims, k) {
+                (Some(d), Some(k)) => Some(2 * d.iter().product::<usize>() as u64 * k as u64),
+                _ => None,
+            };
+            let site = rw.add_site_named(id, site_name, flops);
+            for role in &roles {
+                let role = role.clone();
+                let tensor = if role == Role::LHS {
+                    Some(lhs)
+                } else if role == Role::RHS {
+                    rhs
+                } else {
+                    Some(out)
+                };
+                let Some(tensor) = tensor else {
+                    rw.skip(&site, Some(role), None, "the op has no such operand".into());
+                    continue;
+                };
+                let shape = rw.graph().node(tensor).shape.clone();
+                match SketchSpec::for_shape(&shape, &stats, hist_bins, hist_range, elemsig) {
+                    Ok(plan) => {
+                        for (stat, why) in plan.dropped {
+                            rw.skip(&site, Some(role.clone()), Some(tensor), format!("{} not computed: {why}", stat.as_str()));
+                        }
+                        rw.tap(&site, role, tensor, plan.spec);
+                    }
+                    Err(why) => rw.skip(&site, Some(role), Some(tensor), why.to_string()),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Referenced by [`super::link`] so that this file's object code, and with it the
+/// registration below, is linked into every program that uses opscope.
+#[inline(never)]
+pub(super) fn link() {}
+
+inventory::submit! { PassRegistration(&MatmulTap) }

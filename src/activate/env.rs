@@ -1,0 +1,299 @@
+//! The environment mode: `RLX_OPSCOPE=<pipeline>` in any program that links opscope installs,
+//! at load time, a wrapper of the CPU backend that taps every compile and strips the tap
+//! outputs from every run. The variables are read once, when the program loads; the pipeline
+//! is parsed at the first compile (the pass registry is filled by load-time constructors too,
+//! in no guaranteed order).
+
+use std::sync::{Arc, OnceLock};
+
+use crate::error::Error;
+use crate::pipeline::Pipeline;
+use crate::record::{new_run_id, Recorder};
+
+use super::Stage;
+
+/// Environment variable holding the pipeline text.
+pub const ENV_PIPELINE: &str = "RLX_OPSCOPE";
+/// Environment variable holding the recording path (default `opscope-recording.csv`).
+pub const ENV_OUT: &str = "RLX_OPSCOPE_OUT";
+/// Environment variable selecting the observed program: `deployed` (default) or `source`.
+pub const ENV_STAGE: &str = "RLX_OPSCOPE_STAGE";
+
+pub(super) struct EnvState {
+    pub(super) pipeline: Pipeline,
+    pub(super) recorder: Arc<Recorder>,
+    pub(super) stage: Stage,
+}
+
+/// The three variables as read once at load time.
+struct EnvVars {
+    pipeline: String,
+    out: Option<String>,
+    stage: Option<String>,
+}
+
+/// `RLX_OPSCOPE` and its companions, read once; `None` when `RLX_OPSCOPE` is unset or empty
+/// (opscope is then inert).
+fn vars() -> Option<&'static EnvVars> {
+    static VARS: OnceLock<Option<EnvVars>> = OnceLock::new();
+    VARS.get_or_init(|| {
+        let pipeline = std::env::var(ENV_PIPELINE).ok().filter(|t| !t.trim().is_empty())?;
+        Some(EnvVars {
+            pipeline,
+            out: std::env::var(ENV_OUT).ok(),
+            stage: std::env::var(ENV_STAGE).ok(),
+        })
+    })
+    .as_ref()
+}
+
+static ENV: OnceLock<Result<EnvState, String>> = OnceLock::new();
+
+/// The parsed pipeline, sink and stage, built once at the first compile.
+pub(super) fn env_state() -> Option<&'static Result<EnvState, String>> {
+    let v = vars()?;
+    Some(ENV.get_or_init(|| {
+        let pipeline = Pipeline::parse(&v.pipeline).map_err(|e| format!("{ENV_PIPELINE}: {e}"))?;
+        let stage = match &v.stage {
+            Some(s) => s.parse::<Stage>().map_err(|e| format!("{ENV_STAGE}: {e}"))?,
+            None => Stage::Deployed,
+        };
+        let out = v.out.clone().unwrap_or_else(|| "opscope-recording.csv".into());
+        let sink = crate::recording::open(&out).map_err(|e| format!("{ENV_OUT}: {e}"))?;
+        Ok(EnvState {
+            pipeline,
+            recorder: Arc::new(Recorder::new(sink, new_run_id())),
+            stage,
+        })
+    }))
+}
+
+/// Activate from the environment: if `RLX_OPSCOPE` is set, install the tapping CPU backend.
+/// Runs at load time in any program that links opscope (`use opscope as _;`); calling it again
+/// is harmless. Returns whether opscope is active.
+pub fn init() -> bool {
+    static DONE: OnceLock<bool> = OnceLock::new();
+    *DONE.get_or_init(|| {
+        if vars().is_none() {
+            return false;
+        }
+        rlx_runtime::register_backend(rlx_runtime::Device::Cpu, || Box::new(backend::TappingCpu));
+        true
+    })
+}
+
+/// Finish the environment recording (rename it into place, write the sidecar). Runs at exit;
+/// calling it earlier ends the recording.
+pub fn finish() -> Result<(), Error> {
+    match ENV.get() {
+        Some(Ok(st)) => st.recorder.finish(),
+        _ => Ok(()),
+    }
+}
+
+
+mod backend {
+    //! A CPU backend that taps every MIR compile and strips the tap outputs from every run.
+    //! Every `ExecutableGraph` method is forwarded, so the wrapper is transparent.
+
+    use std::sync::Arc;
+
+    use rlx_runtime::backend::cpu_backend::CpuBackend;
+    use rlx_runtime::backend::{Backend, ExecutableGraph};
+    use rlx_runtime::CompileOptions;
+
+    use super::env_state;
+    use crate::activate::tap_graph;
+    use crate::manifest::Manifest;
+    use crate::record::Recorder;
+
+    pub(super) struct TappingCpu;
+
+    impl TappingCpu {
+        fn wrap(
+            exec: Box<dyn ExecutableGraph>,
+            tapped: Option<(Arc<Manifest>, Arc<Recorder>)>,
+        ) -> Box<dyn ExecutableGraph> {
+            match tapped {
+                None => exec,
+                Some((manifest, recorder)) => Box::new(Tapped {
+                    extra: manifest.outputs.iter().filter(|o| o.output_index.is_some()).count(),
+                    inner: exec,
+                    manifest,
+                    recorder,
+                    slots: Vec::new(),
+                }),
+            }
+        }
+
+        fn tap(
+            &self,
+            graph: rlx_ir::Graph,
+            options: &CompileOptions,
+        ) -> (rlx_ir::Graph, Option<(Arc<Manifest>, Arc<Recorder>)>) {
+            match env_state() {
+                Some(Ok(st)) => {
+                    // The backend is given the caller's options: fuse exactly as the compile will.
+                    let (g, m) = tap_graph(&st.pipeline, &st.recorder, graph, st.stage, options);
+                    (g, m.map(|m| (m, st.recorder.clone())))
+                }
+                Some(Err(msg)) => {
+                    // A bad RLX_OPSCOPE stops the program at its first compile, with the
+                    // parse error and no panic trace.
+                    eprintln!("{msg}");
+                    std::process::exit(2);
+                }
+                None => (graph, None),
+            }
+        }
+    }
+
+    impl Backend for TappingCpu {
+        fn compile(&self, graph: rlx_ir::Graph, options: &CompileOptions) -> Box<dyn ExecutableGraph> {
+            CpuBackend.compile(graph, options)
+        }
+
+        fn compile_module(
+            &self,
+            module: rlx_ir::GraphModule,
+            device: rlx_runtime::Device,
+            options: &CompileOptions,
+        ) -> Result<Box<dyn ExecutableGraph>, rlx_ir::hir::LowerError> {
+            let Some(graph) = module.as_graph().cloned() else {
+                return CpuBackend.compile_module(module, device, options);
+            };
+            let (graph, tapped) = self.tap(graph, options);
+            let exec = CpuBackend.compile_module(rlx_ir::GraphModule::from_graph(graph), device, options)?;
+            Ok(Self::wrap(exec, tapped))
+        }
+
+        fn supported_ops(&self) -> &'static [rlx_ir::OpKind] {
+            CpuBackend.supported_ops()
+        }
+    }
+
+    struct Tapped {
+        inner: Box<dyn ExecutableGraph>,
+        extra: usize,
+        manifest: Arc<Manifest>,
+        recorder: Arc<Recorder>,
+        slots: Vec<(usize, usize)>,
+    }
+
+    impl Tapped {
+        /// Record the trailing `extra` outputs and return the caller's.
+        fn strip<T>(&self, mut outs: Vec<T>, to_f32: impl Fn(&T) -> Vec<f32>) -> Vec<T> {
+            if outs.len() >= self.extra {
+                let tail = outs.split_off(outs.len() - self.extra);
+                self.recorder.record(&self.manifest, tail.iter().map(to_f32).collect());
+            }
+            outs
+        }
+    }
+
+    impl ExecutableGraph for Tapped {
+        fn capabilities(&self) -> rlx_runtime::ExecutableCapabilities { self.inner.capabilities() }
+        fn set_param(&mut self, name: &str, data: &[f32]) { self.inner.set_param(name, data) }
+        fn set_param_range(&mut self, name: &str, byte_offset: usize, data: &[u8]) -> bool { self.inner.set_param_range(name, byte_offset, data) }
+        fn finalize_params(&mut self) { self.inner.finalize_params() }
+        fn clone_box(&self) -> Box<dyn ExecutableGraph> {
+            Box::new(Tapped {
+                inner: self.inner.clone_box(),
+                extra: self.extra,
+                manifest: self.manifest.clone(),
+                recorder: self.recorder.clone(),
+                slots: Vec::new(),
+            })
+        }
+        fn run(&mut self, inputs: &[(&str, &[f32])]) -> Vec<Vec<f32>> {
+            let outs = self.inner.run(inputs);
+            self.strip(outs, |v| v.clone())
+        }
+        fn run_read_outputs(&mut self, inputs: &[(&str, &[f32])], read_indices: Option<&[usize]>) -> Vec<Vec<f32>> {
+            // Run everything so the sketches are recorded, then pick the caller's indices.
+            let all = self.run(inputs);
+            match read_indices {
+                None => all,
+                Some(ix) => ix.iter().filter_map(|&i| all.get(i).cloned()).collect(),
+            }
+        }
+        fn optimizer_step_resident(&mut self, trainable: &[(String, Vec<usize>)], step: &mut dyn FnMut(&str, &[usize], &mut [f32], &[f32])) -> bool { self.inner.optimizer_step_resident(trainable, step) }
+        fn run_raw(&mut self, inputs: &[(&str, &[f32])]) -> Vec<(*const f32, usize)> {
+            let raw = self.inner.run_raw(inputs);
+            // SAFETY: the backend's run_raw returns pointers into its arena that stay valid
+            // until the next run; the tap outputs are copied right away.
+            self.strip(raw, |&(p, n)| unsafe { std::slice::from_raw_parts(p, n) }.to_vec())
+        }
+        fn run_slots(&mut self, inputs: &[&[f32]]) -> &[(usize, usize)] {
+            let slots = self.inner.run_slots(inputs).to_vec();
+            let arena = self.inner.arena_ptr();
+            self.slots = if slots.len() >= self.extra && !arena.is_null() {
+                // (byte offset, f32 length) pairs into the arena, valid until the next run;
+                // an output without a buffer has offset usize::MAX.
+                self.strip(slots, |&(o, l)| {
+                    if o == usize::MAX {
+                        Vec::new()
+                    } else {
+                        // SAFETY: `o` is a byte offset of an f32 output inside the arena
+                        // (`CpuExecutable::run_slots`), `l` its element count.
+                        unsafe { std::slice::from_raw_parts(arena.add(o).cast::<f32>(), l) }.to_vec()
+                    }
+                })
+            } else {
+                slots
+            };
+            &self.slots
+        }
+        fn arena_ptr(&self) -> *const u8 { self.inner.arena_ptr() }
+        fn set_active_extent(&mut self, extent: Option<(usize, usize)>) { self.inner.set_active_extent(extent) }
+        fn release_scratch(&mut self) { self.inner.release_scratch() }
+        fn set_rng(&mut self, rng: rlx_ir::RngOptions) { self.inner.set_rng(rng) }
+        fn rng(&self) -> rlx_ir::RngOptions { self.inner.rng() }
+        fn set_moe_resident_experts(&mut self, mask: &[bool]) { self.inner.set_moe_resident_experts(mask) }
+        fn set_moe_resident_experts_per_layer(&mut self, masks: &[&[bool]]) { self.inner.set_moe_resident_experts_per_layer(masks) }
+        fn enable_moe_topk_capture(&mut self, num_experts: usize) -> bool { self.inner.enable_moe_topk_capture(num_experts) }
+        fn take_moe_topk_capture(&mut self) -> Option<Vec<Vec<u32>>> { self.inner.take_moe_topk_capture() }
+        fn take_moe_residency_stats(&mut self) -> Option<rlx_runtime::MoeResidencyStats> { self.inner.take_moe_residency_stats() }
+        fn bind_handle(&mut self, name: &str, data: &[f32]) -> bool { self.inner.bind_handle(name, data) }
+        fn read_handle(&self, name: &str) -> Option<Vec<f32>> { self.inner.read_handle(name) }
+        fn bind_gpu_handle(&mut self, name: &str, data: &[f32]) -> bool { self.inner.bind_gpu_handle(name, data) }
+        fn has_gpu_handle(&self, name: &str) -> bool { self.inner.has_gpu_handle(name) }
+        fn set_gpu_handle_feed(&mut self, handle_name: &str, output_index: usize) -> bool { self.inner.set_gpu_handle_feed(handle_name, output_index) }
+        fn read_gpu_handle(&self, name: &str) -> Option<Vec<f32>> { self.inner.read_gpu_handle(name) }
+        fn save_inputs(&mut self, names: &[&str]) -> bool { self.inner.save_inputs(names) }
+        fn restore_inputs(&mut self) -> bool { self.inner.restore_inputs() }
+        fn read_gpu_handle_row(&self, name: &str, row: usize, row_inner: usize) -> Option<Vec<f32>> { self.inner.read_gpu_handle_row(name, row, row_inner) }
+        fn register_kv_row_feed(&mut self, handle_name: &str, output_index: usize) -> bool { self.inner.register_kv_row_feed(handle_name, output_index) }
+        fn feed_kv_row(&mut self, src_row: usize, dst_row: usize, row_elems: usize) -> bool { self.inner.feed_kv_row(src_row, dst_row, row_elems) }
+        fn feed_kv_batch_major(&mut self, dst_row: usize, batch: usize, seq_cap: usize, row_elems: usize) -> bool { self.inner.feed_kv_batch_major(dst_row, batch, seq_cap, row_elems) }
+        fn feed_kv_batch_major_src(&mut self, src_row: usize, src_seq_cap: usize, dst_row: usize, batch: usize, dst_seq_cap: usize, row_elems: usize) -> bool { self.inner.feed_kv_batch_major_src(src_row, src_seq_cap, dst_row, batch, dst_seq_cap, row_elems) }
+        fn feed_kv_batch_major_ragged(&mut self, src_row: usize, src_seq_cap: usize, dst_rows: &[usize], dst_seq_cap: usize, row_elems: usize) -> bool { self.inner.feed_kv_batch_major_ragged(src_row, src_seq_cap, dst_rows, dst_seq_cap, row_elems) }
+        fn prepare_resident_gpu_handle(&mut self, name: &str) -> bool { self.inner.prepare_resident_gpu_handle(name) }
+        fn stage_bound_gpu_handles_to_arena(&mut self) { self.inner.stage_bound_gpu_handles_to_arena() }
+        fn seed_resident_kv_prefix_from(&mut self, src: &dyn ExecutableGraph, prefix_tokens: usize, outgoing_upper: usize, kv_dim: usize, n_layers: usize) -> bool { self.inner.seed_resident_kv_prefix_from(src, prefix_tokens, outgoing_upper, kv_dim, n_layers) }
+        fn copy_resident_kv_rows_from(&mut self, src: &dyn ExecutableGraph, from_row: usize, to_row: usize, outgoing_upper: usize, kv_dim: usize, n_layers: usize) -> bool { self.inner.copy_resident_kv_rows_from(src, from_row, to_row, outgoing_upper, kv_dim, n_layers) }
+        fn copy_params_from(&mut self, src: &dyn ExecutableGraph) -> bool { self.inner.copy_params_from(src) }
+        fn share_params_from(&mut self, src: &dyn ExecutableGraph) -> bool { self.inner.share_params_from(src) }
+        fn param_already_set(&self, name: &str) -> bool { self.inner.param_already_set(name) }
+        fn executable_as_any(&self) -> Option<&dyn std::any::Any> { self.inner.executable_as_any() }
+        fn executable_as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> { self.inner.executable_as_any_mut() }
+        fn read_output_row(&self, out_idx: usize, row: usize, row_inner: usize) -> Option<Vec<f32>> { self.inner.read_output_row(out_idx, row, row_inner) }
+        fn run_feed_gpu_handle(&mut self, inputs: &[(&str, &[f32])], handle_name: &str, output_index: usize) -> Option<Vec<f32>> { self.inner.run_feed_gpu_handle(inputs, handle_name, output_index) }
+        fn commit_no_wait(&mut self, inputs: &[(&str, &[f32])]) {
+            // Run synchronously so the tap outputs are stripped and recorded (the CPU backend
+            // has no asynchronous commit either).
+            let _ = self.run(inputs);
+        }
+        fn sync_pending(&mut self) { self.inner.sync_pending() }
+        fn run_pipelined(&mut self, input_sets: &[Vec<(&str, &[f32])>]) -> Vec<Vec<Vec<f32>>> {
+            let outs = self.inner.run_pipelined(input_sets);
+            outs.into_iter().map(|o| self.strip(o, |v| v.clone())).collect()
+        }
+        fn set_param_typed(&mut self, name: &str, data: &[u8], dtype: rlx_ir::DType) { self.inner.set_param_typed(name, data, dtype) }
+        fn run_typed(&mut self, inputs: &[(&str, &[u8], rlx_ir::DType)]) -> Vec<(Vec<u8>, rlx_ir::DType)> {
+            let outs = self.inner.run_typed(inputs);
+            self.strip(outs, |(b, d)| rlx_runtime::taps::to_f32(b, *d))
+        }
+        fn wgpu_host_summary(&self) -> Option<String> { self.inner.wgpu_host_summary() }
+    }
+}

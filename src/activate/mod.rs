@@ -1,0 +1,120 @@
+//! Activation: a scope around unchanged code ([`Scope`], built on `rlx_runtime::taps`), the
+//! environment (`RLX_OPSCOPE`, through a wrapper of the CPU backend installed at load time:
+//! [`env`]), or direct ([`Pipeline::apply`]). All three rewrite through [`rewrite`].
+
+pub mod env;
+mod scope;
+
+use std::sync::Arc;
+
+use rlx_ir::{Graph, Op};
+
+use crate::error::Error;
+use crate::manifest::Manifest;
+use crate::pipeline::Pipeline;
+use crate::record::Recorder;
+use crate::sketch::{is_sketch_op, KEEP_OP};
+
+pub use scope::{scope, Scope};
+
+/// True if a graph already carries opscope sketches (never tap twice).
+fn already_tapped(g: &Graph) -> bool {
+    g.nodes()
+        .iter()
+        .any(|n| matches!(&n.op, Op::Custom { name, .. } if is_sketch_op(name) || name == KEEP_OP))
+}
+
+/// Which program a tap observes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Stage {
+    /// The program that runs: the graph after RLX's fusion pipeline for the device (matmul +
+    /// bias + activation fused, Q/K/V projections merged, ...). Taps are appended to the fused
+    /// graph, so the same kernels run and the caller's outputs are bit-identical. Site names
+    /// are recovered from the source graph through the weights each site consumes.
+    #[default]
+    Deployed,
+    /// The graph as the program built it, before fusion. A tap on a matmul output adds a
+    /// consumer, which can stop RLX from fusing it (matmul + bias + GELU): outputs may then
+    /// differ from the untapped run in the last bits.
+    Source,
+}
+
+impl std::str::FromStr for Stage {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Stage, String> {
+        match s {
+            "deployed" => Ok(Stage::Deployed),
+            "source" => Ok(Stage::Source),
+            _ => Err(format!("unknown stage '{s}': expected deployed or source")),
+        }
+    }
+}
+
+/// The fused graph `Session::compile` would run for `graph` on `device` with `options`.
+/// Compiling it again changes nothing (RLX's fusion is idempotent on its own output).
+pub fn fuse(graph: &Graph, device: rlx_runtime::Device, options: &rlx_runtime::CompileOptions) -> Graph {
+    rlx_runtime::stages::pipeline_for(device, options)
+        .optimize(rlx_ir::MirModule::from_graph(graph.clone()))
+        .into_graph()
+}
+
+/// Apply `pipeline` to the program `stage` observes of `graph`: the graph fused as a CPU compile
+/// with `options` would fuse it (site names recovered from `graph`), or `graph` as given. `tag`
+/// is written into every sketch ([`Pipeline::apply_tagged`]). A dry run of this shows what a
+/// recording would tap, or fails as the recording would.
+///
+/// Errors: a pass fails on this graph (a `skip` block that does not exist).
+pub fn rewrite(
+    pipeline: &Pipeline,
+    graph: &Graph,
+    stage: Stage,
+    options: &rlx_runtime::CompileOptions,
+    tag: u32,
+) -> Result<(Graph, Manifest), Error> {
+    match stage {
+        Stage::Deployed => {
+            let fused = fuse(graph, rlx_runtime::Device::Cpu, options);
+            pipeline.apply_tagged(&fused, Some(graph), tag)
+        }
+        Stage::Source => pipeline.apply_tagged(graph, None, tag),
+    }
+}
+
+/// Returns the graph to compile and the manifest of its appended outputs; the graph unchanged
+/// when the pipeline neither appended nor actuated anything, or failed (the failure goes to the
+/// recorder).
+pub(crate) fn tap_graph(
+    pipeline: &Pipeline,
+    recorder: &Recorder,
+    graph: Graph,
+    stage: Stage,
+    options: &rlx_runtime::CompileOptions,
+) -> (Graph, Option<Arc<Manifest>>) {
+    if already_tapped(&graph) {
+        return (graph, None);
+    }
+    let tag = recorder.next_tag();
+    match rewrite(pipeline, &graph, stage, options, tag) {
+        Ok((tapped, manifest)) => {
+            let appended = manifest.outputs.iter().any(|o| o.output_index.is_some());
+            let actuated = !manifest.actuations.is_empty();
+            let m = recorder.register(manifest);
+            if appended {
+                (tapped, Some(m))
+            } else if actuated {
+                // An actuation changed the program and nothing was appended: compile the
+                // changed graph, with no extra outputs to record.
+                (tapped, None)
+            } else {
+                // Nothing appended (no site, or only zero-size tensors): compile the caller's
+                // graph untouched; zero-size entries have no outputs to wait for.
+                (graph, None)
+            }
+        }
+        Err(e) => {
+            recorder.fail(e);
+            (graph, None)
+        }
+    }
+}
+

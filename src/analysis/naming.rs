@@ -1,0 +1,135 @@
+//! Site naming: a node's own name, else the name of the source node that consumed the same
+//! weight (fusion drops node names, weights survive), else `{family}.{k}`.
+
+use std::collections::HashMap;
+
+use rlx_ir::{Graph, NodeId, Op};
+
+/// Site names of every node of `graph`, and (for a fused graph) the source site name per
+/// (op family, parameter) consumed by exactly one source node. A node's own name (ONNX node name without the leading '/') wins; else, for
+/// a fused graph, the name of the source node of the same family that consumed the same
+/// parameter (the weight survives fusion, node names do not), else the name of the k-th
+/// parameter-less source node of that family when both graphs have the same number of
+/// them; else `{family}.{k}`. Names are made unique with `#node`.
+pub fn site_names(graph: &Graph, source: Option<&Graph>) -> (HashMap<u32, String>, HashMap<(String, String), String>) {
+    let mut site_names: HashMap<u32, String> = HashMap::new();
+    let mut by_param_out: HashMap<(String, String), String> = HashMap::new();
+    let own = base_names(graph);
+    let mut names: Vec<String> = own.clone();
+    if let Some(src) = source {
+        let src_names = base_names(src);
+        let mut by_param: HashMap<(String, String), Vec<String>> = HashMap::new();
+        let mut paramless_src: HashMap<String, Vec<String>> = HashMap::new();
+        for n in src.nodes() {
+            let fam = family(&n.op);
+            let params = param_inputs(src, &n.inputs);
+            for p in &params {
+                by_param.entry((fam.clone(), p.clone())).or_default().push(src_names[n.id.0 as usize].clone());
+            }
+            if params.is_empty() {
+                paramless_src.entry(fam).or_default().push(src_names[n.id.0 as usize].clone());
+            }
+        }
+        let mut paramless_dst: HashMap<String, Vec<usize>> = HashMap::new();
+        for n in graph.nodes() {
+            let i = n.id.0 as usize;
+            if n.name.as_deref().is_some_and(|s| !s.is_empty()) {
+                continue;
+            }
+            let fam = family(&n.op);
+            let params = param_inputs(graph, &n.inputs);
+            // Every parameter's source node, deduplicated: one source node names the fused
+            // node; several (a merged op that is not split into parts) are joined with '+',
+            // so a site never silently carries another site's name alone.
+            let mut hits: Vec<&String> = Vec::new();
+            for p in &params {
+                if let Some(v) = by_param.get(&(fam.clone(), p.clone())) {
+                    if v.len() == 1 && !hits.contains(&&v[0]) {
+                        hits.push(&v[0]);
+                    }
+                }
+            }
+            let hit = (!hits.is_empty()).then(|| hits.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("+"));
+            match hit {
+                Some(name) => names[i] = name,
+                None if params.is_empty() => paramless_dst.entry(fam).or_default().push(i),
+                None => {}
+            }
+        }
+        for (fam, dst) in paramless_dst {
+            if let Some(src) = paramless_src.get(&fam) {
+                if src.len() == dst.len() {
+                    for (i, name) in dst.into_iter().zip(src) {
+                        names[i] = name.clone();
+                    }
+                }
+            }
+        }
+        by_param_out = by_param
+            .into_iter()
+            .filter(|(_, v)| v.len() == 1)
+            .map(|(k, mut v)| (k, v.remove(0)))
+            .collect();
+    }
+    let mut taken: HashMap<String, usize> = HashMap::new();
+    for (i, base) in names.into_iter().enumerate() {
+        let count = taken.entry(base.clone()).or_default();
+        let name = if *count == 0 { base } else { format!("{base}#{i}") };
+        *count += 1;
+        site_names.insert(i as u32, name);
+    }
+    (site_names, by_param_out)
+}
+
+/// Base names of every node: own name without a leading '/', else `{family}.{k}`.
+fn base_names(g: &Graph) -> Vec<String> {
+    let mut per: HashMap<String, usize> = HashMap::new();
+    g.nodes()
+        .iter()
+        .map(|n| {
+            let fam = family(&n.op);
+            let k = per.entry(fam.clone()).or_default();
+            let name = match &n.name {
+                Some(name) if !name.is_empty() => name.trim_start_matches('/').to_string(),
+                _ => format!("{fam}.{k}"),
+            };
+            *k += 1;
+            name
+        })
+        .collect()
+}
+
+/// Names of the parameters among `inputs`, looking through reshapes, transposes and concats
+/// (fusion concatenates the weights of merged projections).
+fn param_inputs(g: &Graph, inputs: &[NodeId]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack: Vec<NodeId> = inputs.to_vec();
+    while let Some(i) = stack.pop() {
+        let n = g.node(i);
+        match &n.op {
+            Op::Param { name } => out.push(name.clone()),
+            Op::Reshape { .. } | Op::Transpose { .. } | Op::Concat { .. } => stack.extend(n.inputs.iter().rev()),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The op family used for naming: fusion turns a MatMul into a fused matmul, so all matmul
+/// forms share the family `matmul`; other ops are their own family.
+pub fn family(op: &Op) -> String {
+    match op {
+        Op::MatMul | Op::FusedMatMulBiasAct { .. } | Op::FusedMatMulResidual | Op::DequantMatMul { .. } => {
+            "matmul".into()
+        }
+        _ => op_name(op),
+    }
+}
+
+/// Op name as RLX prints it, without attributes (`matmul`, `softmax`, `fused_mm_bias`).
+pub fn op_name(op: &Op) -> String {
+    let s = op.to_string();
+    let end = s.find(['(', '{', ' ']).unwrap_or(s.len());
+    s[..end].to_string()
+}
+

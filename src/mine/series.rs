@@ -1,0 +1,280 @@
+//! Series: what one (site, role, pass) looked like over a recording, execution by execution.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::error::Error;
+use crate::recording::{read_rows, read_sidecar, Row, RowRef};
+use crate::sketch::Stat;
+
+/// One execution (step) of one tensor: its statistics.
+#[derive(Debug, Clone)]
+pub struct StepStats {
+    /// Compile the step belongs to.
+    pub compile: u32,
+    /// Execution index within the compile.
+    pub step: u64,
+    scalars: Vec<(Stat, f32)>,
+    vectors: Vec<(Stat, Vec<f32>)>,
+}
+
+impl StepStats {
+    fn new(compile: u32, step: u64) -> StepStats {
+        StepStats {
+            compile,
+            step,
+            scalars: Vec::new(),
+            vectors: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, stat: Stat, idx: usize, value: f32) {
+        if idx == 0 {
+            match self.scalars.iter_mut().find(|(s, _)| *s == stat) {
+                Some(slot) => slot.1 = value,
+                None => self.scalars.push((stat, value)),
+            }
+        }
+        if stat.is_vector() {
+            let v = match self.vectors.iter().position(|(s, _)| *s == stat) {
+                Some(i) => &mut self.vectors[i].1,
+                None => {
+                    self.vectors.push((stat, Vec::new()));
+                    &mut self.vectors.last_mut().expect("just pushed").1
+                }
+            };
+            if v.len() <= idx {
+                v.resize(idx + 1, f32::NAN);
+            }
+            v[idx] = value;
+        }
+    }
+
+    /// A scalar statistic (the first value of a vector one), if recorded.
+    pub fn scalar(&self, stat: Stat) -> Option<f64> {
+        let v = self.scalars.iter().find(|(s, _)| *s == stat)?.1;
+        (!v.is_nan()).then_some(v as f64)
+    }
+
+    /// True if any value of `stat` was recorded.
+    pub fn has(&self, stat: Stat) -> bool {
+        self.scalars.iter().any(|(s, _)| *s == stat)
+    }
+
+    /// A vector statistic (`hist`, `elemsig`, `chan_maxabs`, `pos_sumsq`, the per-head and
+    /// per-expert probe statistics), if recorded.
+    pub fn vector(&self, stat: Stat) -> Option<&[f32]> {
+        self.vectors.iter().find(|(s, _)| *s == stat).map(|(_, v)| v.as_slice())
+    }
+}
+
+/// What one (site, role, pass) looked like over a recording.
+#[derive(Debug, Clone, Default)]
+pub struct Series {
+    /// Op at the site.
+    pub op: String,
+    /// Tensor shape (`[64,256]`).
+    pub shape: String,
+    /// FLOPs of one execution of the site.
+    pub flops: Option<u64>,
+    /// Executions in (compile, step) order.
+    pub runs: Vec<StepStats>,
+}
+
+/// Key of a series: site, role, pass index.
+pub type SeriesKey = (String, String, u32);
+
+/// One row's fields, borrowed.
+struct Cells<'a> {
+    site: &'a str,
+    role: &'a str,
+    pass: u32,
+    op: &'a str,
+    shape: &'a str,
+    flops: Option<u64>,
+    compile: u32,
+    step: u64,
+    stat: Stat,
+    idx: u64,
+    value: f32,
+}
+
+/// Builds series from rows arriving in recording order (the rows of one run of one tensor
+/// are contiguous, so the maps are consulted once per group, not once per row).
+#[derive(Default)]
+struct Builder {
+    series: Vec<(SeriesKey, Series, std::collections::HashMap<(u32, u64), usize>)>,
+    index: std::collections::HashMap<SeriesKey, usize>,
+    /// (series, run) of the current group, and the fields that identify it.
+    last: Option<((usize, usize), (String, String, u32, u32, u64))>,
+    /// Statistic names seen, resolved once.
+    stats: std::collections::HashMap<String, Option<Stat>>,
+}
+
+impl Builder {
+    /// The (series, run) a row belongs to, created if new.
+    fn group(&mut self, c: &Cells<'_>) -> (usize, usize) {
+        let key: SeriesKey = (c.site.to_string(), c.role.to_string(), c.pass);
+        let si = match self.index.get(&key) {
+            Some(&i) => i,
+            None => {
+                self.series.push((
+                    key.clone(),
+                    Series {
+                        op: c.op.to_string(),
+                        shape: c.shape.to_string(),
+                        flops: c.flops,
+                        runs: Vec::new(),
+                    },
+                    Default::default(),
+                ));
+                self.index.insert(key, self.series.len() - 1);
+                self.series.len() - 1
+            }
+        };
+        let (_, s, runs) = &mut self.series[si];
+        let ri = *runs.entry((c.compile, c.step)).or_insert_with(|| {
+            s.runs.push(StepStats::new(c.compile, c.step));
+            s.runs.len() - 1
+        });
+        (si, ri)
+    }
+
+    fn add(&mut self, (si, ri): (usize, usize), stat: Stat, idx: u64, value: f32) {
+        self.series[si].1.runs[ri].push(stat, idx as usize, value);
+    }
+
+    /// Add a row.
+    fn row(&mut self, r: RowRef<'_>) {
+        let stat = match self.stats.get(r.stat) {
+            Some(s) => *s,
+            None => {
+                let s = Stat::parse(r.stat);
+                self.stats.insert(r.stat.to_string(), s);
+                s
+            }
+        };
+        let Some(stat) = stat else { return };
+        self.push(Cells {
+            site: r.site,
+            role: r.role,
+            pass: r.pass_idx,
+            op: r.op,
+            shape: r.shape,
+            flops: r.flops,
+            compile: r.compile,
+            step: r.step,
+            stat,
+            idx: r.idx,
+            value: r.value,
+        });
+    }
+
+    /// Add a row identified by text.
+    fn push(&mut self, c: Cells<'_>) {
+        let at = match &self.last {
+            Some((at, (site, role, pass, comp, step)))
+                if site == c.site && role == c.role && *pass == c.pass && *comp == c.compile && *step == c.step =>
+            {
+                *at
+            }
+            _ => {
+                let at = self.group(&c);
+                self.last = Some((at, (c.site.to_string(), c.role.to_string(), c.pass, c.compile, c.step)));
+                at
+            }
+        };
+        self.add(at, c.stat, c.idx, c.value);
+    }
+
+    fn finish(self) -> BTreeMap<SeriesKey, Series> {
+        self.series
+            .into_iter()
+            .map(|(k, mut s, _)| {
+                s.runs.sort_by_key(|r| (r.compile, r.step));
+                (k, s)
+            })
+            .collect()
+    }
+}
+
+/// Group in-memory rows into series (rows of statistics no linked pass declares are left out).
+pub fn series_from_rows(rows: &[Row]) -> BTreeMap<SeriesKey, Series> {
+    let mut b = Builder::default();
+    for r in rows {
+        b.row(RowRef {
+            site: &r.site,
+            role: &r.role,
+            pass_idx: r.pass_idx,
+            op: &r.op,
+            shape: &r.shape,
+            flops: r.flops,
+            compile: r.compile,
+            step: r.step,
+            stat: &r.stat,
+            idx: r.idx,
+            value: r.value,
+        });
+    }
+    b.finish()
+}
+
+/// Read a recording (CSV, `.csv.gz`, or Parquet with the `parquet` feature) into series,
+/// streaming: memory holds the values, not the rows. Rows of statistics no linked pass declares
+/// are left out.
+///
+/// Errors: as [`crate::recording::read_rows`].
+pub fn load(path: &Path) -> Result<BTreeMap<SeriesKey, Series>, Error> {
+    let mut b = Builder::default();
+    read_rows(path, |r| b.row(r))?;
+    Ok(b.finish())
+}
+
+/// Sites and roles a recording's manifest lists that have no rows: they never ran (or were
+/// skipped, with the manifest's reason). Reads `<recording>.manifest.json` if it exists.
+pub fn no_data(recording: &Path, series: &BTreeMap<SeriesKey, Series>) -> Result<Vec<String>, Error> {
+    let Some(sidecar) = read_sidecar(recording)? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for m in &sidecar.graphs {
+        for o in &m.outputs {
+            for u in &o.uses {
+                let key = (u.site.clone(), u.role.as_str().to_string(), u.pass_idx as u32);
+                let ran = series.get(&key).is_some_and(|s| s.runs.iter().any(|r| r.compile == m.tag));
+                if !ran {
+                    out.push(format!("{} (compile {}) {}/{}: no data", m.graph, m.tag, u.site, u.role.as_str()));
+                }
+            }
+        }
+        for k in &m.skipped {
+            let role = k.role.as_ref().map(|r| r.as_str()).unwrap_or("*");
+            out.push(format!("{}/{role}: not sketched: {}", k.site, k.reason));
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// Sum over runs of `weight(run) * v[i]` / sum of weights, per index, for a vector statistic.
+pub fn weighted_vector(s: &Series, stat: Stat, weight: impl Fn(&StepStats) -> f64) -> Vec<f64> {
+    let mut sum: Vec<f64> = Vec::new();
+    let mut w: Vec<f64> = Vec::new();
+    for r in &s.runs {
+        let Some(v) = r.vector(stat) else { continue };
+        let wr = weight(r);
+        if sum.len() < v.len() {
+            sum.resize(v.len(), 0.0);
+            w.resize(v.len(), 0.0);
+        }
+        for (i, &x) in v.iter().enumerate() {
+            if x.is_finite() {
+                sum[i] += wr * x as f64;
+                w[i] += wr;
+            }
+        }
+    }
+    sum.iter().zip(&w).map(|(s, w)| if *w > 0.0 { s / w } else { f64::NAN }).collect()
+}
+

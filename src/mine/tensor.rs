@@ -1,0 +1,355 @@
+//! The tensor rules: verdicts from the tensor sketches of one series.
+
+use std::collections::BTreeMap;
+
+use crate::sketch::tensor;
+
+use super::{median, Kind, Rule, Series, SeriesKey, StepStats, Verdict, MIN_STEPS};
+
+/// The verdict kinds of the tensor rules.
+pub mod kinds {
+    use super::Kind;
+
+    /// Few non-zeros: a sparse GEMM pays.
+    pub const SPARSE_GEMM: Kind = Kind { name: "sparse_gemm", doc: "density <= 0.3 (Gale et al., Sparse GPU Kernels for Deep Learning, SC 2020: sparse kernels beat dense from ~70% sparsity)" };
+    /// Half the values are zero: consistent with 2:4 structured sparsity, which sketches cannot
+    /// confirm.
+    pub const TWO_FOUR_PROBE: Kind = Kind { name: "two_four_probe", doc: "0.45 <= density <= 0.55: consistent with 2:4 structured sparsity (Mishra et al. 2021, NVIDIA Ampere), which sketches cannot confirm; a probe counting non-zeros per group of 4 along K would" };
+    /// A few channels carry outliers.
+    pub const CHANNEL_OUTLIERS: Kind = Kind { name: "channel_outliers", doc: "chan_outlier >= 4 and 0 < fraction of channels above 8x the median channel max|x| <= 4%: per-channel scaling or mixed precision (Dettmers et al., LLM.int8(), 2022; Xiao et al., SmoothQuant, 2023)" };
+    /// Outliers scattered over elements.
+    pub const SCATTERED_OUTLIERS: Kind = Kind { name: "scattered_outliers", doc: "kurtosis >= 20 without channel structure: sparse outliers + low-bit dense (Dettmers et al., SpQR, 2023)" };
+    /// Per-channel int8 pays over per-tensor.
+    pub const PER_CHANNEL_INT8: Kind = Kind { name: "per_channel_int8", doc: "per-channel int8 SQNR >= 8 dB above per-tensor (noise model Δ²/12, Widrow & Kollár, Quantization Noise, 2008; 8 dB is opscope's line: a Gaussian null gains 2-4 dB)" };
+    /// Per-tensor int4 is enough.
+    pub const INT4: Kind = Kind { name: "int4", doc: "per-tensor int4 SQNR >= 22 dB in every run and kurtosis <= 2.4 (Δ²/12 model; the ideal for a uniform distribution is 22.9 dB, a Gaussian gives 14.6-20 dB)" };
+    /// Values on few levels: a LUT / codebook kernel.
+    pub const LUT: Kind = Kind { name: "lut", doc: ">= 2 empty bins between the 10% and 90% quantile bins: values on few levels, a LUT / codebook kernel (Han et al., Deep Compression, 2016)" };
+    /// Adjacent rows are close: delta compute.
+    pub const DELTA_COMPUTE: Kind = Kind { name: "delta_compute", doc: "adjacent-row difference energy <= 0.25 x the pairs' energy (1.0 for independent rows): delta compute (Neil et al., Delta Networks, ICML 2017)" };
+    /// Calibrate once.
+    pub const STATIONARY: Kind = Kind { name: "stationary", doc: "per-run rms varies <= 5% and the mean does not trend: calibrate once (static quantization, as PyTorch observers and ONNX Runtime calibrators do)" };
+    /// Scales must be dynamic.
+    pub const DRIFTING: Kind = Kind { name: "drifting", doc: "the mean moves by >= 0.5 rms over the runs: scales must be dynamic" };
+    /// Identical in every run: memoize.
+    pub const EXACT_REPEAT: Kind = Kind { name: "exact_repeat", doc: "elemsig and sumsq identical in every run: memoize" };
+    /// Low rank suspected.
+    pub const LOW_RANK_PROBE: Kind = Kind { name: "low_rank_probe", doc: "row-energy CV >= 0.35 (a Gaussian gives sqrt(2/C)): low rank is suspected but not observable from sketches; a randomized range finder (Halko, Martinsson, Tropp 2011) would confirm it" };
+    pub use super::super::HEALTH;
+}
+
+/// Fraction of a site's cost a kernel of this kind could remove (rough, for ranking only):
+/// sparse GEMM `1 - density`; int8 / int4 GEMM 0.5 / 0.75 of a f32 GEMM; memoization 1.0;
+/// delta compute 0.5; LUT 0.5; the others 0 (they are warnings or probes).
+pub fn payoff_fraction(kind: Kind, density: f64) -> f64 {
+    match kind {
+        kinds::SPARSE_GEMM => 1.0 - density,
+        kinds::PER_CHANNEL_INT8 | kinds::CHANNEL_OUTLIERS | kinds::SCATTERED_OUTLIERS => 0.5,
+        kinds::INT4 => 0.75,
+        kinds::EXACT_REPEAT => 1.0,
+        kinds::DELTA_COMPUTE | kinds::LUT => 0.5,
+        kinds::STATIONARY => 0.1,
+        _ => 0.0,
+    }
+}
+
+fn db(x: f64) -> f64 {
+    10.0 * x.log10()
+}
+
+/// Per-run metrics of one tensor.
+#[derive(Debug, Clone, Default)]
+struct Metrics {
+    density: Option<f64>,
+    kurtosis: Option<f64>,
+    chan_outlier: Option<f64>,
+    /// Fraction of channels whose max|x| exceeds 8x the median channel's.
+    elevated: Option<f64>,
+    sqnr8_tensor: Option<f64>,
+    sqnr8_channel: Option<f64>,
+    sqnr4_tensor: Option<f64>,
+    /// Empty histogram bins between the bins holding the 10% and 90% quantiles.
+    central_holes: Option<f64>,
+    /// adj_sumsq / sum over adjacent pairs of (pos_sumsq[r] + pos_sumsq[r-1]).
+    adj_ratio: Option<f64>,
+    /// Coefficient of variation of the per-row energies.
+    row_cv: Option<f64>,
+    nonfinite: f64,
+    mean: Option<f64>,
+    rms: Option<f64>,
+}
+
+fn metrics(run: &StepStats, shape: &[usize]) -> Metrics {
+    let count = run.scalar(tensor::COUNT).unwrap_or(0.0);
+    let mut m = Metrics {
+        nonfinite: [tensor::NAN_COUNT, tensor::POSINF_COUNT, tensor::NEGINF_COUNT].iter().filter_map(|k| run.scalar(*k)).sum(),
+        ..Default::default()
+    };
+    if count <= 0.0 {
+        return m;
+    }
+    m.density = run.scalar(tensor::NNZ).map(|n| n / count);
+    m.kurtosis = run.scalar(tensor::KURTOSIS);
+    m.chan_outlier = run.scalar(tensor::CHAN_OUTLIER);
+    m.mean = run.scalar(tensor::MEAN);
+    let p = run.scalar(tensor::SUMSQ).map(|s| s / count);
+    m.rms = p.map(f64::sqrt);
+    let absmax = match (run.scalar(tensor::MIN), run.scalar(tensor::MAX)) {
+        (Some(lo), Some(hi)) => Some(lo.abs().max(hi.abs())),
+        _ => None,
+    };
+    if let (Some(p), Some(a)) = (p, absmax) {
+        if a > 0.0 && p > 0.0 {
+            m.sqnr8_tensor = Some(db(12.0 * p * 127.0 * 127.0 / (a * a)));
+            m.sqnr4_tensor = Some(db(12.0 * p * 49.0 / (a * a)));
+        }
+    }
+    if let Some(ch) = run.vector(tensor::CHAN_MAXABS).filter(|c| !c.is_empty()) {
+        let mut sorted: Vec<f64> = ch.iter().map(|&x| x as f64).collect();
+        sorted.sort_by(|a, b| a.total_cmp(b));
+        let med = sorted[sorted.len() / 2];
+        m.elevated = Some(sorted.iter().filter(|&&x| x > 8.0 * med).count() as f64 / sorted.len() as f64);
+        let noise: f64 = sorted.iter().map(|c| (c / 127.0).powi(2) / 12.0).sum::<f64>() / sorted.len() as f64;
+        if let (Some(p), true) = (p, noise > 0.0) {
+            m.sqnr8_channel = Some(db(p / noise));
+        }
+    }
+    if let Some(h) = run.vector(tensor::HIST).filter(|h| h.len() >= 8) {
+        // The bins holding the central 80% of the values: a continuous distribution fills
+        // them, values on a few levels leave gaps between them.
+        let total: f64 = h.iter().map(|&x| x as f64).sum();
+        let mut acc = 0.0;
+        let (mut a, mut b) = (None, 0);
+        for (i, &x) in h.iter().enumerate() {
+            acc += x as f64;
+            if a.is_none() && acc >= 0.1 * total {
+                a = Some(i);
+            }
+            if acc <= 0.9 * total {
+                b = i;
+            }
+        }
+        let a = a.unwrap_or(0);
+        m.central_holes = Some(if b > a { h[a..=b].iter().filter(|&&x| x == 0.0).count() as f64 } else { 0.0 });
+    }
+    if let Some(pos) = run.vector(tensor::POS_SUMSQ).filter(|p| p.len() >= 2) {
+        let block = if shape.len() >= 2 { shape[shape.len() - 2].max(1) } else { 1 };
+        let pairs: f64 = (1..pos.len()).filter(|r| r % block != 0).map(|r| (pos[r] + pos[r - 1]) as f64).sum();
+        if let (Some(adj), true) = (run.scalar(tensor::ADJ_SUMSQ), pairs > 0.0) {
+            m.adj_ratio = Some(adj / pairs);
+        }
+        let n = pos.len() as f64;
+        let mean = pos.iter().map(|&x| x as f64).sum::<f64>() / n;
+        if mean > 0.0 {
+            let var = pos.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n;
+            m.row_cv = Some(var.sqrt() / mean);
+        }
+    }
+    m
+}
+
+fn parse_shape(s: &str) -> Vec<usize> {
+    s.trim_matches(|c| c == '[' || c == ']').split(',').filter_map(|d| d.trim().parse().ok()).collect()
+}
+
+/// The tensor rules (sparsity, outliers, quantization, LUT, delta compute, low rank, across-run
+/// behaviour, health) over every series holding tensor statistics.
+struct TensorRules;
+
+impl Rule for TensorRules {
+    fn name(&self) -> &'static str {
+        "tensor"
+    }
+    fn mine(&self, series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>) {
+        tensor_verdicts(series, out)
+    }
+}
+
+/// The tensor rules (listed by [`super::rules`] directly, not through the registry: the core's
+/// own rules need no link-time registration).
+pub(super) const RULES: &dyn Rule = &TensorRules;
+
+/// True if a series holds tensor sketches (every tensor sketch records `count`; a probe never
+/// does).
+fn is_tensor_series(s: &Series) -> bool {
+    s.runs.iter().any(|r| r.has(tensor::COUNT))
+}
+
+fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>) {
+    let total_flops: f64 = {
+        // FLOPs once per site (roles share them).
+        let mut per_site: BTreeMap<(&str, u32), f64> = BTreeMap::new();
+        for ((site, _, pass), s) in series {
+            let f = s.flops.unwrap_or(0) as f64 * s.runs.len().max(1) as f64;
+            let e = per_site.entry((site.as_str(), *pass)).or_default();
+            *e = e.max(f);
+        }
+        per_site.values().sum::<f64>().max(1.0)
+    };
+    for ((site, role, pass_idx), s) in series {
+        if !is_tensor_series(s) {
+            continue;
+        }
+        let shape = parse_shape(&s.shape);
+        let ms: Vec<Metrics> = s.runs.iter().map(|r| metrics(r, &shape)).collect();
+        let med = |f: fn(&Metrics) -> Option<f64>| median(ms.iter().filter_map(f).collect());
+        let density = med(|m| m.density);
+        let kurt = med(|m| m.kurtosis);
+        let chan = med(|m| m.chan_outlier);
+        let elevated = med(|m| m.elevated);
+        let s8t = med(|m| m.sqnr8_tensor);
+        let s8c = med(|m| m.sqnr8_channel);
+        let holes = med(|m| m.central_holes);
+        let adj = med(|m| m.adj_ratio);
+        let row_cv = med(|m| m.row_cv);
+        // The site's executions: the most runs any of its roles recorded (a weight is recorded
+        // once, its activation every run).
+        let executions = series
+            .iter()
+            .filter(|((st, _, p), _)| st == site && p == pass_idx)
+            .map(|(_, x)| x.runs.len())
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let share = s.flops.unwrap_or(0) as f64 * executions as f64 / total_flops;
+        let mut push = |kind: Kind, evidence: Vec<(&str, Option<f64>)>, rule: &'static str, source: &'static str| {
+            out.push(Verdict {
+                site: site.clone(),
+                role: role.clone(),
+                pass_idx: *pass_idx,
+                kind,
+                evidence: evidence.into_iter().filter_map(|(k, v)| v.map(|v| (k.to_string(), v))).collect(),
+                rule,
+                source,
+                payoff: share * payoff_fraction(kind, density.unwrap_or(1.0)),
+            });
+        };
+        let nonfinite: f64 = ms.iter().map(|m| m.nonfinite).sum();
+        if nonfinite > 0.0 {
+            push(kinds::HEALTH, vec![("nonfinite", Some(nonfinite))], "any NaN or Inf", "health check");
+        }
+        let d = density.unwrap_or(1.0);
+        if d <= 0.3 {
+            push(
+                kinds::SPARSE_GEMM,
+                vec![("density", density)],
+                "density <= 0.3 (>= 70% zeros)",
+                "Gale et al., Sparse GPU Kernels for Deep Learning (SC 2020): sparse kernels beat dense from ~70% sparsity",
+            );
+        } else if (0.45..=0.55).contains(&d) {
+            push(
+                kinds::TWO_FOUR_PROBE,
+                vec![("density", density)],
+                "0.45 <= density <= 0.55: consistent with 2:4, not provable from sketches; confirm with a probe counting non-zeros per group of 4 along K",
+                "Mishra et al., Accelerating Sparse Deep Neural Networks (2021): 2:4 structured sparsity on Ampere",
+            );
+        }
+        let channel = chan.is_some_and(|c| c >= 4.0) && elevated.is_some_and(|e| e > 0.0 && e <= 0.04);
+        if channel {
+            push(
+                kinds::CHANNEL_OUTLIERS,
+                vec![("chan_outlier", chan), ("elevated_channels", elevated), ("kurtosis", kurt)],
+                "chan_outlier >= 4 with 1..4% of channels above 8x the median channel max|x| (a half-normal spread of channel maxima reaches ~5x)",
+                "Dettmers et al., LLM.int8() (2022): systematic outlier features; Xiao et al., SmoothQuant (2023)",
+            );
+        }
+        if !channel && d > 0.6 && kurt.is_some_and(|k| k >= 20.0) {
+            push(
+                kinds::SCATTERED_OUTLIERS,
+                vec![("kurtosis", kurt), ("elevated_channels", elevated)],
+                "kurtosis >= 20 (Gaussian 3) without channel structure",
+                "Dettmers et al., SpQR (2023): isolate sparse outliers, quantize the rest",
+            );
+        }
+        if let (Some(t), Some(c)) = (s8t, s8c) {
+            if c >= t + 8.0 {
+                push(
+                    kinds::PER_CHANNEL_INT8,
+                    vec![("sqnr_int8_per_tensor_db", s8t), ("sqnr_int8_per_channel_db", s8c)],
+                    "per-channel int8 SQNR >= 8 dB above per-tensor (a Gaussian null gains ~2-4 dB)",
+                    "uniform quantizer noise Δ²/12 (Widrow & Kollár 2008); 8 dB: opscope's line, calibrated on the sweep's Gaussian nulls",
+                );
+            }
+        }
+        // Int4 must hold in every run (the worst run decides), not only typically.
+        let s4_worst = ms.iter().map(|m| m.sqnr4_tensor).collect::<Option<Vec<f64>>>().and_then(|v| v.into_iter().reduce(f64::min));
+        if s4_worst.is_some_and(|v| v >= 22.0) && kurt.is_some_and(|k| k <= 2.4) {
+            push(
+                kinds::INT4,
+                vec![("sqnr_int4_per_tensor_db_worst_run", s4_worst), ("kurtosis", kurt)],
+                "per-tensor int4 SQNR >= 22 dB in every run (the ideal for a uniform is 22.9 dB, a Gaussian gives 14.6-20 dB) and light tails (kurtosis <= 2.4; uniform 1.8, Gaussian 3)",
+                "uniform quantizer noise Δ²/12 (Widrow & Kollár 2008)",
+            );
+        }
+        if d > 0.6 && holes.is_some_and(|h| h >= 2.0) {
+            push(
+                kinds::LUT,
+                vec![("central_empty_bins", holes)],
+                ">= 2 empty bins between the 10% and 90% quantile bins (each expects >= ~15 values for a continuous distribution of >= 1k values): values on a few levels",
+                "Han et al., Deep Compression (2016): shared levels as a codebook",
+            );
+        }
+        let coherent = adj.is_some_and(|a| a <= 0.25);
+        if coherent {
+            push(
+                kinds::DELTA_COMPUTE,
+                vec![("adjacent_row_ratio", adj)],
+                "sum ||x_r - x_(r-1)||^2 <= 0.25 x sum (||x_r||^2 + ||x_(r-1)||^2) (1.0 for independent rows)",
+                "Neil et al., Delta Networks for Optimized Recurrent Network Computation (ICML 2017)",
+            );
+        }
+        if !channel && !coherent && d > 0.6 && kurt.is_some_and(|k| k < 20.0) && row_cv.is_some_and(|c| c >= 0.35) {
+            push(
+                kinds::LOW_RANK_PROBE,
+                vec![("row_energy_cv", row_cv)],
+                "row-energy CV >= 0.35 (a Gaussian gives sqrt(2/C)); rank is not observable from sketches: confirm with a randomized range finder",
+                "Halko, Martinsson, Tropp, Finding structure with randomness (2011)",
+            );
+        }
+        if s.runs.len() >= MIN_STEPS {
+            let sig: Vec<Option<&[f32]>> = s.runs.iter().map(|r| r.vector(tensor::ELEMSIG)).collect();
+            let sumsq: Vec<Option<f64>> = s.runs.iter().map(|r| r.scalar(tensor::SUMSQ)).collect();
+            let repeat = sig.iter().all(|x| x.is_some() && *x == sig[0]) && sumsq.iter().all(|x| *x == sumsq[0]);
+            let means: Vec<f64> = ms.iter().filter_map(|m| m.mean).collect();
+            let rms = med(|m| m.rms).unwrap_or(0.0);
+            let drift = if means.len() >= MIN_STEPS {
+                // Least-squares slope of the mean over runs, times the window.
+                let n = means.len() as f64;
+                let xm = (n - 1.0) / 2.0;
+                let ym = means.iter().sum::<f64>() / n;
+                let cov: f64 = means.iter().enumerate().map(|(i, y)| (i as f64 - xm) * (y - ym)).sum();
+                let var: f64 = (0..means.len()).map(|i| (i as f64 - xm).powi(2)).sum();
+                Some((cov / var * (n - 1.0)).abs())
+            } else {
+                None
+            };
+            let rms_cv = {
+                let v: Vec<f64> = ms.iter().filter_map(|m| m.rms).collect();
+                let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
+                (mean > 0.0).then(|| (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / v.len() as f64).sqrt() / mean)
+            };
+            if repeat {
+                push(
+                    kinds::EXACT_REPEAT,
+                    vec![("runs", Some(s.runs.len() as f64))],
+                    "elemsig and sumsq identical in every run",
+                    "memoization: an identical input gives an identical output",
+                );
+            } else if drift.is_some_and(|dv| rms > 0.0 && dv >= 0.5 * rms) {
+                push(
+                    kinds::DRIFTING,
+                    vec![("mean_shift_over_window", drift), ("rms", Some(rms))],
+                    "the mean moves by >= 0.5 rms over the recorded runs (least-squares trend)",
+                    "dynamic vs static quantization (PyTorch quantization docs): moving ranges need dynamic scales",
+                );
+            } else if rms_cv.is_some_and(|c| c <= 0.05) {
+                push(
+                    kinds::STATIONARY,
+                    vec![("rms_cv", rms_cv), ("mean_shift_over_window", drift)],
+                    "per-run rms varies by <= 5% and the mean does not trend",
+                    "static quantization calibration (PyTorch observers, ONNX Runtime calibrators): calibrate once",
+                );
+            }
+        }
+    }
+}

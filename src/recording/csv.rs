@@ -1,0 +1,217 @@
+//! CSV recordings (the `csv` crate), gzip-compressed when the path ends in `.gz`: the writer
+//! and the streaming reader.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use crate::error::Error;
+use crate::manifest::Manifest;
+
+use super::format::{check_path, column_index, header, partial_path, write_sidecar, Row};
+use super::read::RowRef;
+use super::sink::Sink;
+use super::RecordingError;
+
+/// The file a CSV recording goes to: plain, or gzip when the path ends in `.gz`.
+enum Out {
+    Plain(std::io::BufWriter<File>),
+    Gz(flate2::write::GzEncoder<std::io::BufWriter<File>>),
+}
+
+impl Write for Out {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Out::Plain(w) => w.write(buf),
+            Out::Gz(w) => w.write(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Out::Plain(w) => w.flush(),
+            Out::Gz(w) => w.flush(),
+        }
+    }
+}
+
+impl Out {
+    /// Write any trailer, flush, and return the file.
+    fn into_file(self) -> std::io::Result<File> {
+        let buffered = match self {
+            Out::Plain(w) => w,
+            Out::Gz(w) => w.finish()?,
+        };
+        buffered.into_inner().map_err(|e| e.into_error())
+    }
+}
+
+/// A CSV recording (via the `csv` crate), gzip-compressed when the path ends in `.gz`
+/// (`flate2`, fast level: per-row-element tables compress about 10x), plus a JSON manifest
+/// sidecar.
+///
+/// Rows go to `<path>.partial`, flushed after every run, so a crash leaves every finished run
+/// on disk; `finish` syncs and renames it to `<path>` and writes `<path>.manifest.json` the same
+/// way. An existing file at `<path>` is replaced only at that rename; a sink dropped without
+/// `finish` leaves its rows in `<path>.partial`.
+pub struct CsvSink {
+    path: PathBuf,
+    writer: Option<csv::Writer<Out>>,
+    manifests: Vec<Manifest>,
+}
+
+impl CsvSink {
+    /// Create the recording. Errors if `<path>.partial` cannot be created (missing directory,
+    /// permissions): fix the path or create the directory.
+    pub fn create(path: impl AsRef<Path>) -> Result<CsvSink, Error> {
+        let path = path.as_ref().to_path_buf();
+        check_path(&path)?;
+        let tmp = partial_path(&path);
+        let file = File::create(&tmp).map_err(|source| Error::Io {
+            path: tmp.clone(),
+            error: source,
+        })?;
+        let buffered = std::io::BufWriter::with_capacity(1 << 20, file);
+        let out = if path.extension().is_some_and(|e| e == "gz") {
+            Out::Gz(flate2::write::GzEncoder::new(buffered, flate2::Compression::fast()))
+        } else {
+            Out::Plain(buffered)
+        };
+        // The header is written up front, so a recording with no rows is still a valid table.
+        let mut writer = csv::WriterBuilder::new().has_headers(false).from_writer(out);
+        writer.write_record(header()).map_err(|e| Error::Csv {
+            path: tmp.clone(),
+            error: e,
+        })?;
+        Ok(CsvSink {
+            path,
+            writer: Some(writer),
+            manifests: Vec::new(),
+        })
+    }
+
+    fn csv_err(&self, source: csv::Error) -> Error {
+        Error::Csv {
+            path: partial_path(&self.path),
+            error: source,
+        }
+    }
+}
+
+impl Sink for CsvSink {
+    fn manifest(&mut self, manifest: &Manifest) -> Result<(), Error> {
+        self.manifests.push(manifest.clone());
+        Ok(())
+    }
+
+    fn write(&mut self, rows: &[Row]) -> Result<(), Error> {
+        let Some(w) = self.writer.as_mut() else {
+            return Err(Error::Internal("write after finish".into()));
+        };
+        let mut res = Ok(());
+        for r in rows {
+            if let Err(e) = w.serialize(r) {
+                res = Err(e);
+                break;
+            }
+        }
+        res.map_err(|e| self.csv_err(e))
+    }
+
+    fn flush(&mut self) -> Result<(), Error> {
+        let Some(w) = self.writer.as_mut() else {
+            return Ok(());
+        };
+        let res = w.flush().map_err(csv::Error::from);
+        res.map_err(|e| self.csv_err(e))
+    }
+
+    fn finish(&mut self) -> Result<(), Error> {
+        let Some(w) = self.writer.take() else {
+            return Ok(());
+        };
+        let tmp = partial_path(&self.path);
+        let io = |source| Error::Io {
+            path: tmp.clone(),
+            error: source,
+        };
+        let out = w.into_inner().map_err(|e| io(e.into_error()))?;
+        let file = out.into_file().map_err(io)?;
+        file.sync_all().map_err(io)?;
+        std::fs::rename(&tmp, &self.path).map_err(|source| Error::Io {
+            path: self.path.clone(),
+            error: source,
+        })?;
+        write_sidecar(&self.path, std::mem::take(&mut self.manifests))
+    }
+}
+
+impl Drop for CsvSink {
+    /// Dropped unfinished (an error, a panic): flush what was written and leave it at
+    /// `<path>.partial`; an earlier recording at `<path>` is not touched.
+    fn drop(&mut self) {
+        if let Some(mut w) = self.writer.take() {
+            let _ = w.flush();
+            eprintln!(
+                "opscope: recording not finished; the rows written so far are in {}",
+                partial_path(&self.path).display()
+            );
+        }
+    }
+}
+
+
+/// Stream the rows of a CSV recording (gzip when the path ends in `.gz`) to `f`.
+///
+/// Errors: the file cannot be opened, lacks a recording column, or holds a malformed row (the
+/// error names the line).
+pub(super) fn read(path: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Error> {
+    let file = File::open(path).map_err(|e| Error::Io { path: path.to_path_buf(), error: e })?;
+    let reader: Box<dyn Read> = if path.extension().is_some_and(|e| e == "gz") {
+        Box::new(flate2::read::GzDecoder::new(std::io::BufReader::with_capacity(1 << 20, file)))
+    } else {
+        Box::new(std::io::BufReader::with_capacity(1 << 20, file))
+    };
+    let mut csv = csv::Reader::from_reader(reader);
+    let malformed = |line: Option<u64>, reason: String| RecordingError { path: path.to_path_buf(), line, reason };
+    let header_row = csv.byte_headers().map_err(|e| malformed(Some(1), format!("header: {e}")))?.clone();
+    // Position of every recording column in this file (files written by other tools may
+    // reorder or add columns).
+    let mut at = [0usize; 15];
+    for (i, c) in super::COLUMNS.iter().enumerate() {
+        at[i] = header_row
+            .iter()
+            .position(|h| h == c.name.as_bytes())
+            .ok_or_else(|| malformed(Some(1), format!("no '{}' column: not an opscope recording", c.name)))?;
+    }
+    let ix = |name: &str| at[column_index(name).expect("a recording column")];
+    let (site, role, pass, op, shape) = (ix("site"), ix("role"), ix("pass_idx"), ix("op"), ix("shape"));
+    let (flops, compile, step, stat, idx, value) = (ix("flops"), ix("compile"), ix("step"), ix("stat"), ix("idx"), ix("value"));
+    let mut rec = csv::ByteRecord::new();
+    let mut line = 1u64;
+    loop {
+        match csv.read_byte_record(&mut rec) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => return Err(malformed(Some(line + 1), e.to_string()).into()),
+        }
+        line += 1;
+        let bad = |what: &str| malformed(Some(line), format!("bad {what}"));
+        let text = |i: usize| std::str::from_utf8(&rec[i]).map_err(|_| bad("UTF-8"));
+        let num = |i: usize, what: &str| text(i)?.parse::<u64>().map_err(|_| bad(what));
+        let fl = text(flops)?;
+        f(RowRef {
+            site: text(site)?,
+            role: text(role)?,
+            pass_idx: num(pass, "pass_idx")? as u32,
+            op: text(op)?,
+            shape: text(shape)?,
+            flops: if fl.is_empty() { None } else { Some(fl.parse().map_err(|_| bad("flops"))?) },
+            compile: num(compile, "compile")? as u32,
+            step: num(step, "step")?,
+            stat: text(stat)?,
+            idx: num(idx, "idx")?,
+            value: text(value)?.parse::<f32>().map_err(|_| bad("value"))?,
+        });
+    }
+    Ok(())
+}

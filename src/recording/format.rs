@@ -1,0 +1,179 @@
+//! The recording format: columns, rows, the manifest sidecar and file lifecycle
+//! (`<path>.partial` until finished, then an atomic rename).
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+use crate::manifest::Manifest;
+
+/// One row of a recording. The key is `run_id, compile, step, pass_idx, site, role, stat, idx`
+/// (unique: a test checks it); repeated strings are shared (`Arc<str>`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    /// Recording run id (one per recorder).
+    pub run_id: Arc<str>,
+    /// Compile within the recording (the tag of its manifest): one graph compiled twice gives
+    /// two compiles, each with its own steps.
+    pub compile: u32,
+    /// Run index of this compiled graph (0-based).
+    pub step: u64,
+    /// Graph name.
+    pub graph: Arc<str>,
+    /// Pass that recorded the row.
+    pub pass: Arc<str>,
+    /// Position of that pass in the pipeline (0-based).
+    pub pass_idx: u32,
+    /// Site name.
+    pub site: Arc<str>,
+    /// Op at the site.
+    pub op: Arc<str>,
+    /// Role of the tensor at the site (`lhs`, `rhs`, `out`).
+    pub role: Arc<str>,
+    /// Statistic (`min`, `hist`, ...; see [`crate::sketch::Stat`]).
+    pub stat: Arc<str>,
+    /// Element index within a vector statistic (0 for scalars).
+    pub idx: u64,
+    /// The value (the kernel computes in f32 and f64 and writes f32).
+    pub value: f32,
+    /// Elements in the tensor, empty if its shape is symbolic.
+    pub numel: Option<u64>,
+    /// Shape of the tensor (`[2,16,384]`).
+    pub shape: Arc<str>,
+    /// FLOPs of one execution of the site, empty if unknown.
+    pub flops: Option<u64>,
+}
+
+/// The type of a recording column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColumnType {
+    /// Text (dictionary-encoded in Parquet).
+    Text,
+    /// Unsigned 32-bit integer.
+    U32,
+    /// Unsigned 64-bit integer.
+    U64,
+    /// 32-bit float.
+    F32,
+}
+
+/// One column of a recording: name, type, whether it may be empty, and what it holds.
+#[derive(Debug, Clone, Copy)]
+pub struct Column {
+    /// Column name (CSV header, Arrow field).
+    pub name: &'static str,
+    /// Type.
+    pub ty: ColumnType,
+    /// Empty (CSV) / null (Parquet) allowed.
+    pub nullable: bool,
+    /// What it holds.
+    pub doc: &'static str,
+}
+
+const fn col(name: &'static str, ty: ColumnType, nullable: bool, doc: &'static str) -> Column {
+    Column { name, ty, nullable, doc }
+}
+
+/// The columns of a recording, in [`Row`]'s field order: the one list the CSV header, the
+/// Arrow schema and both readers are built from.
+pub const COLUMNS: [Column; 15] = [
+    col("run_id", ColumnType::Text, false, "recording id, one per recorder (scope or process): run-<unix seconds>-<pid>"),
+    col("compile", ColumnType::U32, false, "compile tag: one per tapped compile, unique in the process"),
+    col("step", ColumnType::U64, false, "execution of that compiled graph, 0-based"),
+    col("graph", ColumnType::Text, false, "graph name"),
+    col("pass", ColumnType::Text, false, "pass that recorded the row"),
+    col("pass_idx", ColumnType::U32, false, "position of that pass in the pipeline, 0-based"),
+    col("site", ColumnType::Text, false, "site name"),
+    col("op", ColumnType::Text, false, "op at the site as RLX prints it"),
+    col("role", ColumnType::Text, false, "role of the tensor at the site (lhs, rhs, out, probs, ...)"),
+    col("stat", ColumnType::Text, false, "statistic"),
+    col("idx", ColumnType::U64, false, "element index within a vector statistic (0 for a scalar)"),
+    col("value", ColumnType::F32, false, "the value"),
+    col("numel", ColumnType::U64, true, "elements of the tensor; empty if its shape is symbolic"),
+    col("shape", ColumnType::Text, false, "shape of the tensor ([2,16,384])"),
+    col("flops", ColumnType::U64, true, "FLOPs of one execution of the site; empty if unknown"),
+];
+
+/// Index of the column named `name` in [`COLUMNS`].
+pub fn column_index(name: &str) -> Option<usize> {
+    COLUMNS.iter().position(|c| c.name == name)
+}
+
+/// Column names, the CSV header.
+pub fn header() -> [&'static str; 15] {
+    COLUMNS.map(|c| c.name)
+}
+
+/// Recording format version written in the sidecar.
+pub const FORMAT: u32 = 1;
+
+/// The manifest sidecar written next to a recording (`<recording>.manifest.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Sidecar {
+    /// Recording format version.
+    pub format: u32,
+    /// One manifest per tapped compile.
+    pub graphs: Vec<Manifest>,
+}
+
+/// Path of the manifest sidecar of a recording.
+pub fn sidecar_path(recording: &Path) -> PathBuf {
+    let mut s = recording.as_os_str().to_owned();
+    s.push(".manifest.json");
+    PathBuf::from(s)
+}
+
+/// Where a recording is written until it is finished: `<path>.partial`.
+pub fn partial_path(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".partial");
+    PathBuf::from(s)
+}
+
+/// Check that a recording can be written at `path` (not a directory; its directory exists),
+/// without creating anything: for failing before a long job rather than after it.
+pub fn check_path(path: &Path) -> Result<(), Error> {
+    let bad = |why: &str| {
+        Err(Error::BadPath {
+            path: path.to_path_buf(),
+            why: why.into(),
+        })
+    };
+    if path.is_dir() {
+        return bad("is a directory; give a file path such as <dir>/recording.csv.gz");
+    }
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => {
+            bad("its directory does not exist; create it first")
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Write `bytes` to `path` atomically (temporary name, fsync, rename).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        error: source,
+    };
+    let tmp = partial_path(path);
+    let mut f = File::create(&tmp).map_err(io)?;
+    f.write_all(bytes).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+
+/// Write the manifest sidecar of the recording at `recording` (atomically).
+///
+/// Errors: the sidecar cannot be written.
+pub fn write_sidecar(recording: &Path, graphs: Vec<Manifest>) -> Result<(), Error> {
+    let json = serde_json::to_vec_pretty(&Sidecar { format: FORMAT, graphs })
+        .map_err(|e| Error::Internal(format!("manifest JSON: {e}")))?;
+    write_atomic(&sidecar_path(recording), &json)
+}
+

@@ -1,0 +1,50 @@
+//! Reading recordings back: rows streamed with borrowed fields, whatever the file format.
+
+use std::path::Path;
+
+use crate::error::Error;
+
+/// One row of a recording as read, fields borrowed from the reader (no allocation per row).
+/// The key columns and the value; `run_id`, `graph`, `pass` and `numel` are not needed to mine
+/// and are not decoded.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RowRef<'a> {
+    /// Site name.
+    pub site: &'a str,
+    /// Role.
+    pub role: &'a str,
+    /// Pass position in the pipeline.
+    pub pass_idx: u32,
+    /// Op at the site.
+    pub op: &'a str,
+    /// Tensor shape text.
+    pub shape: &'a str,
+    /// FLOPs of one execution.
+    pub flops: Option<u64>,
+    /// Compile tag.
+    pub compile: u32,
+    /// Execution of the compiled graph.
+    pub step: u64,
+    /// Statistic name.
+    pub stat: &'a str,
+    /// Element index.
+    pub idx: u64,
+    /// Value.
+    pub value: f32,
+}
+
+/// Stream every row of the recording at `path` (CSV, `.csv.gz` or `.parquet`) to `f`, in file
+/// order.
+///
+/// Errors: the file cannot be read, is not a recording, or holds a malformed row
+/// ([`crate::error::RecordingError`] names the file, the line where there is one, and the
+/// problem); a `.parquet` file in a build without the `parquet` feature.
+pub fn read_rows(path: &Path, mut f: impl FnMut(RowRef<'_>)) -> Result<(), Error> {
+    if path.extension().is_some_and(|e| e == "parquet") {
+        #[cfg(feature = "parquet")]
+        return super::parquet::read(path, &mut f);
+        #[cfg(not(feature = "parquet"))]
+        return Err(super::no_parquet(path));
+    }
+    super::csv::read(path, &mut f)
+}

@@ -1,0 +1,85 @@
+//! The sink trait and the in-memory and fan-out sinks.
+
+use std::sync::{Arc, Mutex};
+
+use crate::error::Error;
+use crate::manifest::Manifest;
+
+use super::format::Row;
+
+/// A destination for recorded rows.
+///
+/// `write` is called one or more times per run of a tapped graph (once per appended output),
+/// then `flush` once; `finish` once at the end. Errors are returned, never swallowed: the
+/// recorder keeps the first and reports it when the scope ends.
+pub trait Sink: Send {
+    /// A tapped graph was compiled; its manifest describes the rows that will follow.
+    fn manifest(&mut self, manifest: &Manifest) -> Result<(), Error>;
+    /// Rows of (part of) one run.
+    fn write(&mut self, rows: &[Row]) -> Result<(), Error>;
+    /// A run's rows are all written: make them durable enough to survive a crash of the
+    /// process (the CSV sink flushes its buffers to the OS).
+    fn flush(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+    /// All runs are done: make the recording complete and durable.
+    fn finish(&mut self) -> Result<(), Error>;
+}
+
+/// An in-memory sink (tests, and programs that mine right away). Clones share storage.
+#[derive(Clone, Default)]
+pub struct MemorySink {
+    /// Rows written so far.
+    pub rows: Arc<Mutex<Vec<Row>>>,
+    /// Manifests seen so far.
+    pub manifests: Arc<Mutex<Vec<Manifest>>>,
+}
+
+impl MemorySink {
+    /// A copy of the rows.
+    pub fn rows(&self) -> Vec<Row> {
+        self.rows.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+    /// A copy of the manifests.
+    pub fn manifests(&self) -> Vec<Manifest> {
+        self.manifests.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+}
+
+impl Sink for MemorySink {
+    fn manifest(&mut self, manifest: &Manifest) -> Result<(), Error> {
+        self.manifests
+            .lock()
+            .map_err(|_| Error::Internal("poisoned".into()))?
+            .push(manifest.clone());
+        Ok(())
+    }
+    fn write(&mut self, rows: &[Row]) -> Result<(), Error> {
+        self.rows
+            .lock()
+            .map_err(|_| Error::Internal("poisoned".into()))?
+            .extend_from_slice(rows);
+        Ok(())
+    }
+    fn finish(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+/// Writes to every inner sink.
+pub struct Tee(pub Vec<Box<dyn Sink>>);
+
+impl Sink for Tee {
+    fn manifest(&mut self, manifest: &Manifest) -> Result<(), Error> {
+        self.0.iter_mut().try_for_each(|s| s.manifest(manifest))
+    }
+    fn write(&mut self, rows: &[Row]) -> Result<(), Error> {
+        self.0.iter_mut().try_for_each(|s| s.write(rows))
+    }
+    fn flush(&mut self) -> Result<(), Error> {
+        self.0.iter_mut().try_for_each(|s| s.flush())
+    }
+    fn finish(&mut self) -> Result<(), Error> {
+        self.0.iter_mut().try_for_each(|s| s.finish())
+    }
+}

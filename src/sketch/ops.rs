@@ -1,0 +1,197 @@
+//! The sketch ops as RLX custom ops: shape inference, the CPU kernels (the tensor kernel, the
+//! registered probes, `keep`), the weight memo, and their registration.
+
+use std::sync::{Arc, Once};
+
+use rlx_cpu::op_registry::{CpuKernel, CpuTensorMut, CpuTensorRef};
+use rlx_ir::op_registry::OpExtension;
+use rlx_ir::{DType, Shape};
+
+use super::kernel::compute_into;
+use super::probe::{self, Probe};
+use super::{shape_text, static_dims, SketchSpec, KEEP_OP, SKETCH2_OP, SKETCH3_OP, SKETCH_OP};
+
+/// Shape inference for [`SKETCH_OP`] and the multi-input probe ops.
+struct SketchOp {
+    name: &'static str,
+    inputs: usize,
+}
+
+impl OpExtension for SketchOp {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn num_inputs(&self) -> usize {
+        self.inputs
+    }
+    fn infer_shape(&self, _inputs: &[&Shape], attrs: &[u8]) -> Shape {
+        // Attributes are written by `SketchSpec::to_attrs` only; a foreign blob gets a 1-value
+        // output and the kernel reports the decode error at run time.
+        let len = SketchSpec::from_attrs(attrs).ok().and_then(|s| s.len().ok()).unwrap_or(1);
+        Shape::new(&[len], DType::F32)
+    }
+}
+
+/// CPU kernel for [`SKETCH_OP`] and the multi-input probe ops ([`SKETCH2_OP`], [`SKETCH3_OP`]).
+struct SketchKernel {
+    name: &'static str,
+}
+
+impl CpuKernel for SketchKernel {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn execute(
+        &self,
+        inputs: &[CpuTensorRef<'_>],
+        output: CpuTensorMut<'_>,
+        attrs: &[u8],
+    ) -> Result<(), String> {
+        let spec = SketchSpec::from_attrs(attrs)?;
+        if let Probe::Pass { name, params } = &spec.probe {
+            let out = output.expect_f32_mut("opscope probe output")?;
+            return run_probe(self.name, &spec, name, params.get(), inputs, out);
+        }
+        let x = inputs
+            .first()
+            .ok_or_else(|| format!("{SKETCH_OP}: no input"))?
+            .expect_f32("opscope.sketch input")?;
+        let out = output.expect_f32_mut("opscope.sketch output")?;
+        let len = spec.len()?;
+        if out.len() != len {
+            return Err(format!("{SKETCH_OP}: output holds {} values, spec needs {len}", out.len()));
+        }
+        let dims = static_dims(inputs[0].shape()).ok_or_else(|| {
+            format!("{SKETCH_OP}: input shape {} is not bound at run time", shape_text(inputs[0].shape()))
+        })?;
+        if dims.iter().product::<usize>() != x.len() {
+            return Err(format!("{SKETCH_OP}: shape {dims:?} does not match {} values", x.len()));
+        }
+        if spec.memo {
+            memo_compute(x, &dims, &spec, out);
+        } else {
+            compute_into(x, &dims, &spec, out);
+        }
+        Ok(())
+    }
+}
+
+/// Run the registered probe `name` and lay its statistics out as `spec` says: the compile tag
+/// at value 0, then each selected statistic.
+fn run_probe(
+    op: &str,
+    spec: &SketchSpec,
+    name: &str,
+    params: &str,
+    inputs: &[CpuTensorRef<'_>],
+    out: &mut [f32],
+) -> Result<(), String> {
+    let kernel = probe::lookup(name).ok_or_else(|| format!("{op}: no linked pass registers the probe '{name}'"))?;
+    let layout = spec.layout()?;
+    let len = 1 + layout.iter().map(|s| s.len).sum::<usize>();
+    if out.len() != len {
+        return Err(format!("{op}: output holds {} values, spec needs {len}", out.len()));
+    }
+    let values = kernel.execute(params, inputs)?;
+    out[0] = spec.tag as f32;
+    for slot in layout {
+        let v = values
+            .iter()
+            .find(|(s, _)| *s == slot.stat)
+            .map(|(_, v)| v.as_slice())
+            .ok_or_else(|| format!("opscope probe {name}: {} is not computed by this probe", slot.stat))?;
+        if v.len() != slot.len {
+            return Err(format!("opscope probe {name}: {} has {} values, layout {}", slot.stat, v.len(), slot.len));
+        }
+        out[slot.offset..slot.offset + slot.len].copy_from_slice(v);
+    }
+    Ok(())
+}
+
+/// Sketches of weights already seen, keyed by (content hash, dims, spec without tag).
+type MemoKey = (u128, Vec<usize>, Vec<u8>);
+
+/// Bounded: cleared when it holds this many sketches (a model has a few hundred weights).
+const MEMO_CAPACITY: usize = 4096;
+
+fn memo_compute(x: &[f32], dims: &[usize], spec: &SketchSpec, out: &mut [f32]) {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static MEMO: Mutex<Option<HashMap<MemoKey, Vec<f32>>>> = Mutex::new(None);
+    let bytes: &[u8] = unsafe {
+        // SAFETY: f32 has no padding or invalid bit patterns; the slice covers exactly the
+        // same memory as `x`, read-only, for the duration of the borrow.
+        std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), std::mem::size_of_val(x))
+    };
+    let untagged = SketchSpec { tag: 0, ..spec.clone() };
+    let key: MemoKey = (xxhash_rust::xxh3::xxh3_128(bytes), dims.to_vec(), untagged.to_attrs());
+    let hit = MEMO.lock().ok().and_then(|g| g.as_ref().and_then(|m| m.get(&key).cloned()));
+    if let Some(v) = hit {
+        out.copy_from_slice(&v);
+        out[0] = spec.tag as f32;
+        return;
+    }
+    // Computed outside the lock: other kernels sketching other weights are not held up.
+    compute_into(x, dims, spec, out);
+    if let Ok(mut guard) = MEMO.lock() {
+        let map = guard.get_or_insert_with(HashMap::new);
+        if map.len() >= MEMO_CAPACITY {
+            map.clear();
+        }
+        map.insert(key, out.to_vec());
+    }
+}
+
+/// Shape inference for [`KEEP_OP`]: the first input's shape.
+struct KeepOp;
+
+impl OpExtension for KeepOp {
+    fn name(&self) -> &str {
+        KEEP_OP
+    }
+    fn num_inputs(&self) -> usize {
+        2
+    }
+    fn infer_shape(&self, inputs: &[&Shape], _attrs: &[u8]) -> Shape {
+        inputs[0].clone()
+    }
+}
+
+/// CPU kernel for [`KEEP_OP`]: copy input 0.
+struct KeepKernel;
+
+impl CpuKernel for KeepKernel {
+    fn name(&self) -> &str {
+        KEEP_OP
+    }
+    fn execute(&self, inputs: &[CpuTensorRef<'_>], output: CpuTensorMut<'_>, _attrs: &[u8]) -> Result<(), String> {
+        let x = inputs
+            .first()
+            .ok_or_else(|| format!("{KEEP_OP}: no input"))?
+            .expect_f32("opscope.keep input")?;
+        let out = output.expect_f32_mut("opscope.keep output")?;
+        if out.len() != x.len() {
+            return Err(format!("{KEEP_OP}: output holds {} values, input {}", out.len(), x.len()));
+        }
+        out.copy_from_slice(x);
+        Ok(())
+    }
+}
+
+/// Register the sketch ops with RLX's op registry and their CPU kernels (idempotent). Called
+/// once, from the one place every activation path goes through before a tapped compile
+/// ([`crate::pipeline::Pipeline::apply_tagged`]): RLX panics when it builds an executable
+/// holding a custom op with no registered kernel. Probes need no registration of their own:
+/// the two- and three-input ops dispatch to them by name.
+pub fn register_kernels() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        for (name, inputs) in [(SKETCH_OP, 1), (SKETCH2_OP, 2), (SKETCH3_OP, 3)] {
+            rlx_ir::op_registry::register_op(Arc::new(SketchOp { name, inputs }));
+            rlx_cpu::op_registry::register_cpu_kernel(Arc::new(SketchKernel { name }));
+        }
+        rlx_ir::op_registry::register_op(Arc::new(KeepOp));
+        rlx_cpu::op_registry::register_cpu_kernel(Arc::new(KeepKernel));
+    });
+}
+

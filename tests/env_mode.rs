@@ -85,3 +85,41 @@ fn without_the_variable_nothing_is_recorded() {
     assert!(out.status.success());
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "no file written");
 }
+
+#[test]
+fn a_tap_defined_outside_opscope_records_through_the_environment() {
+    // examples/custom_tap/token_absmax.rs defines and registers the pass, its statistic and its
+    // probe kernel; neither src/ nor passes/ knows it.
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("absmax.csv");
+    let plain = example("custom_tap").output().unwrap();
+    let tapped = example("custom_tap").env("RLX_OPSCOPE", "token_absmax").env("RLX_OPSCOPE_OUT", &rec).output().unwrap();
+    assert!(tapped.status.success(), "{}", String::from_utf8_lossy(&tapped.stderr));
+    assert_eq!(plain.stdout, tapped.stdout, "the caller's outputs are unchanged");
+
+    // Host reference: the example's input and weight patterns, the first layer in f64.
+    let (rows, width) = (6usize, 8usize);
+    let x = |step: usize, r: usize, c: usize| (((r * 7 + c * 3 + step) % 11) as f64 - 5.0) * (r + 1) as f64 / 4.0;
+    let w = |k: usize, n: usize| (((k * width + n) * 5) % 7) as f64 / 7.0 - 0.4;
+    let mut want: Vec<(u64, &str, u64, f64)> = Vec::new();
+    for step in 0..2 {
+        for r in 0..rows {
+            let lhs0 = (0..width).map(|c| x(step, r, c).abs()).fold(0.0, f64::max);
+            let h = |n: usize| (0..width).map(|k| x(step, r, k) * w(k, n)).sum::<f64>().max(0.0);
+            let lhs1 = (0..width).map(h).fold(0.0, f64::max);
+            want.push((step as u64, "matmul.0", r as u64, lhs0));
+            want.push((step as u64, "matmul.1", r as u64, lhs1));
+        }
+    }
+    let mut reader = csv::Reader::from_path(&rec).unwrap();
+    let rows_read: Vec<opscope::Row> = reader.deserialize().collect::<Result<_, _>>().unwrap();
+    assert_eq!(rows_read.len(), want.len(), "one row per (step, site, token)");
+    for (step, site, idx, v) in want {
+        let got = rows_read
+            .iter()
+            .find(|r| r.step == step && &*r.site == site && r.idx == idx)
+            .unwrap_or_else(|| panic!("no row for step {step} {site} token {idx}"));
+        assert_eq!((&*got.pass, &*got.role, &*got.stat), ("token_absmax", "lhs", "token_absmax"));
+        assert!((got.value as f64 - v).abs() <= 1e-5 * v.max(1.0), "step {step} {site} token {idx}: {} vs {v}", got.value);
+    }
+}

@@ -401,60 +401,30 @@ impl Opt<Range> {
     }
 }
 
-impl OptionKind for bool {
-    type Value = bool;
-    fn read(v: &OptionValue) -> Option<bool> {
-        match v {
-            OptionValue::Bool(b) => Some(*b),
-            _ => None,
+/// `OptionKind` for a marker whose value is one `OptionValue` variant, cloned out.
+macro_rules! option_kind {
+    ($($marker:ty => $value:ty, $variant:ident;)*) => {$(
+        impl OptionKind for $marker {
+            type Value = $value;
+            fn read(v: &OptionValue) -> Option<$value> {
+                match v {
+                    OptionValue::$variant(x) => Some(x.clone()),
+                    _ => None,
+                }
+            }
         }
-    }
+    )*};
 }
-impl OptionKind for u64 {
-    type Value = u64;
-    fn read(v: &OptionValue) -> Option<u64> {
-        match v {
-            OptionValue::UInt(n) => Some(*n),
-            _ => None,
-        }
-    }
+
+option_kind! {
+    bool => bool, Bool;
+    u64 => u64, UInt;
+    f32 => f32, Float;
+    Vec<u64> => Vec<u64>, UIntList;
+    Word => String, Word;
+    Words => Vec<String>, List;
 }
-impl OptionKind for f32 {
-    type Value = f32;
-    fn read(v: &OptionValue) -> Option<f32> {
-        match v {
-            OptionValue::Float(x) => Some(*x),
-            _ => None,
-        }
-    }
-}
-impl OptionKind for Vec<u64> {
-    type Value = Vec<u64>;
-    fn read(v: &OptionValue) -> Option<Vec<u64>> {
-        match v {
-            OptionValue::UIntList(items) => Some(items.clone()),
-            _ => None,
-        }
-    }
-}
-impl OptionKind for Word {
-    type Value = String;
-    fn read(v: &OptionValue) -> Option<String> {
-        match v {
-            OptionValue::Word(w) => Some(w.clone()),
-            _ => None,
-        }
-    }
-}
-impl OptionKind for Words {
-    type Value = Vec<String>;
-    fn read(v: &OptionValue) -> Option<Vec<String>> {
-        match v {
-            OptionValue::List(items) => Some(items.clone()),
-            _ => None,
-        }
-    }
-}
+
 impl OptionKind for Globs {
     type Value = Vec<glob::Pattern>;
     fn read(v: &OptionValue) -> Option<Vec<glob::Pattern>> {

@@ -37,7 +37,7 @@ pub fn split_entries(text: &str) -> Vec<String> {
 }
 
 /// A Hugging Face tokenizer set to add special tokens, truncate to `seq` and pad to exactly
-/// `seq` with its own `[PAD]` id (attention mask 0 on padding), as `tokenizer(texts,
+/// `seq` with its own pad token (attention mask 0 on padding), as `tokenizer(texts,
 /// padding="max_length", truncation=True, max_length=seq)` does.
 pub struct TextEncoder {
     tok: Tokenizer,
@@ -53,8 +53,17 @@ pub struct Encoded {
     pub mask: Vec<i64>,
 }
 
+/// Pad tokens of the common tokenizer families, tried in this order when `tokenizer.json` has
+/// no padding configuration: BERT/WordPiece `[PAD]`, RoBERTa/XLM-R/MPNet/T5 `<pad>`, and the
+/// `<|pad|>` / `<|padding|>` of some BPE chat tokenizers.
+pub const PAD_TOKENS: [&str; 4] = ["[PAD]", "<pad>", "<|pad|>", "<|padding|>"];
+
 impl TextEncoder {
-    /// Load `tokenizer.json`. Errors if it does not load or has no `[PAD]` token.
+    /// Load `tokenizer.json`. The pad token, id and side come from its own padding
+    /// configuration when it has one (as `tokenizers` uses it); else from the first of
+    /// [`PAD_TOKENS`] the vocabulary holds, padding on the right.
+    ///
+    /// Errors: `seq < 2`, the file is missing or is not a tokenizer, or it has no pad token.
     pub fn load(path: &Path, seq: usize) -> Result<TextEncoder> {
         if seq < 2 {
             bail!("--seq {seq} is too short: [CLS] and [SEP] alone need 2 tokens");
@@ -65,20 +74,29 @@ impl TextEncoder {
         let mut tok = Tokenizer::from_file(path).map_err(|e| {
             anyhow::anyhow!("{} is not a Hugging Face tokenizer.json ({e})", path.display())
         })?;
-        let pad_id = tok
-            .token_to_id("[PAD]")
-            .with_context(|| format!("{} has no [PAD] token", path.display()))?;
+        let padding = match tok.get_padding() {
+            Some(p) => PaddingParams { strategy: PaddingStrategy::Fixed(seq), ..p.clone() },
+            None => {
+                let (pad_token, pad_id) = PAD_TOKENS
+                    .iter()
+                    .find_map(|t| tok.token_to_id(t).map(|id| (t.to_string(), id)))
+                    .with_context(|| {
+                        format!(
+                            "{} has no pad token: its padding configuration is empty and its vocabulary holds none of {}; \
+                             set one with tokenizer.enable_padding(pad_token=...) and save it",
+                            path.display(),
+                            PAD_TOKENS.join(", ")
+                        )
+                    })?;
+                PaddingParams { strategy: PaddingStrategy::Fixed(seq), pad_id, pad_token, ..Default::default() }
+            }
+        };
         tok.with_truncation(Some(TruncationParams {
             max_length: seq,
             ..Default::default()
         }))
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-        tok.with_padding(Some(PaddingParams {
-            strategy: PaddingStrategy::Fixed(seq),
-            pad_id,
-            pad_token: "[PAD]".into(),
-            ..Default::default()
-        }));
+        tok.with_padding(Some(padding));
         Ok(TextEncoder { tok, seq })
     }
 
@@ -101,11 +119,103 @@ impl TextEncoder {
     }
 }
 
+/// What a text model's graph input holds, by its Hugging Face export name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TextInput {
+    /// `input_ids`: token ids.
+    Ids,
+    /// `attention_mask`: 1 on real tokens, 0 on padding.
+    Mask,
+    /// `token_type_ids`: segment ids (0: one segment per sentence).
+    TokenTypes,
+    /// `position_ids`: 0..seq in every row.
+    Positions,
+}
+
+/// One graph input as the job feeds it: what it holds, its declared dtype, its element count.
+#[derive(Debug, Clone)]
+struct Feed {
+    name: String,
+    what: TextInput,
+    dtype: DType,
+    numel: usize,
+}
+
+impl Feed {
+    /// The input's bytes for `enc`, in its declared dtype (little-endian), `batch` rows of `seq`
+    /// (or one row when the model declares a single row, as position ids often are).
+    fn bytes(&self, enc: &Encoded, seq: usize) -> Result<Vec<u8>> {
+        let rows = self.numel / seq.max(1);
+        let values: Vec<i64> = match self.what {
+            TextInput::Ids => enc.ids[..rows * seq].to_vec(),
+            TextInput::Mask => enc.mask[..rows * seq].to_vec(),
+            TextInput::TokenTypes => vec![0; rows * seq],
+            TextInput::Positions => (0..rows * seq).map(|i| (i % seq) as i64).collect(),
+        };
+        let out: Vec<u8> = match self.dtype {
+            DType::I64 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            DType::I32 => values
+                .iter()
+                .map(|&v| i32::try_from(v).map(|v| v.to_le_bytes()))
+                .collect::<Result<Vec<_>, _>>()
+                .with_context(|| format!("input '{}': a value does not fit int32", self.name))?
+                .concat(),
+            DType::F32 => values.iter().flat_map(|&v| (v as f32).to_le_bytes()).collect(),
+            other => bail!("input '{}' is {other:?}: opscope feeds text inputs as int32, int64 or float32", self.name),
+        };
+        let want = self.numel * self.dtype.size_bytes();
+        if out.len() != want {
+            bail!("input '{}' needs {want} bytes ({} x {:?}), the batch gives {}", self.name, self.numel, self.dtype, out.len());
+        }
+        Ok(out)
+    }
+}
+
+/// The inputs of `graph` as text inputs the job can feed, each in its declared dtype.
+///
+/// Errors: an input that is not one of `input_ids`, `attention_mask`, `token_type_ids`,
+/// `position_ids` (named, with its dtype and shape), one of another dtype than int32, int64 or
+/// float32, a symbolic shape, a size that is neither `batch x seq` nor `seq`, or no `input_ids`.
+fn text_feeds(graph: &Graph, path: &Path, batch: usize, seq: usize) -> Result<Vec<Feed>> {
+    let mut feeds = Vec::new();
+    for n in graph.nodes() {
+        let rlx_ir::Op::Input { name } = &n.op else { continue };
+        let what = match name.as_str() {
+            "input_ids" => TextInput::Ids,
+            "attention_mask" => TextInput::Mask,
+            "token_type_ids" => TextInput::TokenTypes,
+            "position_ids" => TextInput::Positions,
+            other => bail!(
+                "{}: input '{other}' ({:?} {}) is not a text input opscope can feed; it feeds input_ids, attention_mask, token_type_ids and position_ids",
+                path.display(),
+                n.shape.dtype(),
+                opscope::sketch::shape_text(&n.shape)
+            ),
+        };
+        let dtype = n.shape.dtype();
+        if !matches!(dtype, DType::I32 | DType::I64 | DType::F32) {
+            bail!("{}: input '{name}' is {dtype:?}; opscope feeds text inputs as int32, int64 or float32", path.display());
+        }
+        let numel = opscope::sketch::static_dims(&n.shape)
+            .map(|d| d.iter().product::<usize>())
+            .with_context(|| format!("{}: input '{name}' has a symbolic shape after import", path.display()))?;
+        if numel != batch * seq && numel != seq {
+            bail!("{}: input '{name}' holds {numel} values, expected {batch} x {seq}", path.display());
+        }
+        feeds.push(Feed { name: name.clone(), what, dtype, numel });
+    }
+    if !feeds.iter().any(|f| f.what == TextInput::Ids) {
+        bail!("{}: the model has no 'input_ids' input; expected a text model", path.display());
+    }
+    Ok(feeds)
+}
+
 /// An ONNX encoder imported for a fixed `[batch, seq]`.
 pub struct OnnxEncoder {
     /// The imported MIR graph (what a tap sees).
     pub graph: Graph,
     params: HashMap<String, Vec<f32>>,
+    feeds: Vec<Feed>,
     /// Batch size the graph was imported for.
     pub batch: usize,
     /// Sequence length the graph was imported for.
@@ -113,7 +223,11 @@ pub struct OnnxEncoder {
 }
 
 impl OnnxEncoder {
-    /// Import `path` for `[batch, seq]` inputs `input_ids` and `attention_mask` (I64).
+    /// Import `path` for `[batch, seq]` text inputs (`input_ids`, and any of `attention_mask`,
+    /// `token_type_ids`, `position_ids`), each fed in the dtype the model declares.
+    ///
+    /// Errors: the file is missing or does not import, or an input cannot be fed
+    /// ([`text_feeds`]).
     pub fn load(path: &Path, batch: usize, seq: usize) -> Result<OnnxEncoder> {
         if !path.is_file() {
             bail!("{}: no such ONNX file (run scripts/fetch-assets.sh to fetch MiniLM)", path.display());
@@ -132,14 +246,11 @@ impl OnnxEncoder {
             .context("lowering the imported model to MIR")?
             .into_graph();
         graph.name = format!("{}_b{batch}_s{seq}", stem(path));
-        for input in ["input_ids", "attention_mask"] {
-            if graph.input_id(input).is_none() {
-                bail!("{}: the model has no '{input}' input; expected a BERT-style encoder", path.display());
-            }
-        }
+        let feeds = text_feeds(&graph, path, batch, seq)?;
         Ok(OnnxEncoder {
             graph,
             params,
+            feeds,
             batch,
             seq,
         })
@@ -168,9 +279,12 @@ impl OnnxEncoder {
         if enc.ids.len() != self.batch * self.seq {
             bail!("batch holds {} ids, graph expects {}x{}", enc.ids.len(), self.batch, self.seq);
         }
-        let ids: Vec<u8> = enc.ids.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let mask: Vec<u8> = enc.mask.iter().flat_map(|v| v.to_le_bytes()).collect();
-        Ok(compiled.run_typed(&[("input_ids", &ids, DType::I64), ("attention_mask", &mask, DType::I64)]))
+        // Every byte length is checked before RLX sees the inputs (a short buffer would be read
+        // past its end).
+        let bytes = self.feeds.iter().map(|f| f.bytes(enc, self.seq)).collect::<Result<Vec<_>>>()?;
+        let inputs: Vec<(&str, &[u8], DType)> =
+            self.feeds.iter().zip(&bytes).map(|(f, b)| (f.name.as_str(), b.as_slice(), f.dtype)).collect();
+        Ok(compiled.run_typed(&inputs))
     }
 }
 

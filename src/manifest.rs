@@ -132,6 +132,10 @@ pub struct Manifest {
     /// Changes made on purpose by actuation passes, in pipeline order.
     #[serde(default)]
     pub actuations: Vec<Actuation>,
+    /// The padding mask taps read to leave padding rows out, if any (which input, its shape
+    /// and dtype).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub padding: Option<String>,
 }
 
 /// One change an actuation pass made to the program (fake-quant inserted, block bypassed).

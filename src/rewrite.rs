@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use rlx_ir::{Graph, NodeId, Op};
+use rlx_ir::{DType, Graph, NodeId, Op, Shape};
 
 pub use crate::analysis::{backend_elided, family, op_name, residual_blocks, ResidualBlock};
 use crate::analysis::{shape_text, site_names, static_dims};
@@ -49,6 +49,7 @@ impl Rewrite {
             outputs: Vec::new(),
             skipped: Vec::new(),
             actuations: Vec::new(),
+            padding: None,
         };
         let mut rw = Rewrite {
             graph: graph.clone(),
@@ -302,6 +303,42 @@ impl Rewrite {
             layout,
             spec,
         });
+    }
+
+    /// The padding row mask of this program for a tensor of `rows` rows (all leading dims
+    /// flattened): the graph input `attention_mask` (the Hugging Face export name) as F32, when
+    /// it holds exactly `rows` values, one per token; `None` otherwise (every row then counts).
+    /// Non-F32 masks get one shared cast node. The manifest records the mask used
+    /// ([`Manifest::padding`]). Shared by every tap that excludes padding.
+    pub fn row_mask(&mut self, rows: usize) -> Option<NodeId> {
+        let g = &self.graph;
+        let input = g.nodes().iter().find(|n| matches!(&n.op, Op::Input { name } if name == "attention_mask"))?;
+        let dims = static_dims(&input.shape)?;
+        if dims.iter().product::<usize>() != rows {
+            return None;
+        }
+        self.manifest.padding.get_or_insert_with(|| {
+            format!(
+                "graph input attention_mask {} {:?}: rows where it is 0 are padding, excluded",
+                shape_text(&input.shape),
+                input.shape.dtype()
+            )
+        });
+        if input.shape.dtype() == DType::F32 {
+            return Some(input.id);
+        }
+        let id = input.id;
+        let shape = Shape::new(&dims, DType::F32);
+        let cast = g
+            .nodes()
+            .iter()
+            .find(|n| n.inputs == [id] && n.op == (Op::Cast { to: DType::F32 }) && n.name.as_deref() == Some("opscope/attention_mask/f32"))
+            .map(|n| n.id);
+        Some(cast.unwrap_or_else(|| {
+            let c = self.graph.add_node(Op::Cast { to: DType::F32 }, vec![id], shape);
+            self.graph.node_mut(c).name = Some("opscope/attention_mask/f32".into());
+            c
+        }))
     }
 
     /// Why RLX's CPU backend never writes `node`'s buffer, if it does not (see

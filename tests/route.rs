@@ -168,3 +168,49 @@ fn miner_flags_the_dead_expert_and_the_hot_one() {
     let hot = find("moe/experts/GroupedMatMul", opscope::passes::route::rules::EXPERT_IMBALANCE).expect("imbalance verdict");
     assert!(hot.evidence.iter().any(|(k, x)| k == "expert" && *x == 0.0), "{:?}", hot.evidence);
 }
+
+/// A router over 64 tokens of which the last 48 are padding, all routed to expert 7; the 16 real
+/// tokens go 2 to each of 8 experts. `attention_mask` (one value per token) marks the padding.
+fn padded_router() -> (Graph, Vec<f32>, Vec<f32>) {
+    const TOK: usize = 64;
+    const EXP: usize = 8;
+    let mut g = Graph::new("padded_router");
+    let logits = g.input("logits", f32s(&[TOK, EXP]));
+    let mask = g.input("attention_mask", f32s(&[TOK]));
+    let top = g.add_node(Op::TopK { k: 1 }, vec![logits], f32s(&[TOK, 1]));
+    // The mask is an output too (a model uses it; RLX drops an unused input).
+    g.set_outputs(vec![top, mask]);
+    let mut l = vec![0f32; TOK * EXP];
+    for t in 0..TOK {
+        let e = if t < 16 { t % EXP } else { 7 };
+        l[t * EXP + e] = 5.0;
+    }
+    let mask: Vec<f32> = (0..TOK).map(|t| if t < 16 { 1.0 } else { 0.0 }).collect();
+    (g, l, mask)
+}
+
+#[test]
+fn padding_tokens_are_left_out_of_routing_statistics() {
+    let (g, logits, mask) = padded_router();
+    let run = |pipeline: &str| {
+        let (_, sink) = run_tapped(pipeline, &g, &[], &[("logits", &logits), ("attention_mask", &mask)]);
+        (sink.rows(), sink.manifests())
+    };
+    let (rows, manifests) = run("route");
+    let s = stats_of(&rows, "topk.0", "router", 0);
+    assert_eq!(s["tokens"], vec![16.0], "real tokens only");
+    assert_eq!(s["load"], vec![2.0; 8], "2 real tokens per expert");
+    // Host softmax of the real tokens' logits: each gives its expert e^5 / (e^5 + 7).
+    let p = 5f64.exp() / (5f64.exp() + 7.0);
+    assert!((s["kept_mass"][0] - p).abs() < 1e-6, "{} vs {p}", s["kept_mass"][0]);
+    assert!(manifests[0].padding.as_deref().is_some_and(|m| m.contains("attention_mask")), "the manifest names the mask");
+    let verdicts = opscope::mine::mine(&opscope::mine::series_from_rows(&rows));
+    assert!(verdicts.is_empty(), "padding alone must not make a verdict: {verdicts:?}");
+
+    // Without the mask the padding dominates: the fixture does exercise the exclusion.
+    let (rows, _) = run("route{mask=none}");
+    let s = stats_of(&rows, "topk.0", "router", 0);
+    assert_eq!((s["tokens"][0], s["load"][7]), (64.0, 50.0));
+    let verdicts = opscope::mine::mine(&opscope::mine::series_from_rows(&rows));
+    assert!(verdicts.iter().any(|v| v.kind == opscope::passes::route::rules::EXPERT_IMBALANCE), "{verdicts:?}");
+}

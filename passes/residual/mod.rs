@@ -4,7 +4,7 @@
 pub mod probe;
 pub mod rules;
 
-use rlx_ir::{DType, NodeId, Op, Shape};
+
 
 use crate::error::Error;
 use crate::manifest::Role;
@@ -73,7 +73,7 @@ impl Pass for ResidualTap {
                 Some(d) if !d.is_empty() => {
                     let width = *d.last().unwrap_or(&1);
                     let rows = d.iter().product::<usize>() / width.max(1);
-                    let mask = if opts.get(&MASK)? == "auto" { row_mask(rw, rows) } else { None };
+                    let mask = if opts.get(&MASK)? == "auto" { rw.row_mask(rows) } else { None };
                     let probe = ResidualProbe { rows, width, masked: mask.is_some() };
                     let mut inputs = vec![b.stream, b.branch];
                     inputs.extend(mask);
@@ -84,33 +84,6 @@ impl Pass for ResidualTap {
         }
         Ok(())
     }
-}
-
-/// The graph input `attention_mask` as an F32 row mask, if it holds exactly `rows` values (one
-/// per token of the residual stream). The cast node is shared by every block.
-fn row_mask(rw: &mut Rewrite, rows: usize) -> Option<NodeId> {
-    let g = rw.graph();
-    let input = g.nodes().iter().find(|n| matches!(&n.op, Op::Input { name } if name == "attention_mask"))?;
-    let dims = static_dims(&input.shape)?;
-    if dims.iter().product::<usize>() != rows {
-        return None;
-    }
-    if input.shape.dtype() == DType::F32 {
-        return Some(input.id);
-    }
-    let id = input.id;
-    let shape = Shape::new(&dims, DType::F32);
-    let cast = g
-        .nodes()
-        .iter()
-        .find(|n| n.inputs == [id] && n.op == (Op::Cast { to: DType::F32 }) && n.name.as_deref() == Some("opscope/attention_mask/f32"))
-        .map(|n| n.id);
-    Some(cast.unwrap_or_else(|| {
-        let g = rw.graph_append();
-        let c = g.add_node(Op::Cast { to: DType::F32 }, vec![id], shape);
-        g.node_mut(c).name = Some("opscope/attention_mask/f32".into());
-        c
-    }))
 }
 
 /// Referenced by [`super::link`] so that this file's object code, and with it the

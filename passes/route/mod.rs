@@ -9,7 +9,7 @@ use rlx_ir::{Graph, NodeId, Op};
 
 use crate::error::Error;
 use crate::manifest::Role;
-use crate::pass::{Globs, Opt, OptionSpec, Options, Pass, PassKind, PassRegistration, Stats};
+use crate::pass::{Globs, Opt, OptionSpec, Options, Pass, PassKind, PassRegistration, Stats, Word};
 use crate::rewrite::Rewrite;
 use crate::sketch::{static_dims, SketchSpec};
 
@@ -32,7 +32,14 @@ const STATS: Opt<Stats> = Opt::stats(
     "load = assignments per expert, gate_mass = gate probability they carry, importance = gate probability per expert over all tokens, kept_mass = mean chosen mass per token",
 );
 
-const OPTIONS: &[OptionSpec] = &[SITES.spec, STATS.spec];
+const MASK: Opt<Word> = Opt::word(
+    "mask",
+    &["auto", "none"],
+    "auto",
+    "auto: tokens where the graph input attention_mask (one value per routed token) is 0 are padding, excluded; none: every token counts",
+);
+
+const OPTIONS: &[OptionSpec] = &[SITES.spec, STATS.spec, MASK.spec];
 
 /// The `route` tap pass.
 pub struct RouteTap;
@@ -69,6 +76,7 @@ impl Pass for RouteTap {
     fn run(&self, opts: &Options, rw: &mut Rewrite) -> Result<(), Error> {
         let patterns = opts.get(&SITES)?;
         let stats = opts.stats(&STATS)?;
+        let use_mask = opts.get(&MASK)? == "auto";
         rw.note_removed(|op| matches!(op, Op::TopK { .. } | Op::GroupedMatMul));
         let nodes: Vec<NodeId> = rw.original_nodes().collect();
         for id in nodes {
@@ -92,7 +100,7 @@ impl Pass for RouteTap {
                             let experts = d[d.len() - 1];
                             let tokens = d.iter().product::<usize>() / experts.max(1);
                             let kind = score_kind(g, scores);
-                            Ok((RouteProbe { experts, tokens, k, scores: kind }, vec![id, scores]))
+                            Ok((RouteProbe { experts, tokens, k, scores: kind, masked: false }, vec![id, scores]))
                         }
                         _ => Err("router scores need a static F32 shape [.., experts]".to_string()),
                     }
@@ -107,6 +115,7 @@ impl Pass for RouteTap {
                                 tokens: idd.iter().product(),
                                 k: 1,
                                 scores: RouteScores::None,
+                                masked: false,
                             },
                             vec![ids],
                         )),
@@ -114,6 +123,13 @@ impl Pass for RouteTap {
                     }
                 }
             };
+            let planned = planned.map(|(mut probe, mut inputs)| {
+                if let Some(m) = use_mask.then(|| rw.row_mask(probe.tokens)).flatten() {
+                    probe.masked = true;
+                    inputs.push(m);
+                }
+                (probe, inputs)
+            });
             match planned {
                 Ok((probe, inputs)) => rw.tap_inputs(&site, role.clone(), &inputs, SketchSpec::for_probe(&probe, &stats)),
                 Err(why) => rw.skip(&site, Some(role), Some(id), why),

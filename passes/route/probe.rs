@@ -39,6 +39,10 @@ pub struct RouteProbe {
     pub k: usize,
     /// What input 1 holds, if anything.
     pub scores: RouteScores,
+    /// The last input is a `[T]` token mask (1 = token, 0 = padding): padding tokens are left
+    /// out of every statistic.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub masked: bool,
 }
 
 /// The router scores a route probe reads next to the chosen expert ids (input 0, `[T, k]` or
@@ -85,13 +89,21 @@ impl TypedProbe for RouteProbe {
                 Some(s)
             }
         };
-        Ok(route_stats(self, ids, scores))
+        let mask = if self.masked {
+            let m = input(inputs, inputs.len() - 1, "token mask")?;
+            need(m.len(), self.tokens, "token mask")?;
+            Some(m)
+        } else {
+            None
+        };
+        Ok(route_stats(self, ids, scores, mask))
     }
 }
 
-/// Routing statistics. An id is valid when it is an integer in `[0, E)`; invalid ids are
-/// counted in [`stats::BAD_IDS`] and assigned to no expert.
-fn route_stats(r: &RouteProbe, ids: &[f32], scores: Option<&[f32]>) -> Vec<(Stat, Vec<f32>)> {
+/// Routing statistics over the tokens `mask` keeps (every token without one). An id is valid
+/// when it is an integer in `[0, E)`; invalid ids are counted in [`stats::BAD_IDS`] and
+/// assigned to no expert.
+fn route_stats(r: &RouteProbe, ids: &[f32], scores: Option<&[f32]>, mask: Option<&[f32]>) -> Vec<(Stat, Vec<f32>)> {
     let e = r.experts;
     let mut load = vec![0f64; e];
     let mut gate = vec![0f64; e];
@@ -99,7 +111,12 @@ fn route_stats(r: &RouteProbe, ids: &[f32], scores: Option<&[f32]>) -> Vec<(Stat
     let mut kept = 0f64;
     let mut bad = 0f64;
     let mut probs = vec![0f64; e];
+    let mut tokens = 0usize;
     for t in 0..r.tokens {
+        if mask.is_some_and(|m| m[t] == 0.0) {
+            continue;
+        }
+        tokens += 1;
         if let Some(s) = scores {
             let row = &s[t * e..(t + 1) * e];
             match r.scores {
@@ -130,9 +147,9 @@ fn route_stats(r: &RouteProbe, ids: &[f32], scores: Option<&[f32]>) -> Vec<(Stat
         }
     }
     let f = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
-    let kept = if r.tokens > 0 { (kept / r.tokens as f64) as f32 } else { f32::NAN };
+    let kept = if tokens > 0 { (kept / tokens as f64) as f32 } else { f32::NAN };
     vec![
-        (stats::TOKENS, vec![r.tokens as f32]),
+        (stats::TOKENS, vec![tokens as f32]),
         (stats::LOAD, f(load)),
         (stats::GATE_MASS, f(gate)),
         (stats::IMPORTANCE, f(importance)),

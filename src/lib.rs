@@ -58,6 +58,12 @@ pub use manifest::{Manifest, Role};
 pub use pass::{Pass, PassKind, PassRegistration};
 pub use pipeline::Pipeline;
 pub use recording::{CsvSink, MemorySink, Row, Sink};
+
+/// The recording sink a path's name asks for: `.csv`, `.csv.gz`, or `.parquet` (cargo feature
+/// `parquet`). The way to open a file recording: [`CsvSink::create`] writes CSV only.
+///
+/// Errors: another name, `.parquet` without the feature, or an unusable path.
+pub use recording::open as open_sink;
 pub use sketch::{SketchSpec, Stat};
 
 /// `inventory`, re-exported so that a crate defining its own pass registers it with the same
@@ -72,10 +78,15 @@ fn opscope_load() {
     activate::env::init();
 }
 
-/// At exit: finish the environment mode's recording (nothing when it is off).
+/// At exit: finish the environment mode's recording (nothing when it is off). A recording
+/// that failed (disk full) ends the process with exit status 1, so a CI job sees it: the
+/// program's own status is gone by now, and `exit` may not be called again from an exit
+/// handler, hence `_exit` (Rust's stdout was flushed before exit handlers run).
 #[ctor::dtor]
 fn opscope_exit() {
     if let Err(e) = activate::env::finish() {
         eprintln!("opscope: recording failed: {e}");
+        // SAFETY: `_exit` ends the process at once; nothing runs after it.
+        unsafe { libc::_exit(1) };
     }
 }

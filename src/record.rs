@@ -65,9 +65,10 @@ impl Interned {
 enum Msg {
     Manifest(Arc<Manifest>),
     Run { manifest: Arc<Manifest>, step: u64, outputs: Vec<Vec<f32>> },
-    /// Every run is in: finish the sink. Without it (a panic, an early drop) the sink is left
-    /// unfinished, so an incomplete recording never looks complete.
-    Finish,
+    /// Every run is in: finish the sink (`true`), or close it as a partial recording
+    /// (`false`: interrupted, readable, never renamed into place). Without it (a panic, an
+    /// early drop) the sink is left unfinished, so an incomplete recording never looks complete.
+    Finish(bool),
 }
 
 /// Compile tags are unique in the process, so a graph compiled under one recorder and run
@@ -80,6 +81,8 @@ const QUEUE: usize = 64;
 struct Front {
     manifests: HashMap<u32, Arc<Manifest>>,
     steps: HashMap<u32, u64>,
+    /// Compiles whose manifest appended at least one output (a recorded run is expected).
+    appending: usize,
     error: Option<Error>,
     tx: Option<SyncSender<Msg>>,
     writer: Option<JoinHandle<Result<(), Error>>>,
@@ -109,6 +112,7 @@ pub fn new_run_id() -> String {
 fn writer(mut sink: Box<dyn Sink>, run_id: Arc<str>, rx: Receiver<Msg>) -> Result<(), Error> {
     let mut first: Option<Error> = None;
     let mut finish = false;
+    let mut partial = false;
     let mut interned: HashMap<u32, Arc<Interned>> = HashMap::new();
     // Last recorded sketch of each weight (compile tag, output position): a weight is written
     // again only when it changes (a `set_param` between runs).
@@ -139,8 +143,9 @@ fn writer(mut sink: Box<dyn Sink>, run_id: Arc<str>, rx: Receiver<Msg>) -> Resul
                 decode_each(&run_id, &names, step, &manifest, &outputs, &mut changed, |rows| sink.write(rows))
                     .and_then(|_| sink.flush())
             }
-            Msg::Finish => {
+            Msg::Finish(complete) => {
                 finish = true;
+                partial = !complete;
                 Ok(())
             }
         };
@@ -150,6 +155,7 @@ fn writer(mut sink: Box<dyn Sink>, run_id: Arc<str>, rx: Receiver<Msg>) -> Resul
     }
     match first {
         Some(e) => Err(e),
+        None if finish && partial => sink.abandon(),
         None if finish => sink.finish(),
         None => Ok(()),
     }
@@ -173,6 +179,7 @@ impl Recorder {
             front: Mutex::new(Front {
                 manifests: HashMap::new(),
                 steps: HashMap::new(),
+                appending: 0,
                 error,
                 tx,
                 writer,
@@ -217,7 +224,11 @@ impl Recorder {
     /// A tapped compile: remember its manifest and tell the sink.
     pub fn register(&self, manifest: Manifest) -> Arc<Manifest> {
         let m = Arc::new(manifest);
-        self.with_front(|s| s.manifests.insert(m.tag, m.clone()));
+        let appends = m.outputs.iter().any(|o| o.output_index.is_some());
+        self.with_front(|s| {
+            s.appending += appends as usize;
+            s.manifests.insert(m.tag, m.clone())
+        });
         self.send(Msg::Manifest(m.clone()));
         m
     }
@@ -261,15 +272,28 @@ impl Recorder {
     /// complete). Returns the first error seen while recording; a second one is printed.
     /// Later calls return `Ok`.
     pub fn finish(&self) -> Result<(), Error> {
-        self.close(true)
+        self.close(Some(true))
     }
 
-    fn close(&self, finish: bool) -> Result<(), Error> {
+    /// Stop early (an interrupt): write every run that arrived and close the sink as a partial
+    /// recording ([`Sink::abandon`]: readable, left at its `.partial` name). Errors as
+    /// [`Recorder::finish`].
+    pub fn abandon(&self) -> Result<(), Error> {
+        self.close(Some(false))
+    }
+
+    /// What was recorded so far: (compiles tapped, compiles that appended outputs, runs
+    /// recorded).
+    pub fn counts(&self) -> (usize, usize, u64) {
+        self.with_front(|s| (s.manifests.len(), s.appending, s.steps.values().sum())).unwrap_or_default()
+    }
+
+    fn close(&self, end: Option<bool>) -> Result<(), Error> {
         let (writer, early) = self
             .with_front(|s| {
                 if let Some(tx) = s.tx.take() {
-                    if finish && s.error.is_none() {
-                        let _ = tx.send(Msg::Finish);
+                    if let (Some(complete), true) = (end, s.error.is_none()) {
+                        let _ = tx.send(Msg::Finish(complete));
                     }
                 }
                 (s.writer.take(), s.error.take())
@@ -296,7 +320,7 @@ impl Drop for Recorder {
     /// Dropped without `finish` (a panic in the scope, an early return): write what arrived,
     /// leave the recording unfinished.
     fn drop(&mut self) {
-        if let Err(e) = self.close(false) {
+        if let Err(e) = self.close(None) {
             eprintln!("opscope: recording incomplete: {e}");
         }
     }

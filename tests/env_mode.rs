@@ -123,3 +123,12 @@ fn a_tap_defined_outside_opscope_records_through_the_environment() {
         assert!((got.value as f64 - v).abs() <= 1e-5 * v.max(1.0), "step {step} {site} token {idx}: {} vs {v}", got.value);
     }
 }
+
+#[test]
+fn env_activation_that_records_nothing_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = example("mlp").env("RLX_OPSCOPE", "attn").env("RLX_OPSCOPE_OUT", dir.path().join("a.csv")).output().unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("recorded no rows") && err.contains("attn"), "{err}");
+}

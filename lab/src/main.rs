@@ -6,7 +6,10 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use opscope_lab::model::{split_entries, Job};
+use std::sync::atomic::Ordering;
+
+use opscope_lab::model::{split_entries, Job, INTERRUPTED};
+use opscope_lab::output::Output;
 use opscope_lab::summary::SummarySink;
 use opscope::Pipeline;
 
@@ -79,10 +82,16 @@ struct MeasureArgs {
     /// Also write the measurement as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Overwrite `--json` even when it is an input or an existing file that is not JSON.
+    #[arg(long)]
+    force: bool,
 }
 
 fn measure(a: MeasureArgs) -> Result<()> {
     let c = &a.corpus;
+    if let Some(path) = &a.json {
+        opscope_lab::output::check(path, &[&c.onnx, &c.tokenizer, &c.text], Output::Json, a.force)?;
+    }
     let job = Job::new(&c.onnx, &c.tokenizer, c.entries()?, c.batch as usize, c.seq as usize)?;
     let bar = ProgressBar::new_spinner();
     let m = opscope_lab::measure::measure(&job, |stage| bar.set_message(stage.to_string()))?;
@@ -101,10 +110,14 @@ struct ReportArgs {
     /// The HTML file to write.
     #[arg(short, long)]
     out: PathBuf,
+    /// Overwrite `--out` even when it is the recording or an existing file that is not an
+    /// opscope report.
+    #[arg(long)]
+    force: bool,
 }
 
 fn report(a: ReportArgs) -> Result<()> {
-    opscope::recording::check_path(&a.out)?;
+    opscope_lab::output::check(&a.out, &[&a.recording], Output::Report, a.force)?;
     let series = opscope::mine::load(&a.recording)?;
     let verdicts = opscope::mine::mine(&series);
     let mut notes = opscope::mine::no_data(&a.recording, &series)?;
@@ -169,10 +182,14 @@ struct SweepArgs {
     /// exits non-zero unless every planted structure got its verdicts and nothing else fired.
     #[arg(long)]
     check: bool,
+    /// Overwrite `--out` even when it is an existing file that is not a recording.
+    #[arg(long)]
+    force: bool,
 }
 
 fn sweep(a: SweepArgs) -> Result<()> {
     let pipeline = Pipeline::parse(&a.pipeline)?;
+    opscope_lab::output::check(&a.out, &[], Output::Recording, a.force)?;
     let sink = opscope::recording::open(&a.out)?;
     let seeds: Vec<u64> = (0..a.seeds).collect();
     let memory = opscope::MemorySink::default();
@@ -217,6 +234,21 @@ struct RecordArgs {
     /// `<out>.manifest.json`.
     #[arg(long)]
     out: PathBuf,
+    /// Overwrite `--out` even when it is an input or an existing file that is not a recording.
+    #[arg(long)]
+    force: bool,
+}
+
+/// Stop a running job after the batch in progress on Ctrl-C (SIGINT), closing its recording as
+/// partial; a second Ctrl-C ends the process at once.
+fn interrupt_on_ctrl_c() -> Result<()> {
+    ctrlc::set_handler(|| {
+        if INTERRUPTED.swap(true, Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+        eprintln!("\nopscope: interrupting after the batch in progress (Ctrl-C again to stop at once)");
+    })
+    .context("installing the Ctrl-C handler")
 }
 
 /// Write to stdout; a closed pipe (`| head`) ends the output quietly instead of panicking.
@@ -252,7 +284,8 @@ fn record(a: RecordArgs) -> Result<()> {
     let entries = a.corpus.entries()?;
     // A bad --out fails before the model is imported; the file is created once the inputs
     // have loaded, so a failed start never touches an earlier recording.
-    opscope::recording::check_path(&a.out)?;
+    let c = &a.corpus;
+    opscope_lab::output::check(&a.out, &[&c.onnx, &c.tokenizer, &c.text], Output::Recording, a.force)?;
     let job = Job::new(&a.corpus.onnx, &a.corpus.tokenizer, entries, batch, seq)?;
     // Dry run on the program that will be observed: a pipeline that does not fit the model
     // (skip of a block that does not exist) fails here, before any file is written, and taps
@@ -278,12 +311,24 @@ fn record(a: RecordArgs) -> Result<()> {
         ProgressStyle::with_template("{bar:40} {pos}/{len} sentences {elapsed} {msg}")
             .context("progress template")?,
     );
+    interrupt_on_ctrl_c()?;
+    let mut done = 0usize;
     let res = job.run(&pipeline, a.stage, Box::new(sink), |sentences, _| {
         bar.inc(sentences as u64);
+        done += sentences;
         Ok(())
     });
     bar.finish();
     res?;
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        eprintln!(
+            "opscope: interrupted after {done} of {} text entries: the rows recorded so far are in {}.partial \
+             (with its .manifest.json; `opscope mine` reads it)",
+            job.sentences(),
+            a.out.display()
+        );
+        std::process::exit(130);
+    }
     if summary.sites().is_empty() {
         anyhow::bail!(
             "nothing was recorded: the pipeline '{pipeline}' matched no site in {} (the header-only \

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{bail, Context, Result};
 use rlx_ir::{DType, Graph};
@@ -307,6 +308,10 @@ pub fn decode(bytes: &[u8], dtype: DType) -> Result<Vec<f64>> {
     })
 }
 
+/// Set (by the CLI's Ctrl-C handler) to stop a [`Job`] after the batch in progress; the
+/// recording is then closed as partial (readable, left at `<out>.partial`).
+pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
 /// A corpus run through an ONNX encoder in batches of `[batch, seq]`: the model imported once for
 /// full batches and once for the last, partial one (its own compile), the text tokenized up
 /// front. `opscope record` and `opscope measure` both run through it.
@@ -351,7 +356,8 @@ impl Job {
     }
 
     /// Run every batch with `pipeline` active at `stage`, recording to `sink`; `each` gets the
-    /// batch's sentence count and the model's outputs (see [`OnnxEncoder::run`]).
+    /// batch's sentence count and the model's outputs (see [`OnnxEncoder::run`]). Stops after the
+    /// batch in progress when [`INTERRUPTED`] is set (the recording is then partial).
     ///
     /// Errors: the first error of `each`, of a run, or of the recording.
     pub fn run(
@@ -362,10 +368,14 @@ impl Job {
         mut each: impl FnMut(usize, Vec<(Vec<u8>, DType)>) -> Result<()>,
     ) -> Result<()> {
         let session = Session::new(rlx_runtime::Device::Cpu);
-        let (res, recorded) = opscope::Scope::new(pipeline, sink).stage(stage).run(|| -> Result<()> {
+        let scope = opscope::Scope::new(pipeline, sink).stage(stage).interrupt_flag(&INTERRUPTED);
+        let (res, recorded) = scope.run(|| -> Result<()> {
             let mut full = self.full.compile(&session);
             let mut tail = self.tail.as_ref().map(|m| (m, m.compile(&session)));
             for (chunk, enc) in self.batches.iter().zip(&self.encoded) {
+                if INTERRUPTED.load(Ordering::SeqCst) {
+                    break;
+                }
                 let outs = match (&mut tail, chunk.len() == self.full.batch) {
                     (_, true) => self.full.run(&mut full, enc)?,
                     (Some((m, c)), false) => m.run(c, enc)?,

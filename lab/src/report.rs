@@ -164,6 +164,7 @@ pub fn render(title: &str, series: &BTreeMap<SeriesKey, Series>, verdicts: &[Ver
         html lang="en" {
             head {
                 meta charset="utf-8";
+                meta name="generator" content="opscope";
                 title { (title) }
                 style { (PreEscaped(STYLE)) }
             }

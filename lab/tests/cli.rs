@@ -86,3 +86,97 @@ fn record_with_missing_model_says_how_to_fetch_it() {
     assert!(err.contains("missing.json"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// `opscope record` with the real text and tokenizer and `extra` arguments.
+fn record_with(out: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    let a = opscope_lab::model::MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}"));
+    opscope()
+        .arg("record")
+        .arg("--onnx")
+        .arg(&a.onnx)
+        .arg("--tokenizer")
+        .arg(&a.tokenizer)
+        .arg("--text")
+        .arg(&a.text)
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn an_output_that_is_an_input_or_not_ours_is_refused() {
+    let a = opscope_lab::model::MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}"));
+    let before = std::fs::metadata(&a.text).unwrap().len();
+    for input in [&a.text, &a.tokenizer] {
+        let out = record_with(input, &["--limit", "2"]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("this command writes") || err.contains("is also an input"), "{err}");
+    }
+    assert_eq!(std::fs::metadata(&a.text).unwrap().len(), before, "the corpus is untouched");
+    let dir = tempfile::tempdir().unwrap();
+    // A name the tool does not write.
+    let out = record_with(&dir.path().join("p.txt"), &["--limit", "2"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains(".csv, .csv.gz or .parquet"));
+    // An existing file that is not a recording: refused, then written with --force.
+    let other = dir.path().join("notes.csv");
+    std::fs::write(&other, "my,own,table\n1,2,3\n").unwrap();
+    let out = record_with(&other, &["--limit", "2"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not an opscope recording"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string(&other).unwrap(), "my,own,table\n1,2,3\n");
+    let out = record_with(&other, &["--limit", "2", "--force"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Recording again over our own recording is fine; a report over the recording is not.
+    assert!(record_with(&other, &["--limit", "2"]).status.success());
+    let rep = opscope().arg("report").arg(&other).arg("-o").arg(&other).output().unwrap();
+    assert!(!rep.status.success() && String::from_utf8_lossy(&rep.stderr).contains(".html"));
+    let html = dir.path().join("r.html");
+    std::fs::write(&html, "<html>someone else's page</html>").unwrap();
+    let rep = opscope().arg("report").arg(&other).arg("-o").arg(&html).output().unwrap();
+    assert!(String::from_utf8_lossy(&rep.stderr).contains("is not an opscope report"));
+    let rep = opscope().arg("report").arg(&other).arg("-o").arg(&html).arg("--force").output().unwrap();
+    assert!(rep.status.success(), "{}", String::from_utf8_lossy(&rep.stderr));
+    let rep = opscope().arg("report").arg(&other).arg("-o").arg(&html).output().unwrap();
+    assert!(rep.status.success(), "our own report is replaced: {}", String::from_utf8_lossy(&rep.stderr));
+}
+
+#[test]
+fn ctrl_c_during_record_leaves_a_readable_partial_recording() {
+    let a = opscope_lab::model::MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("rec.csv.gz");
+    let partial = dir.path().join("rec.csv.gz.partial");
+    let mut child = opscope()
+        .arg("record")
+        .arg("--onnx")
+        .arg(&a.onnx)
+        .arg("--tokenizer")
+        .arg(&a.tokenizer)
+        .arg("--text")
+        .arg(&a.text)
+        .args(["--batch", "1", "--seq", "16", "--out"])
+        .arg(&out)
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until some runs are on disk, then interrupt as a terminal's Ctrl-C does.
+    let start = std::time::Instant::now();
+    while std::fs::metadata(&partial).map(|m| m.len()).unwrap_or(0) < 50_000 {
+        assert!(start.elapsed().as_secs() < 120, "no progress");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let st = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(st.success());
+    let res = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&res.stderr);
+    assert_eq!(res.status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted after") && err.contains("rec.csv.gz.partial"), "{err}");
+    assert!(!out.exists(), "never renamed into place");
+    let mined = opscope().arg("mine").arg(&partial).output().unwrap();
+    assert!(mined.status.success(), "{}", String::from_utf8_lossy(&mined.stderr));
+    let series = opscope::mine::load(&partial).unwrap();
+    assert!(series.values().any(|s| s.runs.len() >= 2), "the runs before the interrupt are there");
+}

@@ -86,7 +86,17 @@ pub fn init() -> bool {
 /// calling it earlier ends the recording.
 pub fn finish() -> Result<(), Error> {
     match ENV.get() {
-        Some(Ok(st)) => st.recorder.finish(),
+        Some(Ok(st)) => {
+            let (compiles, appending, runs) = st.recorder.counts();
+            st.recorder.finish()?;
+            if st.pipeline.has_tap() && (appending == 0 || runs == 0) {
+                eprintln!(
+                    "opscope: warning: {ENV_PIPELINE}='{}' recorded no rows: {compiles} graph(s) compiled, {appending} with a site, {runs} tapped run(s)",
+                    st.pipeline
+                );
+            }
+            Ok(())
+        }
         _ => Ok(()),
     }
 }

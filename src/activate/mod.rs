@@ -15,7 +15,7 @@ use crate::pipeline::Pipeline;
 use crate::record::Recorder;
 use crate::sketch::{is_sketch_op, KEEP_OP};
 
-pub use scope::{scope, Scope};
+pub use scope::{scope, Scope, Summary};
 
 /// True if a graph already carries opscope sketches (never tap twice).
 fn already_tapped(g: &Graph) -> bool {

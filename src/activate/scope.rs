@@ -1,6 +1,7 @@
 //! The scope mode: a `rlx_runtime::taps::GraphTap` around unchanged code.
 
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use rlx_ir::{DType, Graph};
@@ -47,12 +48,36 @@ pub struct Scope<'a> {
     pipeline: &'a Pipeline,
     sink: Box<dyn Sink>,
     stage: Stage,
+    interrupt: Option<&'static AtomicBool>,
+}
+
+/// What a scope recorded, and what looked wrong.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Summary {
+    /// Graphs compiled (and tapped) inside the scope.
+    pub compiles: usize,
+    /// Runs of tapped graphs recorded.
+    pub runs: u64,
+    /// The interrupt flag was set: the recording was closed as partial (left at `.partial`).
+    pub interrupted: bool,
+    /// Why the recording may not hold what the caller expects (also printed on stderr): no
+    /// graph compiled inside the scope (a graph compiled before it, or on another thread, or
+    /// inside a nested scope, is not tapped by this one), or tapped graphs never run inside it.
+    pub warnings: Vec<String>,
 }
 
 impl<'a> Scope<'a> {
     /// A scope recording `pipeline` to `sink`, observing the deployed program.
     pub fn new(pipeline: &'a Pipeline, sink: Box<dyn Sink>) -> Scope<'a> {
-        Scope { pipeline, sink, stage: Stage::Deployed }
+        Scope { pipeline, sink, stage: Stage::Deployed, interrupt: None }
+    }
+
+    /// When `flag` is set by the time `f` returns (a Ctrl-C handler sets it and `f` stops
+    /// early), close the recording as partial ([`Sink::abandon`]: readable, left at
+    /// `<path>.partial`) instead of finishing it.
+    pub fn interrupt_flag(mut self, flag: &'static AtomicBool) -> Scope<'a> {
+        self.interrupt = Some(flag);
+        self
     }
 
     /// Observe the program at `stage` instead.
@@ -63,8 +88,9 @@ impl<'a> Scope<'a> {
 
     /// Run `f` inside the scope. Returns `f`'s value and the recording result: the first
     /// recording error (pipeline failure on a graph, I/O error of the sink, outputs not
-    /// matching a manifest), else `Ok` once the sink is finished.
-    pub fn run<T>(self, f: impl FnOnce() -> T) -> (T, Result<(), Error>) {
+    /// matching a manifest), else what was recorded once the sink is finished. Its warnings
+    /// are printed on stderr too.
+    pub fn run<T>(self, f: impl FnOnce() -> T) -> (T, Result<Summary, Error>) {
         let recorder = Arc::new(Recorder::new(self.sink, new_run_id()));
         let tap = Rc::new(ScopeTap {
             pipeline: self.pipeline.clone(),
@@ -72,7 +98,33 @@ impl<'a> Scope<'a> {
             stage: self.stage,
         });
         let value = taps::with_tap(tap, f);
-        (value, recorder.finish())
+        let (compiles, appending, runs) = recorder.counts();
+        let interrupted = self.interrupt.is_some_and(|f| f.load(Ordering::SeqCst));
+        let res = if interrupted { recorder.abandon() } else { recorder.finish() };
+        let mut warnings = Vec::new();
+        if compiles == 0 {
+            warnings.push(format!(
+                "the scope recorded nothing: no graph was compiled inside it with Session::compile/compile_with on this \
+                 thread (a graph compiled before the scope, on another thread, or inside a nested scope is not tapped \
+                 by this one; pipeline '{}')",
+                self.pipeline
+            ));
+        } else if appending == 0 && self.pipeline.has_tap() {
+            warnings.push(format!(
+                "the pipeline '{}' found no site in the {compiles} graph(s) compiled in the scope: nothing to record",
+                self.pipeline
+            ));
+        } else if appending > 0 && runs == 0 {
+            warnings.push(format!(
+                "{appending} tapped graph(s) compiled in the scope never ran inside it: runs after the scope ends are \
+                 not recorded (pipeline '{}')",
+                self.pipeline
+            ));
+        }
+        for w in &warnings {
+            eprintln!("opscope: warning: {w}");
+        }
+        (value, res.map(|_| Summary { compiles, runs, interrupted, warnings }))
     }
 }
 

@@ -60,11 +60,20 @@ pub struct CsvSink {
 }
 
 impl CsvSink {
-    /// Create the recording. Errors if `<path>.partial` cannot be created (missing directory,
-    /// permissions): fix the path or create the directory.
+    /// Create the recording.
+    ///
+    /// Errors: the name does not end in `.csv` or `.gz`, or `<path>.partial` cannot be created
+    /// (missing directory, permissions): fix the path or create the directory.
     pub fn create(path: impl AsRef<Path>) -> Result<CsvSink, Error> {
         let path = path.as_ref().to_path_buf();
         check_path(&path)?;
+        let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+        if !(name.ends_with(".csv") || name.ends_with(".gz")) {
+            return Err(Error::BadPath {
+                path,
+                why: "a CSV recording is named .csv or .csv.gz (opscope::open_sink picks the format from the name: .parquet for Parquet)".into(),
+            });
+        }
         let tmp = partial_path(&path);
         let file = File::create(&tmp).map_err(|source| Error::Io {
             path: tmp.clone(),
@@ -126,8 +135,30 @@ impl Sink for CsvSink {
     }
 
     fn finish(&mut self) -> Result<(), Error> {
+        if self.close()? {
+            let tmp = partial_path(&self.path);
+            std::fs::rename(&tmp, &self.path).map_err(|source| Error::Io {
+                path: self.path.clone(),
+                error: source,
+            })?;
+            write_sidecar(&self.path, std::mem::take(&mut self.manifests))?;
+        }
+        Ok(())
+    }
+
+    fn abandon(&mut self) -> Result<(), Error> {
+        if self.close()? {
+            write_sidecar(&partial_path(&self.path), std::mem::take(&mut self.manifests))?;
+        }
+        Ok(())
+    }
+}
+
+impl CsvSink {
+    /// Write the gzip trailer, flush and sync `<path>.partial`. False if already closed.
+    fn close(&mut self) -> Result<bool, Error> {
         let Some(w) = self.writer.take() else {
-            return Ok(());
+            return Ok(false);
         };
         let tmp = partial_path(&self.path);
         let io = |source| Error::Io {
@@ -137,11 +168,7 @@ impl Sink for CsvSink {
         let out = w.into_inner().map_err(|e| io(e.into_error()))?;
         let file = out.into_file().map_err(io)?;
         file.sync_all().map_err(io)?;
-        std::fs::rename(&tmp, &self.path).map_err(|source| Error::Io {
-            path: self.path.clone(),
-            error: source,
-        })?;
-        write_sidecar(&self.path, std::mem::take(&mut self.manifests))
+        Ok(true)
     }
 }
 
@@ -164,9 +191,9 @@ impl Drop for CsvSink {
 ///
 /// Errors: the file cannot be opened, lacks a recording column, or holds a malformed row (the
 /// error names the line).
-pub(super) fn read(path: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Error> {
+pub(super) fn read(path: &Path, gz: bool, partial: bool, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Error> {
     let file = File::open(path).map_err(|e| Error::Io { path: path.to_path_buf(), error: e })?;
-    let reader: Box<dyn Read> = if path.extension().is_some_and(|e| e == "gz") {
+    let reader: Box<dyn Read> = if gz {
         Box::new(flate2::read::GzDecoder::new(std::io::BufReader::with_capacity(1 << 20, file)))
     } else {
         Box::new(std::io::BufReader::with_capacity(1 << 20, file))
@@ -192,6 +219,11 @@ pub(super) fn read(path: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Err
         match csv.read_byte_record(&mut rec) {
             Ok(true) => {}
             Ok(false) => break,
+            // A crashed recording's compressed stream ends mid-way: keep what was complete.
+            Err(e) if partial && matches!(e.kind(), csv::ErrorKind::Io(_)) => {
+                eprintln!("opscope: warning: {} ends mid-stream after line {line} ({e}): read up to there", path.display());
+                break;
+            }
             Err(e) => return Err(malformed(Some(line + 1), e.to_string()).into()),
         }
         line += 1;

@@ -139,13 +139,31 @@ impl Sink for ParquetSink {
     }
 
     fn finish(&mut self) -> Result<(), Error> {
+        if self.close()? {
+            let tmp = partial(&self.path);
+            std::fs::rename(&tmp, &self.path).map_err(|e| Error::Io { path: self.path.clone(), error: e })?;
+            write_sidecar(&self.path, std::mem::take(&mut self.manifests))?;
+        }
+        Ok(())
+    }
+
+    fn abandon(&mut self) -> Result<(), Error> {
+        if self.close()? {
+            write_sidecar(&partial(&self.path), std::mem::take(&mut self.manifests))?;
+        }
+        Ok(())
+    }
+}
+
+impl ParquetSink {
+    /// Write the pending rows and the footer, sync `<path>.partial`. False if already closed.
+    fn close(&mut self) -> Result<bool, Error> {
         self.flush()?;
-        let Some(w) = self.writer.take() else { return Ok(()) };
+        let Some(w) = self.writer.take() else { return Ok(false) };
         let tmp = partial(&self.path);
         let file = w.into_inner().map_err(|e| Error::Write { path: tmp.clone(), why: format!("parquet close: {e}") })?;
         file.sync_all().map_err(|e| Error::Io { path: tmp.clone(), error: e })?;
-        std::fs::rename(&tmp, &self.path).map_err(|e| Error::Io { path: self.path.clone(), error: e })?;
-        write_sidecar(&self.path, std::mem::take(&mut self.manifests))
+        Ok(true)
     }
 }
 

@@ -33,18 +33,23 @@ pub struct RowRef<'a> {
     pub value: f32,
 }
 
-/// Stream every row of the recording at `path` (CSV, `.csv.gz` or `.parquet`) to `f`, in file
-/// order.
+/// Stream every row of the recording at `path` (CSV, `.csv.gz` or `.parquet`, or the
+/// `<name>.partial` of one) to `f`, in file order. A partial CSV recording whose stream ends
+/// mid-way (a crash) is read up to its last complete row, with a warning on stderr.
 ///
 /// Errors: the file cannot be read, is not a recording, or holds a malformed row
 /// ([`crate::error::RecordingError`] names the file, the line where there is one, and the
 /// problem); a `.parquet` file in a build without the `parquet` feature.
 pub fn read_rows(path: &Path, mut f: impl FnMut(RowRef<'_>)) -> Result<(), Error> {
-    if path.extension().is_some_and(|e| e == "parquet") {
+    // A partial recording (`rec.csv.gz.partial`, interrupted or crashed) has the format of the
+    // name it would have had.
+    let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+    let base = name.strip_suffix(".partial").unwrap_or(&name);
+    if base.ends_with(".parquet") {
         #[cfg(feature = "parquet")]
         return super::parquet::read(path, &mut f);
         #[cfg(not(feature = "parquet"))]
         return Err(super::no_parquet(path));
     }
-    super::csv::read(path, &mut f)
+    super::csv::read(path, base.ends_with(".gz"), name.ends_with(".partial"), &mut f)
 }

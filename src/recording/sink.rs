@@ -24,6 +24,12 @@ pub trait Sink: Send {
     }
     /// All runs are done: make the recording complete and durable.
     fn finish(&mut self) -> Result<(), Error>;
+    /// The recording stopped early (an interrupt): make what was written readable and durable
+    /// (close the compressed stream or the Parquet footer, write the sidecar) but leave it under
+    /// its partial name, so it never looks complete. The default does nothing.
+    fn abandon(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
 }
 
 /// An in-memory sink (tests, and programs that mine right away). Clones share storage.
@@ -81,5 +87,8 @@ impl Sink for Tee {
     }
     fn finish(&mut self) -> Result<(), Error> {
         self.0.iter_mut().try_for_each(|s| s.finish())
+    }
+    fn abandon(&mut self) -> Result<(), Error> {
+        self.0.iter_mut().try_for_each(|s| s.abandon())
     }
 }

@@ -1,0 +1,96 @@
+//! Output paths the CLI refuses to write: one that is also an input, and an existing file that
+//! is not what the command writes (a recording of ours, an opscope report), unless `--force`.
+
+use std::io::Read;
+use std::path::Path;
+
+use anyhow::{bail, Result};
+
+/// What a command writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// A recording: `.csv`, `.csv.gz` or `.parquet` (the sink refuses other names).
+    Recording,
+    /// An HTML report: `.html`.
+    Report,
+    /// JSON: `.json`.
+    Json,
+}
+
+/// True if `a` and `b` name the same file (both exist and are the same inode, or equal paths).
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+/// The first bytes of a file (decompressed when it is gzip).
+fn head(path: &Path) -> Vec<u8> {
+    let Ok(mut f) = std::fs::File::open(path) else { return Vec::new() };
+    let mut raw = vec![0u8; 4096];
+    let n = f.read(&mut raw).unwrap_or(0);
+    raw.truncate(n);
+    if raw.starts_with(&[0x1f, 0x8b]) {
+        let mut out = vec![0u8; 4096];
+        let n = flate2::read::GzDecoder::new(&raw[..]).read(&mut out).unwrap_or(0);
+        out.truncate(n);
+        return out;
+    }
+    raw
+}
+
+/// True if the existing file at `path` is what `kind` writes: a recording (our CSV header, or a
+/// Parquet file beside our manifest sidecar), an opscope report, or JSON.
+fn is_ours(path: &Path, kind: Output) -> bool {
+    let h = head(path);
+    match kind {
+        Output::Recording => {
+            let header = opscope::recording::header().join(",");
+            h.starts_with(header.as_bytes())
+                || (h.starts_with(b"PAR1") && opscope::recording::sidecar_path(path).exists())
+        }
+        Output::Report => String::from_utf8_lossy(&h).contains(r#"<meta name="generator" content="opscope">"#),
+        Output::Json => h.iter().find(|b| !b.is_ascii_whitespace()).is_some_and(|&b| b == b'{'),
+    }
+}
+
+/// Check that `out` may be written: its name fits `kind`, it is none of `inputs`, and an
+/// existing file there is what `kind` writes — unless `force`.
+///
+/// Errors: name each problem and the fix (another path, or `--force`).
+pub fn check(out: &Path, inputs: &[&Path], kind: Output, force: bool) -> Result<()> {
+    let name = out.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+    let fits = match kind {
+        Output::Recording => [".csv", ".csv.gz", ".gz", ".parquet"].iter().any(|e| name.ends_with(e)),
+        Output::Report => name.ends_with(".html"),
+        Output::Json => name.ends_with(".json"),
+    };
+    if !fits {
+        let want = match kind {
+            Output::Recording => ".csv, .csv.gz or .parquet",
+            Output::Report => ".html",
+            Output::Json => ".json",
+        };
+        bail!("{}: this command writes {want}; name the output file so", out.display());
+    }
+    opscope::recording::check_path(out)?;
+    if force {
+        return Ok(());
+    }
+    if let Some(input) = inputs.iter().find(|i| same_file(out, i)) {
+        bail!("{} is also an input ({}): writing it would destroy it; pick another output path (or --force)", out.display(), input.display());
+    }
+    if out.is_file() && !is_ours(out, kind) {
+        bail!(
+            "{} exists and is not {}: refusing to overwrite it; pick another path (or --force)",
+            out.display(),
+            match kind {
+                Output::Recording => "an opscope recording",
+                Output::Report => "an opscope report",
+                Output::Json => "a JSON file",
+            }
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,119 @@
+//! What happens to a recording when things go wrong: a wrong name, an interrupt, a crash, and
+//! a scope that records nothing. Nothing written is lost, and nothing silent.
+
+mod common;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use common::*;
+use opscope::{CsvSink, MemorySink, Pipeline, Scope, Sink};
+use rlx_runtime::{Device, Session};
+
+fn pipeline() -> Pipeline {
+    Pipeline::parse("matmul{stats=[max]}").unwrap()
+}
+
+/// Compile the 2x... matmul fixture and run it `runs` times.
+fn compile_and_run(runs: usize) -> Vec<Vec<f32>> {
+    let mut c = Session::new(Device::Cpu).compile(matmul_2d(4, 6, 3));
+    c.set_param("w", &randn(18, 1));
+    (0..runs).map(|_| c.run(&[("x", &randn(24, 2))]).remove(0)).collect()
+}
+
+#[test]
+fn a_csv_sink_refuses_a_name_it_does_not_write() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["x.parquet", "p.txt", "p.json"] {
+        let err = CsvSink::create(dir.path().join(name)).err().unwrap_or_else(|| panic!("{name} accepted")).to_string();
+        assert!(err.contains(".csv or .csv.gz"), "{name}: {err}");
+        let err = opscope::open_sink(dir.path().join(name)).err();
+        assert_eq!(err.is_none(), name.ends_with(".parquet") && cfg!(feature = "parquet"), "{name}: {err:?}");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), usize::from(cfg!(feature = "parquet")), "nothing else created");
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+#[test]
+fn an_interrupted_recording_is_closed_readable_and_left_partial() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rec.csv.gz");
+    let sink = opscope::open_sink(&path).unwrap();
+    let (_, res) = Scope::new(&pipeline(), sink).interrupt_flag(&STOP).run(|| {
+        let outs = compile_and_run(3);
+        STOP.store(true, Ordering::SeqCst); // as a Ctrl-C handler would
+        outs
+    });
+    let summary = res.unwrap();
+    assert!(summary.interrupted && summary.runs == 3, "{summary:?}");
+    let partial = dir.path().join("rec.csv.gz.partial");
+    assert!(!path.exists(), "an interrupted recording never takes the final name");
+    assert!(partial.is_file() && dir.path().join("rec.csv.gz.partial.manifest.json").is_file());
+    // A closed gzip stream: the miner reads every run.
+    let series = opscope::mine::load(&partial).unwrap();
+    let runs: Vec<usize> = series.values().map(|s| s.runs.len()).collect();
+    assert!(runs.contains(&3), "{runs:?}");
+}
+
+#[test]
+fn a_crashed_gzip_recording_is_read_up_to_its_last_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("crash.csv.gz");
+    let memory = MemorySink::default();
+    {
+        // The sink is dropped without finishing (a crash): the gzip stream has no trailer.
+        let mut sink = CsvSink::create(&path).unwrap();
+        opscope::scope(&pipeline(), Box::new(memory.clone()), || compile_and_run(2)).unwrap();
+        let rows = memory.rows();
+        for r in rows.chunks(3) {
+            sink.write(r).unwrap();
+            sink.flush().unwrap();
+        }
+    }
+    let partial = dir.path().join("crash.csv.gz.partial");
+    let text = {
+        use std::io::Read;
+        let mut out = String::new();
+        let _ = flate2::read::GzDecoder::new(std::fs::File::open(&partial).unwrap()).read_to_string(&mut out);
+        out
+    };
+    assert!(!text.is_empty(), "rows flushed before the crash are in the file");
+    let read = opscope::mine::load(&partial).expect("a truncated .partial is readable");
+    let want = opscope::mine::series_from_rows(&memory.rows());
+    assert_eq!(read.len(), want.len());
+    for (k, s) in &want {
+        assert_eq!(read[k].runs.len(), s.runs.len(), "{k:?}");
+    }
+}
+
+#[test]
+fn a_scope_that_records_nothing_says_why() {
+    let sink = || Box::new(MemorySink::default());
+    let warn = |res: Result<opscope::activate::Summary, opscope::Error>| res.unwrap().warnings.join(" | ");
+    // Compiled before the scope, run inside it.
+    let mut c = Session::new(Device::Cpu).compile(matmul_2d(4, 6, 3));
+    c.set_param("w", &randn(18, 1));
+    let (_, res) = Scope::new(&pipeline(), sink()).run(|| c.run(&[("x", &randn(24, 2))]));
+    assert!(warn(res).contains("no graph was compiled inside it"));
+    // Compiled inside, run after.
+    let (mut c, res) = Scope::new(&pipeline(), sink()).run(|| {
+        let mut c = Session::new(Device::Cpu).compile(matmul_2d(4, 6, 3));
+        c.set_param("w", &randn(18, 1));
+        c
+    });
+    assert!(warn(res).contains("never ran inside it"));
+    c.run(&[("x", &randn(24, 2))]);
+    // Compiled and run on another thread.
+    let (_, res) = Scope::new(&pipeline(), sink()).run(|| std::thread::spawn(|| compile_and_run(1)).join().unwrap());
+    assert!(warn(res).contains("on another thread"));
+    // The outer of two nested scopes: the inner one takes the compile.
+    let inner = MemorySink::default();
+    let (_, res) = Scope::new(&pipeline(), sink()).run(|| opscope::scope(&pipeline(), Box::new(inner.clone()), || compile_and_run(1)).unwrap());
+    assert!(warn(res).contains("nested scope"));
+    assert!(!inner.rows().is_empty(), "the inner scope recorded");
+    // A pipeline that matches nothing.
+    let (_, res) = Scope::new(&Pipeline::parse("attn").unwrap(), sink()).run(|| compile_and_run(1));
+    assert!(warn(res).contains("found no site"));
+    // And a scope that did record has no warning.
+    let (_, res) = Scope::new(&pipeline(), sink()).run(|| compile_and_run(1));
+    assert_eq!(res.unwrap().warnings, Vec::<String>::new());
+}

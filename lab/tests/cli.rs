@@ -180,3 +180,33 @@ fn ctrl_c_during_record_leaves_a_readable_partial_recording() {
     let series = opscope::mine::load(&partial).unwrap();
     assert!(series.values().any(|s| s.runs.len() >= 2), "the runs before the interrupt are there");
 }
+
+#[test]
+fn a_batch_too_large_for_memory_is_refused_before_allocating() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.csv");
+    // A 1 GB budget (RLX's own override): 64 sentences at --seq 64 plan about 2.8 GB.
+    let a = opscope_lab::model::MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}"));
+    let run = |budget: &str| {
+        opscope()
+            .env("RLX_SOFT_MEMORY_BUDGET_BYTES", budget)
+            .arg("record")
+            .arg("--onnx")
+            .arg(&a.onnx)
+            .arg("--tokenizer")
+            .arg(&a.tokenizer)
+            .arg("--text")
+            .arg(&a.text)
+            .args(["--batch", "64", "--limit", "64", "--out"])
+            .arg(&out)
+            .output()
+            .unwrap()
+    };
+    let refused = run("1000000000");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && err.contains("the largest --batch that fits is"), "{err}");
+    let fits: usize = err.rsplit(' ').next().unwrap().trim().parse().unwrap();
+    assert!((10..25).contains(&fits), "about 1 GB / 47 MB per sentence: {fits}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing written");
+    assert!(run("8000000000").status.success(), "64 sentences fit in 8 GB");
+}

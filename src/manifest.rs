@@ -119,8 +119,12 @@ pub struct Manifest {
     pub graph: String,
     /// Canonical pipeline text.
     pub pipeline: String,
-    /// Compile tag written into every sketch output (value 0).
+    /// Compile tag written into every sketch output (value 0): unique in the process.
     pub tag: u32,
+    /// This compile's number in its recording, 1, 2, ... in compile order: the `compile`
+    /// column (0 until a recorder registers the manifest).
+    #[serde(default)]
+    pub compile: u32,
     /// Number of the caller's own outputs (tap outputs follow them).
     pub user_outputs: usize,
     /// Sites found, in graph order.

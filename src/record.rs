@@ -97,13 +97,15 @@ pub struct Recorder {
     front: Mutex<Front>,
 }
 
-/// A run id: `run-<unix seconds>-<pid>`.
+/// A recording id, unique per recorder: `run-<unix seconds>-<pid>-<n>`, `n` counting the
+/// recorders of the process (two scopes of one process get two ids).
 pub fn new_run_id() -> String {
+    static N: AtomicU32 = AtomicU32::new(1);
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    format!("run-{secs}-{}", std::process::id())
+    format!("run-{secs}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
 }
 
 /// The writer thread: decode each run into rows and write them; keep the first error and
@@ -221,8 +223,10 @@ impl Recorder {
         }
     }
 
-    /// A tapped compile: remember its manifest and tell the sink.
-    pub fn register(&self, manifest: Manifest) -> Arc<Manifest> {
+    /// A tapped compile: number it in this recording (1, 2, ...), remember its manifest and
+    /// tell the sink.
+    pub fn register(&self, mut manifest: Manifest) -> Arc<Manifest> {
+        manifest.compile = self.with_front(|s| s.manifests.len() as u32 + 1).unwrap_or(0);
         let m = Arc::new(manifest);
         let appends = m.outputs.iter().any(|o| o.output_index.is_some());
         self.with_front(|s| {
@@ -379,7 +383,7 @@ fn decode_each(
         for (pass, pass_idx, site, op, role, flops) in &names.uses[oi] {
             let row = |stat: Stat, idx: usize, value: f32| Row {
                 run_id: run_id.clone(),
-                compile: m.tag,
+                compile: m.compile,
                 step,
                 graph: names.graph.clone(),
                 pass: pass.clone(),

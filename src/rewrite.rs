@@ -44,6 +44,7 @@ impl Rewrite {
             graph: graph.name.clone(),
             pipeline,
             tag,
+            compile: 0,
             user_outputs: graph.outputs.len(),
             sites: Vec::new(),
             outputs: Vec::new(),

@@ -117,3 +117,24 @@ fn a_scope_that_records_nothing_says_why() {
     let (_, res) = Scope::new(&pipeline(), sink()).run(|| compile_and_run(1));
     assert_eq!(res.unwrap().warnings, Vec::<String>::new());
 }
+
+#[test]
+fn compiles_are_numbered_from_1_in_each_recording_and_run_ids_differ() {
+    let record = || {
+        let sink = MemorySink::default();
+        opscope::scope(&pipeline(), Box::new(sink.clone()), || {
+            compile_and_run(2);
+            compile_and_run(1);
+        })
+        .unwrap();
+        sink.rows()
+    };
+    let (a, b) = (record(), record());
+    for rows in [&a, &b] {
+        let compiles: std::collections::BTreeSet<u32> = rows.iter().map(|r| r.compile).collect();
+        assert_eq!(compiles.into_iter().collect::<Vec<_>>(), vec![1, 2]);
+        let steps: Vec<u64> = rows.iter().filter(|r| r.compile == 2 && r.role.as_ref() == "out" && r.stat.as_ref() == "count").map(|r| r.step).collect();
+        assert_eq!(steps, vec![0], "the second compile ran once");
+    }
+    assert_ne!(a[0].run_id, b[0].run_id, "each scope is its own recording");
+}

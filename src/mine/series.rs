@@ -241,9 +241,9 @@ pub fn no_data(recording: &Path, series: &BTreeMap<SeriesKey, Series>) -> Result
         for o in &m.outputs {
             for u in &o.uses {
                 let key = (u.site.clone(), u.role.as_str().to_string(), u.pass_idx as u32);
-                let ran = series.get(&key).is_some_and(|s| s.runs.iter().any(|r| r.compile == m.tag));
+                let ran = series.get(&key).is_some_and(|s| s.runs.iter().any(|r| r.compile == m.compile));
                 if !ran {
-                    out.push(format!("{} (compile {}) {}/{}: no data", m.graph, m.tag, u.site, u.role.as_str()));
+                    out.push(format!("{} (compile {}) {}/{}: no data", m.graph, m.compile, u.site, u.role.as_str()));
                 }
             }
         }

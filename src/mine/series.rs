@@ -238,12 +238,14 @@ pub fn no_data(recording: &Path, series: &BTreeMap<SeriesKey, Series>) -> Result
     };
     let mut out = Vec::new();
     for m in &sidecar.graphs {
+        // Recordings made before compiles were numbered per recording carry the tag there.
+        let compile = if m.compile == 0 { m.tag } else { m.compile };
         for o in &m.outputs {
             for u in &o.uses {
                 let key = (u.site.clone(), u.role.as_str().to_string(), u.pass_idx as u32);
-                let ran = series.get(&key).is_some_and(|s| s.runs.iter().any(|r| r.compile == m.compile));
+                let ran = series.get(&key).is_some_and(|s| s.runs.iter().any(|r| r.compile == compile));
                 if !ran {
-                    out.push(format!("{} (compile {}) {}/{}: no data", m.graph, m.compile, u.site, u.role.as_str()));
+                    out.push(format!("{} (compile {compile}) {}/{}: no data", m.graph, u.site, u.role.as_str()));
                 }
             }
         }

@@ -137,3 +137,12 @@ proptest! {
         prop_assert_eq!(printed, text);
     }
 }
+
+#[test]
+fn site_patterns_match_whole_names_and_slash_suffixes() {
+    let p = opscope::pass::SitePatterns(vec![glob::Pattern::new("layer.0/*/query/*").unwrap()]);
+    assert!(p.matches("model/encoder/layer.0/attention/self/query/MatMul"));
+    assert!(p.matches("layer.0/attention/self/query/MatMul"));
+    assert!(!p.matches("model/encoder/layer.1/attention/self/query/MatMul"));
+    assert!(!p.matches("xlayer.0/a/query/MatMul"), "suffixes start after a '/'");
+}

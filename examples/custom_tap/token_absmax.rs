@@ -85,7 +85,7 @@ impl Pass for TokenAbsmaxTap {
                 continue;
             }
             let name = rw.site_name(id);
-            if !patterns.iter().any(|p| p.matches(&name)) {
+            if !patterns.matches(&name) {
                 continue;
             }
             let site = rw.add_site(id, None);

@@ -36,6 +36,59 @@ enum Cmd {
     /// Measure an ONNX encoder over text: attention concentration and sinks (attn), W8A8
     /// per-token vs per-channel (fakequant) and block influence vs layer skip (residual, skip).
     Measure(MeasureArgs),
+    /// List the sites a pipeline finds in an ONNX model, without running it: the names to use in
+    /// `sites=[..]` (as `record` prints them; the full ONNX names work too), op, roles, shape.
+    Sites(SitesArgs),
+}
+
+#[derive(clap::Args)]
+struct SitesArgs {
+    /// ONNX model.
+    #[arg(long)]
+    onnx: PathBuf,
+    /// Pass pipeline whose sites to list.
+    #[arg(long, default_value = "matmul")]
+    pipeline: String,
+    /// Sentences per batch the model is imported for.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    batch: u32,
+    /// Tokens per sentence.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(2..=512))]
+    seq: u32,
+    /// Which program to observe (`deployed` or `source`).
+    #[arg(long, default_value = "deployed")]
+    stage: opscope::activate::Stage,
+}
+
+/// The sites `pipeline` finds in `graph` as `(short name, full name, pass, op, roles, shapes)`.
+fn site_table(pipeline: &Pipeline, graph: &rlx_ir::Graph, stage: opscope::activate::Stage) -> Result<Vec<[String; 5]>> {
+    let options = rlx_runtime::CompileOptions::default();
+    let (_, m) = opscope::activate::rewrite(pipeline, graph, stage, &options, 0)?;
+    let names: Vec<&str> = m.sites.iter().map(|s| s.site.as_str()).collect();
+    let prefix = opscope_lab::summary::common_prefix(&names);
+    Ok(m.sites
+        .iter()
+        .map(|s| {
+            let roles: Vec<String> = m
+                .outputs
+                .iter()
+                .flat_map(|o| o.uses.iter().filter(|u| u.site == s.site && u.pass_idx == s.pass_idx).map(move |u| format!("{} {}", u.role, o.shape)))
+                .collect();
+            [s.site.strip_prefix(prefix).unwrap_or(&s.site).to_string(), s.site.clone(), s.pass.clone(), s.op.clone(), roles.join(", ")]
+        })
+        .collect())
+}
+
+fn sites(a: SitesArgs) -> Result<()> {
+    let pipeline = Pipeline::parse(&a.pipeline)?;
+    let enc = opscope_lab::model::OnnxEncoder::load(&a.onnx, a.batch as usize, a.seq as usize)?;
+    let rows = site_table(&pipeline, &enc.graph, a.stage)?;
+    let mut out = String::new();
+    for [short, full, pass, op, roles] in &rows {
+        out.push_str(&format!("{short}\t{pass}\t{op}\t{roles}\t{full}\n"));
+    }
+    out.push_str(&format!("{} site(s) of '{pipeline}' in {}\n", rows.len(), a.onnx.display()));
+    emit(&out)
 }
 
 /// The model and the text both `record` and `measure` run.
@@ -295,7 +348,21 @@ fn record(a: RecordArgs) -> Result<()> {
     let idle = pipeline.idle_taps(&manifest);
     let lines: Vec<String> = idle
         .iter()
-        .map(|(i, text, doc)| format!("pass {i} '{text}' found no site in {} (it looks for: {doc})", a.corpus.onnx.display()))
+        .map(|(i, text, doc)| {
+            // The sites the same pass finds with its default options, closest to the patterns.
+            let instance = &pipeline.instances()[*i];
+            let all = Pipeline::parse(instance.pass.name()).ok().and_then(|p| site_table(&p, job.graph(), a.stage).ok()).unwrap_or_default();
+            let wanted = instance.options.value("sites").map(|v| v.to_string()).unwrap_or_default();
+            let near = opscope::error::closest(&wanted, all.iter().map(|r| r[0].as_str()));
+            let near: Vec<&str> = near.into_iter().take(5).collect();
+            let hint = if near.is_empty() { String::new() } else { format!("; closest sites: {}", near.join(", ")) };
+            format!(
+                "pass {i} '{text}' found no site in {} (it looks for: {doc}){hint}; `opscope sites --onnx {} --pipeline {}` lists them",
+                a.corpus.onnx.display(),
+                a.corpus.onnx.display(),
+                instance.pass.name()
+            )
+        })
         .collect();
     if idle.len() == pipeline.instances().iter().filter(|p| p.pass.kind() == opscope::PassKind::Tap).count() {
         anyhow::bail!("nothing to record:\n  {}", lines.join("\n  "));
@@ -361,6 +428,7 @@ fn main() -> ExitCode {
         Cmd::Mine(a) => mine(a),
         Cmd::Report(a) => report(a),
         Cmd::Measure(a) => measure(a),
+        Cmd::Sites(a) => sites(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -210,3 +210,25 @@ fn a_batch_too_large_for_memory_is_refused_before_allocating() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing written");
     assert!(run("8000000000").status.success(), "64 sentences fit in 8 GB");
 }
+
+#[test]
+fn names_as_printed_select_sites_and_a_typo_lists_the_closest() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("q.csv");
+    // The short name `record` and `sites` print selects the site (its full ONNX name is longer).
+    let run = record_with(&out, &["--limit", "8", "--pipeline", "matmul{sites=[layer.0/attention/self/query/MatMul],roles=[lhs],stats=[max]}"]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let mut reader = csv::Reader::from_path(&out).unwrap();
+    let rows: Vec<opscope::Row> = reader.deserialize().collect::<Result<_, _>>().unwrap();
+    let sites: std::collections::BTreeSet<String> = rows.iter().map(|r| r.site.to_string()).collect();
+    assert_eq!(sites.into_iter().collect::<Vec<_>>(), vec!["model/model.0/auto_model/encoder/layer.0/attention/self/query/MatMul".to_string()]);
+    let typo = record_with(&dir.path().join("t.csv"), &["--limit", "8", "--pipeline", "matmul{sites=[layer.0/atention/self/query/*]}"]);
+    let err = String::from_utf8_lossy(&typo.stderr);
+    assert!(!typo.status.success() && err.contains("closest sites: layer.0/attention/self/query/MatMul"), "{err}");
+    // `opscope sites` lists the 24 matmul sites of MiniLM-L3 with the short name first.
+    let a = opscope_lab::model::MiniLmAssets::from_cache().unwrap();
+    let listed = opscope().arg("sites").arg("--onnx").arg(&a.onnx).output().unwrap();
+    let text = String::from_utf8_lossy(&listed.stdout);
+    assert!(text.lines().next().unwrap().starts_with("layer.0/attention/self/query/MatMul\t"), "{text}");
+    assert!(text.contains("24 site(s) of 'matmul'"), "{text}");
+}

@@ -123,7 +123,7 @@ impl Pass for AttnTap {
                 continue;
             }
             let site_name = rw.site_name(id);
-            if !patterns.iter().any(|p| p.matches(&site_name)) {
+            if !patterns.matches(&site_name) {
                 continue;
             }
             let site = rw.add_site(id, None);

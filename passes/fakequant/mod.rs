@@ -213,7 +213,7 @@ impl Pass for FakeQuant {
             }
             let (lhs, rhs) = (node.inputs[0], node.inputs.get(1).copied());
             let site = rw.site_name(id);
-            if !patterns.iter().any(|p| p.matches(&site)) {
+            if !patterns.matches(&site) {
                 continue;
             }
             if dequant {

@@ -149,7 +149,7 @@ impl Pass for MatmulTap {
             }
         }
         for (site_name, id, lhs, rhs, out) in sites {
-            if !patterns.iter().any(|p| p.matches(&site_name)) {
+            if !patterns.matches(&site_name) {
                 continue;
             }
             // FLOPs of one execution: 2 * numel(out) * K, K = lhs's last dim. This is

@@ -64,7 +64,7 @@ impl Pass for ResidualTap {
         }
         for b in rw.residual_blocks() {
             let name = format!("block.{}", b.index);
-            if !patterns.iter().any(|p| p.matches(&name)) {
+            if !patterns.matches(&name) {
                 continue;
             }
             let site = rw.add_site_named(b.node, name, None);

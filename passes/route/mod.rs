@@ -87,7 +87,7 @@ impl Pass for RouteTap {
                 _ => continue,
             };
             let name = rw.site_name(id);
-            if !patterns.iter().any(|p| p.matches(&name)) {
+            if !patterns.matches(&name) {
                 continue;
             }
             let site = rw.add_site(id, None);

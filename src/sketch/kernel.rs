@@ -605,7 +605,7 @@ pub fn compute_into(data: &[f32], dims: &[usize], spec: &SketchSpec, out: &mut [
     let hist_ok = width > 0.0 && width.is_finite() && bins <= 1 << 24;
     let binner = if want_hist && hist_ok { Some(Binner::new(lo64, hi64, bins)) } else { None };
     // Four interleaved counter sets break the store-to-load chain of repeated bins.
-    let mut lanes = if want_hist { vec![0u64; 4 * bins] } else { Vec::new() };
+    let mut lanes = if binner.is_some() { vec![0u64; 4 * bins] } else { Vec::new() };
     let mut outside = 0u64;
     let (mut m2, mut m4) = (0f64, 0f64);
     if (want_kurt || (want_hist && hist_ok)) && acc.count > 0 {

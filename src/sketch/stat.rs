@@ -159,17 +159,24 @@ crate::stats! {
         MIN = "min", One;
         /// Largest finite value (1 value).
         MAX = "max", One;
-        /// Mean of the finite values (1 value).
+        /// Mean of the finite values (1 value, units of x). Within 1e-6 relative of the exact
+        /// mean, or of mean|x| where it cancels to ~0 (see the kernel module).
         MEAN = "mean", One;
-        /// Sum of |x| over finite values (1 value).
+        /// Sum of |x| over finite values (1 value, units of x). Within 1e-6 relative; left out
+        /// when above f32's range.
         L1 = "l1", One;
-        /// Sum of x^2 over finite values (1 value).
+        /// Sum of x^2 over finite values (1 value, units of x^2). Within 1e-6 relative; left out
+        /// when f32 cannot hold it (above 3.4e38, or non-zero below 1.2e-38).
         SUMSQ = "sumsq", One;
         /// Number of finite non-zero values (1 value); density = nnz / count.
         NNZ = "nnz", One;
-        /// Kurtosis E[(x-mu)^4] / E[(x-mu)^2]^2 over finite values (1 value; 3 for a Gaussian).
+        /// Kurtosis E[(x-mu)^4] / E[(x-mu)^2]^2 over finite values (1 value, no unit, >= 1; 3
+        /// for a Gaussian). Two-pass in f64: within 1e-6 relative, scale-invariant; left out
+        /// for a constant.
         KURTOSIS = "kurtosis", One;
-        /// Value histogram (`hist_bins` values, counts). Range given by `hist_lo` / `hist_hi`.
+        /// Value histogram (`hist_bins` values, counts). Range given by `hist_lo` / `hist_hi`;
+        /// bins as `numpy.histogram` assigns them (edges `np.linspace(lo, hi, bins + 1)` in
+        /// f64, a value on an interior edge in the upper bin, `hi` in the last).
         HIST = "hist", Vector;
         /// Lower edge of the histogram range (1 value).
         HIST_LO = "hist_lo", One;
@@ -183,10 +190,12 @@ crate::stats! {
         CHAN_MAXABS = "chan_maxabs", Vector;
         /// max(chan_maxabs) / mean(chan_maxabs) (1 value).
         CHAN_OUTLIER = "chan_outlier", One;
-        /// Sum of x^2 per row, all leading axes flattened (`R = numel / C` values).
+        /// Sum of x^2 per row, all leading axes flattened (`R = numel / C` values, units of
+        /// x^2). Each as `sumsq`: within 1e-6 relative, left out where f32 cannot hold it.
         POS_SUMSQ = "pos_sumsq", Vector;
-        /// Sum over adjacent row pairs of ||x_r - x_{r-1}||^2 (1 value). Rows are adjacent along
-        /// the second-to-last axis; pairs never cross a leading (batch/head) index.
+        /// Sum over adjacent row pairs of ||x_r - x_{r-1}||^2 (1 value, units of x^2). Rows are
+        /// adjacent along the second-to-last axis; pairs never cross a leading (batch/head)
+        /// index. As `sumsq`: within 1e-6 relative, left out where f32 cannot hold it.
         ADJ_SUMSQ = "adj_sumsq", One;
         /// Number of NaN elements (1 value).
         NAN_COUNT = "nan_count", One;

@@ -84,7 +84,10 @@ pub fn reference(x: &[f32], dims: &[usize], bins: usize, k: usize) -> Reference 
     if !finite.is_empty() {
         let mn = finite.iter().cloned().fold(f64::INFINITY, f64::min);
         let mx = finite.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let mean = finite.iter().sum::<f64>() / n;
+        // Two-pass mean: the naive mean, corrected by the mean of the residuals (whose sum is
+        // small), so near-constant data is centred to f64 precision (Higham, section 1.9).
+        let mean0 = finite.iter().sum::<f64>() / n;
+        let mean = mean0 + finite.iter().map(|v| v - mean0).sum::<f64>() / n;
         r.min = Some(mn);
         r.max = Some(mx);
         r.mean = Some(mean);
@@ -95,19 +98,7 @@ pub fn reference(x: &[f32], dims: &[usize], bins: usize, k: usize) -> Reference 
         let (lo, hi) = if a > 0.0 { (-a, a) } else { (-1.0, 1.0) };
         r.hist_lo = lo;
         r.hist_hi = hi;
-        r.hist = vec![0.0; bins];
-        for v in &finite {
-            // bin edges lo + i * (hi - lo) / bins; the top edge belongs to the last bin
-            let mut b = bins - 1;
-            for i in 0..bins {
-                let upper = lo + (i + 1) as f64 * (hi - lo) / bins as f64;
-                if *v < upper {
-                    b = i;
-                    break;
-                }
-            }
-            r.hist[b] += 1.0;
-        }
+        r.hist = numpy_histogram(&finite, lo, hi, bins).0;
     }
     let c = *dims.last().unwrap_or(&1);
     let rows = if c == 0 { 0 } else { x.len() / c };
@@ -152,6 +143,34 @@ pub fn reference(x: &[f32], dims: &[usize], bins: usize, k: usize) -> Reference 
         (0..k).map(|j| x[j * x.len() / k] as f64).collect()
     };
     r
+}
+
+/// `numpy.linspace(lo, hi, bins + 1)` in f64: `i * ((hi - lo) / bins) + lo`, the last edge
+/// exactly `hi` (numpy's `linspace`: `arange(num) * step + start`, then `y[-1] = stop`).
+pub fn numpy_edges(lo: f64, hi: f64, bins: usize) -> Vec<f64> {
+    let step = (hi - lo) / bins as f64;
+    let mut e: Vec<f64> = (0..=bins).map(|i| i as f64 * step + lo).collect();
+    e[bins] = hi;
+    e
+}
+
+/// `numpy.histogram(values, bins, range=(lo, hi))` on f64 values by its definition: a value
+/// in `[lo, hi]` goes to the bin `i` with `edge[i] <= x < edge[i + 1]` (binary search over the
+/// edges; `hi` itself to the last bin); returns (counts, values outside `[lo, hi]`).
+pub fn numpy_histogram(values: &[f64], lo: f64, hi: f64, bins: usize) -> (Vec<f64>, f64) {
+    let edges = numpy_edges(lo, hi, bins);
+    let mut counts = vec![0.0; bins];
+    let mut outside = 0.0;
+    for &x in values {
+        if !(lo..=hi).contains(&x) {
+            outside += 1.0;
+            continue;
+        }
+        // Number of edges <= x, minus one: the last edge at or below x.
+        let i = edges.partition_point(|&e| e <= x) - 1;
+        counts[i.min(bins - 1)] += 1.0;
+    }
+    (counts, outside)
 }
 
 /// Rows of one (site, role, step) as stat -> values (by idx).

@@ -342,6 +342,12 @@ impl Rewrite {
         }))
     }
 
+    /// True if `node` depends on a graph input or a nondeterministic op (an activation), false
+    /// for a tensor made of parameters and constants only (a weight).
+    pub fn is_dynamic(&self, node: NodeId) -> bool {
+        self.dynamic.get(node.0 as usize).copied().unwrap_or(true)
+    }
+
     /// Why RLX's CPU backend never writes `node`'s buffer, if it does not (see
     /// [`backend_elided`]). A tap must not read such a tensor.
     pub fn elided(&self, node: NodeId) -> Option<&str> {

@@ -5,7 +5,7 @@ use rlx_ir::{NodeId, Op};
 
 use crate::error::Error;
 use crate::manifest::Role;
-use crate::pass::{Globs, Opt, OptionSpec, Options, Pass, PassKind, PassRegistration, Range, Stats, Words};
+use crate::pass::{Globs, Opt, OptionSpec, Options, Pass, PassKind, PassRegistration, Range, Stats, Word, Words};
 use crate::rewrite::Rewrite;
 use crate::sketch::{static_dims, HistRange, SketchSpec, SELECTABLE};
 
@@ -36,7 +36,15 @@ const ELEMSIG: Opt<u64> = Opt::uint(
     "elements sampled at evenly spaced flat indices (exact-repeat detection)",
 );
 
-const OPTIONS: &[OptionSpec] = &[SITES.spec, ROLES.spec, STATS.spec, HIST_BINS.spec, HIST_RANGE.spec, ELEMSIG.spec];
+const PADDING: Opt<Word> = Opt::word(
+    "padding",
+    &["exclude", "include"],
+    "exclude",
+    "exclude: rows of an activation at padding positions (graph input attention_mask, one value per row) add to no statistic; include: every row counts",
+);
+
+const OPTIONS: &[OptionSpec] =
+    &[SITES.spec, ROLES.spec, STATS.spec, HIST_BINS.spec, HIST_RANGE.spec, ELEMSIG.spec, PADDING.spec];
 
 /// The `matmul` tap pass.
 pub struct MatmulTap;
@@ -121,6 +129,7 @@ impl Pass for MatmulTap {
         };
         let hist_bins = opts.get(&HIST_BINS)? as usize;
         let elemsig = opts.get(&ELEMSIG)? as usize;
+        let exclude_padding = opts.get(&PADDING)? == "exclude";
 
         rw.note_removed(|op| crate::rewrite::family(op) == "matmul");
         let nodes: Vec<NodeId> = rw.original_nodes().collect();
@@ -180,7 +189,13 @@ impl Pass for MatmulTap {
                         for (stat, why) in plan.dropped {
                             rw.skip(&site, Some(role.clone()), Some(tensor), format!("{} not computed: {why}", stat.as_str()));
                         }
-                        rw.tap(&site, role, tensor, plan.spec);
+                        // An activation with one row per token leaves its padding rows out.
+                        let rows = plan.spec.rows;
+                        let mask = (exclude_padding && rows > 0 && rw.is_dynamic(tensor)).then(|| rw.row_mask(rows)).flatten();
+                        match mask {
+                            Some(m) => rw.tap_inputs(&site, role, &[tensor, m], plan.spec),
+                            None => rw.tap(&site, role, tensor, plan.spec),
+                        }
                     }
                     Err(why) => rw.skip(&site, Some(role), Some(tensor), why.to_string()),
                 }

@@ -480,6 +480,16 @@ impl Binner32 {
 /// pairs for `adj_sumsq` run along the second-to-last dim, never across a leading index.
 /// Accuracy and what is written when a value does not fit f32: see the module documentation.
 pub fn compute_into(data: &[f32], dims: &[usize], spec: &SketchSpec, out: &mut [f32]) {
+    compute_masked(data, dims, spec, None, out)
+}
+
+/// [`compute_into`] over the rows `mask` keeps (`mask[r] != 0`; `R` values, one per row): a
+/// padding row adds to no statistic, its `pos_sumsq` is undefined (NaN, not recorded), a pair
+/// with a padding row adds nothing to `adj_sumsq`, and a sampled `elemsig` element in a padding
+/// row is undefined. Without a mask every row counts.
+///
+/// Panics if `mask` is shorter than the number of rows (the sketch op checks it first).
+pub fn compute_masked(data: &[f32], dims: &[usize], spec: &SketchSpec, mask: Option<&[f32]>, out: &mut [f32]) {
     let fns = RowFns::detect();
     let chans = dims.last().copied().unwrap_or(1);
     let c = chans.max(1);
@@ -495,14 +505,24 @@ pub fn compute_into(data: &[f32], dims: &[usize], spec: &SketchSpec, out: &mut [
         max: f32::NEG_INFINITY,
         ..Acc::default()
     };
+    let kept = |r: usize| mask.is_none_or(|m| m[r] != 0.0);
     // The mean is accumulated as sum(x - pivot): near-constant data keeps its noise digits.
-    let pivot = data[..rows * c].iter().copied().find(|x| x.is_finite()).unwrap_or(0.0) as f64;
+    let pivot = (0..rows)
+        .filter(|&r| kept(r))
+        .find_map(|r| data[r * c..(r + 1) * c].iter().copied().find(|x| x.is_finite()))
+        .unwrap_or(0.0) as f64;
 
     // Pass 1: counts, raw sums, extremes, per-channel max|x|, per-row energy, adjacent-row
     // difference energy. A row whose f64 sums are finite holds only finite values (no finite
     // f32's square overflows f64) and takes the vectorized path; any other row is re-read
     // element by element.
     for r in 0..rows {
+        if !kept(r) {
+            if want_pos {
+                pos[r] = f64::NAN;
+            }
+            continue;
+        }
         let row = &data[r * c..(r + 1) * c];
         let (s, a, q) = (fns.sums)(row, pivot);
         let row_sumsq;
@@ -550,7 +570,7 @@ pub fn compute_into(data: &[f32], dims: &[usize], spec: &SketchSpec, out: &mut [
         if want_pos {
             pos[r] = row_sumsq;
         }
-        if want_adj && r % block != 0 {
+        if want_adj && r % block != 0 && kept(r - 1) {
             let prev = &data[(r - 1) * c..r * c];
             let total = (fns.pairs)(prev, row);
             if total.is_finite() {
@@ -611,7 +631,10 @@ pub fn compute_into(data: &[f32], dims: &[usize], spec: &SketchSpec, out: &mut [
     if (want_kurt || (want_hist && hist_ok)) && acc.count > 0 {
         let absmax_range = matches!(spec.hist_range, HistRange::Absmax);
         let all_finite = acc.nan + acc.posinf + acc.neginf == 0;
-        for row in data[..rows * c].chunks(c) {
+        for (r, row) in data[..rows * c].chunks(c).enumerate() {
+            if !kept(r) {
+                continue;
+            }
             if want_kurt {
                 let (s2, s4) = (fns.centred)(row, mean);
                 if s4.is_finite() {
@@ -675,10 +698,11 @@ pub fn compute_into(data: &[f32], dims: &[usize], spec: &SketchSpec, out: &mut [
             tensor::HIST_OUTSIDE => dst[0] = if hist_ok { outside as f32 } else { f32::NAN },
             tensor::ELEMSIG => {
                 for (j, d) in dst.iter_mut().enumerate() {
-                    *d = if elem_n == 0 {
+                    let at = j * elem_n / slot.len.max(1);
+                    *d = if elem_n == 0 || !kept(at / c) {
                         f32::NAN
                     } else {
-                        data[j * elem_n / slot.len]
+                        data[at]
                     };
                 }
             }

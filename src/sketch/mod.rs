@@ -28,7 +28,7 @@ use rlx_ir::{DType, Dim, Shape};
 pub use crate::analysis::{shape_text, static_dims};
 use serde::{Deserialize, Serialize};
 
-pub use kernel::{compute, compute_into};
+pub use kernel::{compute, compute_into, compute_masked};
 pub use ops::register_kernels;
 pub use probe::{Probe, ProbeKernel, ProbeRegistration, Typed, TypedProbe};
 pub use stat::{tables, tensor, Stat, StatDef, StatLen, StatTable, SELECTABLE};

@@ -7,7 +7,7 @@ use rlx_cpu::op_registry::{CpuKernel, CpuTensorMut, CpuTensorRef};
 use rlx_ir::op_registry::OpExtension;
 use rlx_ir::{DType, Shape};
 
-use super::kernel::compute_into;
+use super::kernel::{compute_into, compute_masked};
 use super::probe::{self, Probe};
 use super::{shape_text, static_dims, SketchSpec, KEEP_OP, SKETCH2_OP, SKETCH3_OP, SKETCH_OP};
 
@@ -67,10 +67,21 @@ impl CpuKernel for SketchKernel {
         if dims.iter().product::<usize>() != x.len() {
             return Err(format!("{SKETCH_OP}: shape {dims:?} does not match {} values", x.len()));
         }
-        if spec.memo {
-            memo_compute(x, &dims, &spec, out);
-        } else {
-            compute_into(x, &dims, &spec, out);
+        // A second input is the padding row mask: one value per row (all leading dims).
+        let mask = match inputs.get(1) {
+            Some(m) => {
+                let m = m.expect_f32("opscope.sketch row mask")?;
+                let rows = x.len() / dims.last().copied().unwrap_or(1).max(1);
+                if m.len() != rows {
+                    return Err(format!("{SKETCH_OP}: row mask holds {} values, the tensor has {rows} rows", m.len()));
+                }
+                Some(m)
+            }
+            None => None,
+        };
+        match (spec.memo, mask) {
+            (true, None) => memo_compute(x, &dims, &spec, out),
+            (_, mask) => compute_masked(x, &dims, &spec, mask, out),
         }
         Ok(())
     }

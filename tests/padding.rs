@@ -1,0 +1,87 @@
+//! The `matmul` tap leaves activation rows at padding positions out of every statistic when the
+//! program has an `attention_mask` input with one value per row; weights are never masked.
+
+mod common;
+use common::*;
+use rlx_ir::{DType, Graph, Shape};
+
+const B: usize = 2;
+const S: usize = 5;
+const K: usize = 8;
+const N: usize = 3;
+
+/// x[B,S,K] @ w[K,N], with an attention_mask[B,S] input the model also returns (a model uses
+/// its mask; RLX drops an unused input).
+fn masked_matmul() -> Graph {
+    let mut g = Graph::new("masked");
+    let x = g.input("x", Shape::new(&[B, S, K], DType::F32));
+    let mask = g.input("attention_mask", Shape::new(&[B, S], DType::F32));
+    let w = g.param("w", Shape::new(&[K, N], DType::F32));
+    let y = g.matmul(x, w, Shape::new(&[B, S, N], DType::F32));
+    g.set_outputs(vec![y, mask]);
+    g
+}
+
+#[test]
+fn padding_rows_add_to_no_statistic_of_an_activation() {
+    let mask: Vec<f32> = vec![1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0];
+    // Padding rows hold a value no real row has: any leak shows in min/max/sums.
+    let mut x = randn(B * S * K, 7);
+    for (r, &m) in mask.iter().enumerate() {
+        if m == 0.0 {
+            x[r * K..(r + 1) * K].fill(1e6);
+        }
+    }
+    let w = randn(K * N, 8);
+    let (_, sink) = run_tapped(
+        "matmul{roles=[lhs,rhs],hist_bins=8,elemsig=10}",
+        &masked_matmul(),
+        &[("w", &w)],
+        &[("x", &x), ("attention_mask", &mask)],
+    );
+    let rows = sink.rows();
+    let kept: Vec<usize> = (0..B * S).filter(|&r| mask[r] != 0.0).collect();
+    let compact: Vec<f32> = kept.iter().flat_map(|&r| x[r * K..(r + 1) * K].to_vec()).collect();
+    let mut want = reference(&compact, &[kept.len(), K], 8, 10);
+    // Row-indexed statistics keep the rows' own indices; pairs never join a padding row or cross
+    // a sequence.
+    want.pos_sumsq = Vec::new();
+    want.elemsig = Vec::new();
+    want.adj_sumsq = (1..B * S)
+        .filter(|&r| r % S != 0 && mask[r] != 0.0 && mask[r - 1] != 0.0)
+        .map(|r| (0..K).map(|j| (x[r * K + j] as f64 - x[(r - 1) * K + j] as f64).powi(2)).sum::<f64>())
+        .sum();
+    let lhs: Vec<&opscope::Row> = rows.iter().filter(|r| &*r.role == "lhs").collect();
+    let pos: Vec<(u64, f64)> = lhs.iter().filter(|r| &*r.stat == "pos_sumsq").map(|r| (r.idx, r.value as f64)).collect();
+    let want_pos: Vec<(u64, f64)> =
+        kept.iter().map(|&r| (r as u64, x[r * K..(r + 1) * K].iter().map(|&v| (v as f64).powi(2)).sum())).collect();
+    assert_eq!(pos.len(), want_pos.len(), "pos_sumsq only at real rows: {pos:?}");
+    for ((gi, gv), (wi, wv)) in pos.iter().zip(&want_pos) {
+        assert!(gi == wi && close(*gv, *wv, 1e-5), "pos_sumsq[{gi}] {gv} vs [{wi}] {wv}");
+    }
+    // Sampled elements at flat indices floor(j * numel / 10) that fall in padding rows are left out.
+    let sig: Vec<(u64, f64)> = lhs.iter().filter(|r| &*r.stat == "elemsig").map(|r| (r.idx, r.value as f64)).collect();
+    let want_sig: Vec<(u64, f64)> = (0..10)
+        .map(|j| (j as u64, j * B * S * K / 10))
+        .filter(|&(_, at)| mask[at / K] != 0.0)
+        .map(|(j, at)| (j, x[at] as f64))
+        .collect();
+    assert_eq!(sig, want_sig);
+    let without: Vec<opscope::Row> = lhs.iter().filter(|r| !matches!(&*r.stat, "pos_sumsq" | "elemsig")).map(|r| (*r).clone()).collect();
+    assert_matches_reference(&without, "matmul.0", "lhs", &want, 1e-5);
+    // The weight is not masked (its rows are not tokens).
+    let wref = reference(&w, &[K, N], 8, 10);
+    let rhs: Vec<opscope::Row> = rows.iter().filter(|r| &*r.role == "rhs").cloned().collect();
+    assert_matches_reference(&rhs, "matmul.0", "rhs", &wref, 1e-5);
+    assert!(sink.manifests()[0].padding.as_deref().is_some_and(|p| p.contains("attention_mask")));
+
+    // padding=include counts every row: the 1e6 rows show.
+    let (_, sink) = run_tapped(
+        "matmul{roles=[lhs],stats=[max],padding=include}",
+        &masked_matmul(),
+        &[("w", &w)],
+        &[("x", &x), ("attention_mask", &mask)],
+    );
+    let max = sink.rows().iter().find(|r| &*r.stat == "max").unwrap().value;
+    assert_eq!(max, 1e6);
+}

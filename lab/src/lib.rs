@@ -8,6 +8,7 @@
 
 pub mod measure;
 pub mod model;
+pub mod npz;
 pub mod output;
 pub mod report;
 pub mod summary;

@@ -99,11 +99,18 @@ struct Corpus {
     #[arg(long)]
     onnx: PathBuf,
     /// Hugging Face tokenizer.json.
-    #[arg(long)]
-    tokenizer: PathBuf,
+    #[arg(long, required_unless_present = "inputs")]
+    tokenizer: Option<PathBuf>,
     /// Text file: entries separated by lines holding only '%' (fortune format) or blank lines.
-    #[arg(long)]
-    text: PathBuf,
+    #[arg(long, required_unless_present = "inputs")]
+    text: Option<PathBuf>,
+    /// Instead of text: the model's inputs from a numpy `.npz` (one array per input the model
+    /// declares); batch i is every array's index i along `--axis`. `record` only.
+    #[arg(long, conflicts_with_all = ["tokenizer", "text"])]
+    inputs: Option<PathBuf>,
+    /// The axis of the `--inputs` arrays that indexes batches.
+    #[arg(long, default_value_t = 0, requires = "inputs")]
+    axis: usize,
     /// Sentences per batch.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096))]
     batch: u32,
@@ -116,14 +123,28 @@ struct Corpus {
 }
 
 impl Corpus {
+    /// The tokenizer and text files (required unless `--inputs` is given).
+    fn text_files(&self) -> Result<(&PathBuf, &PathBuf)> {
+        match (&self.tokenizer, &self.text) {
+            (Some(t), Some(x)) => Ok((t, x)),
+            _ => anyhow::bail!("this command needs --tokenizer and --text (--inputs is for `record` only)"),
+        }
+    }
+
+    /// Every file the command reads.
+    fn inputs(&self) -> Vec<&std::path::Path> {
+        [Some(&self.onnx), self.tokenizer.as_ref(), self.text.as_ref(), self.inputs.as_ref()].into_iter().flatten().map(|p| p.as_path()).collect()
+    }
+
     /// The text's entries, at most `--limit`. Errors if the file is unreadable or empty.
     fn entries(&self) -> Result<Vec<String>> {
-        let text = std::fs::read_to_string(&self.text).with_context(|| format!("reading {}", self.text.display()))?;
+        let (_, path) = self.text_files()?;
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let mut entries = split_entries(&text);
         if let Some(n) = self.limit {
             entries.truncate(n as usize);
         }
-        anyhow::ensure!(!entries.is_empty(), "{}: no text entries found", self.text.display());
+        anyhow::ensure!(!entries.is_empty(), "{}: no text entries found", path.display());
         Ok(entries)
     }
 }
@@ -143,9 +164,9 @@ struct MeasureArgs {
 fn measure(a: MeasureArgs) -> Result<()> {
     let c = &a.corpus;
     if let Some(path) = &a.json {
-        opscope_lab::output::check(path, &[&c.onnx, &c.tokenizer, &c.text], Output::Json, a.force)?;
+        opscope_lab::output::check(path, &c.inputs(), Output::Json, a.force)?;
     }
-    let job = Job::new(&c.onnx, &c.tokenizer, c.entries()?, c.batch as usize, c.seq as usize)?;
+    let job = Job::new(&c.onnx, c.text_files()?.0, c.entries()?, c.batch as usize, c.seq as usize)?;
     let bar = ProgressBar::new_spinner();
     let m = opscope_lab::measure::measure(&job, |stage| bar.set_message(stage.to_string()))?;
     bar.finish_and_clear();
@@ -325,6 +346,24 @@ fn passes() {
     }
 }
 
+/// `record --inputs FILE.npz`: any ONNX model, its inputs from numpy arrays.
+fn record_npz(a: &RecordArgs, pipeline: &Pipeline, npz: &std::path::Path) -> Result<()> {
+    let job = opscope_lab::npz::NpzJob::load(&a.corpus.onnx, npz, a.corpus.axis)?;
+    let options = rlx_runtime::CompileOptions::default();
+    let (_, manifest) = opscope::activate::rewrite(pipeline, job.graph(), a.stage, &options, 0)?;
+    if manifest.sites.is_empty() {
+        anyhow::bail!("nothing to record: the pipeline '{pipeline}' finds no site in {}", a.corpus.onnx.display());
+    }
+    interrupt_on_ctrl_c()?;
+    job.run(pipeline, a.stage, opscope::open_sink(&a.out)?)?;
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        eprintln!("opscope: interrupted: the rows recorded so far are in {}.partial", a.out.display());
+        std::process::exit(130);
+    }
+    println!("recorded {} batches of {} with '{pipeline}' to {} (+ .manifest.json)", job.batches(), npz.display(), a.out.display());
+    Ok(())
+}
+
 fn record(a: RecordArgs) -> Result<()> {
     let pipeline = Pipeline::parse(&a.pipeline)?;
     if !pipeline.has_tap() {
@@ -334,12 +373,15 @@ fn record(a: RecordArgs) -> Result<()> {
         );
     }
     let (batch, seq) = (a.corpus.batch as usize, a.corpus.seq as usize);
-    let entries = a.corpus.entries()?;
     // A bad --out fails before the model is imported; the file is created once the inputs
     // have loaded, so a failed start never touches an earlier recording.
     let c = &a.corpus;
-    opscope_lab::output::check(&a.out, &[&c.onnx, &c.tokenizer, &c.text], Output::Recording, a.force)?;
-    let job = Job::new(&a.corpus.onnx, &a.corpus.tokenizer, entries, batch, seq)?;
+    opscope_lab::output::check(&a.out, &c.inputs(), Output::Recording, a.force)?;
+    if let Some(npz) = &c.inputs {
+        return record_npz(&a, &pipeline, npz);
+    }
+    let entries = c.entries()?;
+    let job = Job::new(&c.onnx, c.text_files()?.0, entries, batch, seq)?;
     // Dry run on the program that will be observed: a pipeline that does not fit the model
     // (skip of a block that does not exist) fails here, before any file is written, and taps
     // that find nothing are named.

@@ -49,6 +49,39 @@ fn int32_and_int64_inputs_record_the_same_numbers_as_numpy() {
         let nnz: Vec<f32> = rows.iter().filter(|r| &*r.stat == "nnz" && r.site.contains("proj")).map(|r| r.value).collect();
         assert_eq!(nnz, vec![want as f32], "{model}: lhs nnz of /proj/MatMul");
     }
+    // The same inputs from a numpy .npz (two batches along axis 0), no tokenizer involved.
+    let out = dir.path().join("npz.csv");
+    let run = opscope()
+        .args(["record", "--pipeline", "matmul{roles=[lhs],stats=[nnz]}", "--onnx"])
+        .arg(dir.path().join("model_int32.onnx"))
+        .arg("--inputs")
+        .arg(dir.path().join("inputs.npz"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "npz: {}", String::from_utf8_lossy(&run.stderr));
+    let mut reader = csv::Reader::from_path(&out).unwrap();
+    let rows: Vec<opscope::Row> = reader.deserialize().collect::<Result<_, _>>().unwrap();
+    let nnz: Vec<f32> = rows.iter().filter(|r| &*r.stat == "nnz" && r.site.contains("proj")).map(|r| r.value).collect();
+    assert_eq!(nnz, vec![want as f32; 2], "npz: one row per batch");
+    // An input the model declares and the file lacks: the error lists both.
+    let run = opscope()
+        .args(["record", "--onnx"])
+        .arg(dir.path().join("model_int32.onnx"))
+        .arg("--inputs")
+        .arg(dir.path().join("no_mask.npz"))
+        .arg("--out")
+        .arg(dir.path().join("x.csv"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success() && err.contains("'attention_mask' is not in") && err.contains("the file holds [input_ids]"), "{err}");
+    let bad = dir.path().join("bad.npz");
+    std::fs::write(&bad, "not a zip").unwrap();
+    let run = opscope().args(["record", "--onnx"]).arg(dir.path().join("model_int32.onnx")).arg("--inputs").arg(&bad).arg("--out").arg(dir.path().join("y.csv")).output().unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success() && err.contains("not a readable .npz archive") && !err.contains("panicked"), "{err}");
 }
 
 /// MiniLM's tokenizer.json with `[PAD]` renamed `pad_name` everywhere and `padding` set to

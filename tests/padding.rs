@@ -85,3 +85,33 @@ fn padding_rows_add_to_no_statistic_of_an_activation() {
     let max = sink.rows().iter().find(|r| &*r.stat == "max").unwrap().value;
     assert_eq!(max, 1e6);
 }
+
+#[test]
+fn a_per_head_activation_masks_each_heads_padding_positions() {
+    // q[B,H,S,K] @ kt[B,H,K,S] (attention scores): the lhs and out rows are (batch, head,
+    // position); the mask [B,S] is shared by the heads. The rhs (K^T) has no token rows.
+    const H: usize = 2;
+    let mut g = Graph::new("heads");
+    let q = g.input("q", Shape::new(&[B, H, S, K], DType::F32));
+    let kt = g.input("kt", Shape::new(&[B, H, K, S], DType::F32));
+    let mask_in = g.input("attention_mask", Shape::new(&[B, S], DType::F32));
+    let y = g.matmul(q, kt, Shape::new(&[B, H, S, S], DType::F32));
+    g.set_outputs(vec![y, mask_in]);
+    let mask: Vec<f32> = vec![1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0];
+    let mut qv = randn(B * H * S * K, 3);
+    let kv = randn(B * H * K * S, 4);
+    let kept = |r: usize| mask[(r / (H * S)) * S + r % S] != 0.0;
+    for r in 0..B * H * S {
+        if !kept(r) {
+            qv[r * K..(r + 1) * K].fill(1e6);
+        }
+    }
+    let (_, sink) = run_tapped("matmul{stats=[max,sumsq]}", &g, &[], &[("q", &qv), ("kt", &kv), ("attention_mask", &mask)]);
+    let s = stats_of(&sink.rows(), "matmul.0", "lhs", 0);
+    let real: Vec<f64> = (0..B * H * S).filter(|&r| kept(r)).flat_map(|r| qv[r * K..(r + 1) * K].iter().map(|&v| v as f64)).collect();
+    assert_eq!(s["count"], vec![real.len() as f64]);
+    assert_eq!(s["max"], vec![real.iter().copied().fold(f64::MIN, f64::max)]);
+    assert!(close(s["sumsq"][0], real.iter().map(|v| v * v).sum(), 1e-6));
+    let rhs = stats_of(&sink.rows(), "matmul.0", "rhs", 0);
+    assert_eq!(rhs["count"], vec![(B * H * K * S) as f64], "K^T is not masked");
+}

@@ -189,9 +189,20 @@ impl Pass for MatmulTap {
                         for (stat, why) in plan.dropped {
                             rw.skip(&site, Some(role.clone()), Some(tensor), format!("{} not computed: {why}", stat.as_str()));
                         }
-                        // An activation with one row per token leaves its padding rows out.
+                        // An activation with one row per token ([B, S, *]), or per head and token
+                        // ([B, H, S, *]: attention's Q, scores, probabilities, context as lhs or
+                        // out; an rhs such as K^T [B, H, D, S] has no token rows) leaves its
+                        // padding rows out.
                         let rows = plan.spec.rows;
-                        let mask = (exclude_padding && rows > 0 && rw.is_dynamic(tensor)).then(|| rw.row_mask(rows)).flatten();
+                        let per_head = match static_dims(&shape) {
+                            Some(d) if d.len() == 4 && role != Role::RHS => Some(d[0] * d[2]),
+                            _ => None,
+                        };
+                        let mask = if exclude_padding && rows > 0 && rw.is_dynamic(tensor) {
+                            rw.row_mask(rows).or_else(|| per_head.and_then(|n| rw.row_mask(n)))
+                        } else {
+                            None
+                        };
                         match mask {
                             Some(m) => rw.tap_inputs(&site, role, &[tensor, m], plan.spec),
                             None => rw.tap(&site, role, tensor, plan.spec),

@@ -483,12 +483,13 @@ pub fn compute_into(data: &[f32], dims: &[usize], spec: &SketchSpec, out: &mut [
     compute_masked(data, dims, spec, None, out)
 }
 
-/// [`compute_into`] over the rows `mask` keeps (`mask[r] != 0`; `R` values, one per row): a
+/// [`compute_into`] over the rows `mask` keeps (`mask[r] != 0`; `R` values, one per row, or for
+/// a per-head `[B, H, S, D]` tensor `B x S` values, one per (batch, position)): a
 /// padding row adds to no statistic, its `pos_sumsq` is undefined (NaN, not recorded), a pair
 /// with a padding row adds nothing to `adj_sumsq`, and a sampled `elemsig` element in a padding
 /// row is undefined. Without a mask every row counts.
 ///
-/// Panics if `mask` is shorter than the number of rows (the sketch op checks it first).
+/// Panics if `mask` has another length (the sketch op checks it first).
 pub fn compute_masked(data: &[f32], dims: &[usize], spec: &SketchSpec, mask: Option<&[f32]>, out: &mut [f32]) {
     let fns = RowFns::detect();
     let chans = dims.last().copied().unwrap_or(1);
@@ -505,7 +506,14 @@ pub fn compute_masked(data: &[f32], dims: &[usize], spec: &SketchSpec, mask: Opt
         max: f32::NEG_INFINITY,
         ..Acc::default()
     };
-    let kept = |r: usize| mask.is_none_or(|m| m[r] != 0.0);
+    // One mask value per row, or per (batch, position) of a per-head `[B, H, S, D]` tensor
+    // (the mask is `[B, S]`, shared by the heads).
+    let per_head = dims.len() == 4 && mask.is_some_and(|m| m.len() != rows && m.len() == dims[0] * dims[2]);
+    let kept = |r: usize| match mask {
+        None => true,
+        Some(m) if per_head => m[(r / (dims[1] * dims[2])) * dims[2] + r % dims[2]] != 0.0,
+        Some(m) => m[r] != 0.0,
+    };
     // The mean is accumulated as sum(x - pivot): near-constant data keeps its noise digits.
     let pivot = (0..rows)
         .filter(|&r| kept(r))

@@ -72,7 +72,8 @@ impl CpuKernel for SketchKernel {
             Some(m) => {
                 let m = m.expect_f32("opscope.sketch row mask")?;
                 let rows = x.len() / dims.last().copied().unwrap_or(1).max(1);
-                if m.len() != rows {
+                let per_head = dims.len() == 4 && m.len() == dims[0] * dims[2];
+                if m.len() != rows && !per_head {
                     return Err(format!("{SKETCH_OP}: row mask holds {} values, the tensor has {rows} rows", m.len()));
                 }
                 Some(m)

@@ -7,4 +7,6 @@ here="$(cd "$(dirname "$0")" && pwd)"
 bash "$here/fetch-assets.sh"
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -r "$here/requirements-test.txt"
 cd "$here/.."
+# The benchmarks are not run here (they take minutes), but they must keep compiling.
+cargo build --release --workspace --benches
 cargo test --release --workspace "$@"

@@ -33,7 +33,7 @@ fn mine_and_report(name: &str, path: &std::path::Path, record_s: f64) {
 }
 
 fn minilm(dir: &std::path::Path) {
-    let (onnx, tok, text) = match opscope::model::MiniLmAssets::from_cache() {
+    let (onnx, tok, text) = match opscope_lab::model::MiniLmAssets::from_cache() {
         Ok(a) => (a.onnx, a.tokenizer, a.text),
         Err(e) => {
             println!("MiniLM skipped: {e}");
@@ -41,9 +41,9 @@ fn minilm(dir: &std::path::Path) {
         }
     };
     let (batch, seq, steps) = (8usize, 64usize, 100usize);
-    let entries = opscope::model::split_entries(&std::fs::read_to_string(&text).unwrap());
-    let enc = opscope::model::TextEncoder::load(&tok, seq).unwrap();
-    let model = opscope::model::OnnxEncoder::load(&onnx, batch, seq).unwrap();
+    let entries = opscope_lab::model::split_entries(&std::fs::read_to_string(&text).unwrap());
+    let enc = opscope_lab::model::TextEncoder::load(&tok, seq).unwrap();
+    let model = opscope_lab::model::OnnxEncoder::load(&onnx, batch, seq).unwrap();
     let path = dir.join("minilm.parquet");
     let t = Instant::now();
     opscope::scope(&Pipeline::parse("matmul").unwrap(), opscope::recording::open(&path).unwrap(), || {

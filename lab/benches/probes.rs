@@ -20,7 +20,7 @@ const CONFIGS: [&str; 7] = [
 ];
 
 fn main() {
-    let (onnx, tok, text) = match opscope::model::MiniLmAssets::from_cache() {
+    let (onnx, tok, text) = match opscope_lab::model::MiniLmAssets::from_cache() {
         Ok(a) => (a.onnx, a.tokenizer, a.text),
         Err(e) => {
             println!("MiniLM skipped: {e}");
@@ -28,9 +28,9 @@ fn main() {
         }
     };
     let (batch, seq, steps, rounds) = (8usize, 64usize, 40usize, 5usize);
-    let entries = opscope::model::split_entries(&std::fs::read_to_string(&text).unwrap());
-    let enc = opscope::model::TextEncoder::load(&tok, seq).unwrap();
-    let model = opscope::model::OnnxEncoder::load(&onnx, batch, seq).unwrap();
+    let entries = opscope_lab::model::split_entries(&std::fs::read_to_string(&text).unwrap());
+    let enc = opscope_lab::model::TextEncoder::load(&tok, seq).unwrap();
+    let model = opscope_lab::model::OnnxEncoder::load(&onnx, batch, seq).unwrap();
     let batches: Vec<_> = entries.chunks(batch).take(steps).map(|c| enc.encode(c).unwrap()).collect();
     let session = Session::new(Device::Cpu);
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); CONFIGS.len()];

@@ -148,7 +148,7 @@ fn ctrl_c_during_record_leaves_a_readable_partial_recording() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("rec.csv.gz");
     let partial = dir.path().join("rec.csv.gz.partial");
-    let mut child = opscope()
+    let child = opscope()
         .arg("record")
         .arg("--onnx")
         .arg(&a.onnx)

@@ -3,7 +3,7 @@
 Gather(table[30522,4], input_ids) * Unsqueeze(Cast(attention_mask, float)) -> MatMul with a
 4x4 identity named /proj/MatMul, once with INT32 inputs and once with INT64. Writes
 model_int32.onnx, model_int64.onnx, inputs.npz (two batches of the texts' ids and mask along axis
-0), no_mask.npz (the ids only) and ref.json (the lhs non-zeros numpy finds for the texts,
+0), no_mask.npz (the ids only), float_ids.npz (ids + 0.5) and ref.json (the lhs non-zeros numpy finds for the texts,
 tokenized with Hugging Face tokenizers and padded to --seq) into --out.
 
     python3 dtype_models.py --tokenizer tokenizer.json --seq 8 --out DIR TEXT...
@@ -64,6 +64,8 @@ def main():
     # The same batch twice along axis 0, int32 as the int32 model declares; and one lacking the mask.
     np.savez(os.path.join(a.out, "inputs.npz"), input_ids=np.stack([ids, ids]).astype(np.int32), attention_mask=np.stack([mask, mask]).astype(np.int32))
     np.savez(os.path.join(a.out, "no_mask.npz"), input_ids=np.stack([ids, ids]).astype(np.int32))
+    # Ids that are not integers: an int input cannot hold them.
+    np.savez(os.path.join(a.out, "float_ids.npz"), input_ids=np.stack([ids, ids]).astype(np.float64) + 0.5, attention_mask=np.stack([mask, mask]).astype(np.int32))
     json.dump({"lhs_nnz": int(np.count_nonzero(lhs)), "tokens": int(mask.sum())}, open(os.path.join(a.out, "ref.json"), "w"))
 
 

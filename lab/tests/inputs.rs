@@ -77,6 +77,18 @@ fn int32_and_int64_inputs_record_the_same_numbers_as_numpy() {
         .unwrap();
     let err = String::from_utf8_lossy(&run.stderr);
     assert!(!run.status.success() && err.contains("'attention_mask' is not in") && err.contains("the file holds [input_ids]"), "{err}");
+    // Values the declared dtype cannot hold (an int32 input given 101.5): named, no panic.
+    let run = opscope()
+        .args(["record", "--onnx"])
+        .arg(dir.path().join("model_int32.onnx"))
+        .arg("--inputs")
+        .arg(dir.path().join("float_ids.npz"))
+        .arg("--out")
+        .arg(dir.path().join("f.csv"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success() && err.contains("input 'input_ids' is I32 and the array holds") && !err.contains("panicked"), "{err}");
     let bad = dir.path().join("bad.npz");
     std::fs::write(&bad, "not a zip").unwrap();
     let run = opscope().args(["record", "--onnx"]).arg(dir.path().join("model_int32.onnx")).arg("--inputs").arg(&bad).arg("--out").arg(dir.path().join("y.csv")).output().unwrap();

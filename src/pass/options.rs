@@ -155,38 +155,9 @@ impl OptionSpec {
                     Err(format!("'{s}': {}", expected()))
                 }
             }
-            (OptionType::ListOf(words), raw) => {
-                let items = match raw {
-                    RawValue::List(items) => items.clone(),
-                    RawValue::Scalar(s) => vec![s.clone()],
-                };
-                if let Some(dup) = items.iter().enumerate().find(|(i, it)| items[..*i].contains(it)) {
-                    return Err(format!("'{}' is listed twice", dup.1));
-                }
-                for it in &items {
-                    if !words.contains(&it.as_str()) {
-                        let near = closest(it, words.iter().copied());
-                        return Err(format!("'{it}' is not one of [{}]", near.join(",")));
-                    }
-                }
-                Ok(OptionValue::List(items))
-            }
+            (OptionType::ListOf(words), raw) => word_list(raw, words.to_vec()),
             (OptionType::Stats(table), raw) => {
-                let items = match raw {
-                    RawValue::List(items) => items.clone(),
-                    RawValue::Scalar(s) => vec![s.clone()],
-                };
-                if let Some(dup) = items.iter().enumerate().find(|(i, it)| items[..*i].contains(it)) {
-                    return Err(format!("'{}' is listed twice", dup.1));
-                }
-                for it in &items {
-                    if it != "all" && !table.iter().any(|s| s.as_str() == it) {
-                        let words = std::iter::once("all").chain(table.iter().map(|s| s.as_str()));
-                        let near = closest(it, words);
-                        return Err(format!("'{it}' is not one of [{}]", near.join(",")));
-                    }
-                }
-                Ok(OptionValue::List(items))
+                word_list(raw, std::iter::once("all").chain(table.iter().map(|s| s.as_str())).collect())
             }
             (OptionType::Globs, raw) => {
                 let items = match raw {
@@ -293,6 +264,25 @@ impl Options {
 
 }
 
+
+/// A list of distinct items, each one of `allowed` (an unknown item lists the allowed words,
+/// closest first).
+fn word_list(raw: &RawValue, allowed: Vec<&str>) -> Result<OptionValue, String> {
+    let items = match raw {
+        RawValue::List(items) => items.clone(),
+        RawValue::Scalar(s) => vec![s.clone()],
+    };
+    if let Some(dup) = items.iter().enumerate().find(|(i, it)| items[..*i].contains(it)) {
+        return Err(format!("'{}' is listed twice", dup.1));
+    }
+    for it in &items {
+        if !allowed.contains(&it.as_str()) {
+            let near = closest(it, allowed.iter().copied());
+            return Err(format!("'{it}' is not one of [{}]", near.join(",")));
+        }
+    }
+    Ok(OptionValue::List(items))
+}
 
 /// Split `[a,b,c]` (or `a`) into trimmed items; used for option defaults and by the pipeline
 /// parser's printer.

@@ -153,17 +153,9 @@ impl Feed {
             TextInput::TokenTypes => vec![0; rows * seq],
             TextInput::Positions => (0..rows * seq).map(|i| (i % seq) as i64).collect(),
         };
-        let out: Vec<u8> = match self.dtype {
-            DType::I64 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            DType::I32 => values
-                .iter()
-                .map(|&v| i32::try_from(v).map(|v| v.to_le_bytes()))
-                .collect::<Result<Vec<_>, _>>()
-                .with_context(|| format!("input '{}': a value does not fit int32", self.name))?
-                .concat(),
-            DType::F32 => values.iter().flat_map(|&v| (v as f32).to_le_bytes()).collect(),
-            other => bail!("input '{}' is {other:?}: opscope feeds text inputs as int32, int64 or float32", self.name),
-        };
+        // The dtypes `text_feeds` admits (int32, int64, float32), encoded as `--inputs` arrays are.
+        let values: Vec<f64> = values.iter().map(|&v| v as f64).collect();
+        let out = crate::npz::encode(&values, self.dtype, &self.name)?;
         let want = self.numel * self.dtype.size_bytes();
         if out.len() != want {
             bail!("input '{}' needs {want} bytes ({} x {:?}), the batch gives {}", self.name, self.numel, self.dtype, out.len());

@@ -41,8 +41,10 @@ fn values(arr: npyz::NpyFile<impl std::io::Read>, name: &str) -> Result<Vec<f64>
     Ok(v)
 }
 
-/// Encode `v` in `dtype` (little-endian). Errors on a value the dtype cannot hold exactly.
-fn encode(v: &[f64], dtype: DType, name: &str) -> Result<Vec<u8>> {
+/// Encode `v` in `dtype` (little-endian), for input `name` of a model (`--inputs` arrays and
+/// the text job's ids and masks alike). Errors on a value the dtype cannot hold exactly, or a
+/// dtype opscope does not feed.
+pub(crate) fn encode(v: &[f64], dtype: DType, name: &str) -> Result<Vec<u8>> {
     let int = |x: f64| if x.fract() == 0.0 { Ok(x) } else { Err(anyhow::anyhow!("input '{name}' is {dtype:?} and the array holds {x}")) };
     Ok(match dtype {
         DType::F32 => v.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(),

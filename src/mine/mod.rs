@@ -12,6 +12,7 @@
 //! rules below live here, each probe pass keeps its rules next to its kernel (`passes/attn`,
 //! `passes/route`, `passes/residual`). A rule reads the series it knows and pushes verdicts.
 
+mod hist;
 mod series;
 mod tensor;
 
@@ -20,6 +21,7 @@ use std::fmt;
 
 use serde::{Serialize, Serializer};
 
+pub use hist::{merged_histogram, MergedHistogram};
 pub use series::{load, no_data, series_from_rows, weighted_vector, Series, SeriesKey, StepStats};
 pub use tensor::{kinds, payoff_fraction};
 

@@ -1,0 +1,141 @@
+//! A value histogram merged over every run of a series, on one common range: what the report
+//! plots, calibration reads (percentile, entropy) and `diff` compares.
+//!
+//! Runs recorded with a fixed range (`hist_range=LO:HI`) and the same bin count merge exactly,
+//! by summing counts. Runs recorded with the default per-run absmax range have different edges;
+//! each run's counts are then re-binned onto the common range `[min lo, max hi]` assuming the
+//! values of a source bin are spread uniformly within it (the approximation ONNX Runtime's
+//! `HistogramCollector` also makes when a later batch widens the range), and
+//! [`MergedHistogram::exact`] is false.
+
+use super::series::Series;
+use crate::sketch::tensor;
+
+/// A histogram over `[lo, hi]` with equal-width bins, merged over runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MergedHistogram {
+    /// Lower edge of the first bin.
+    pub lo: f64,
+    /// Upper edge of the last bin.
+    pub hi: f64,
+    /// Element counts per bin (`bins` values; fractional when re-binned).
+    pub counts: Vec<f64>,
+    /// Finite elements outside a fixed range, summed over runs (`hist_outside`).
+    pub outside: f64,
+    /// Runs that carried a histogram.
+    pub runs: usize,
+    /// True when every run had the same range and bin count (counts are exact sums).
+    pub exact: bool,
+}
+
+impl MergedHistogram {
+    /// Bin edges, `counts.len() + 1` values (`np.linspace(lo, hi, bins + 1)`).
+    pub fn edges(&self) -> Vec<f64> {
+        let n = self.counts.len();
+        (0..=n).map(|i| self.lo + (self.hi - self.lo) * i as f64 / n as f64).collect()
+    }
+
+    /// Total count in the bins.
+    pub fn total(&self) -> f64 {
+        self.counts.iter().sum()
+    }
+}
+
+/// One run's histogram: range and counts.
+fn run_hist(r: &super::StepStats) -> Option<(f64, f64, &[f32])> {
+    let h = r.vector(tensor::HIST)?;
+    let lo = r.scalar(tensor::HIST_LO)?;
+    let hi = r.scalar(tensor::HIST_HI)?;
+    (lo.is_finite() && hi.is_finite() && hi >= lo && !h.is_empty()).then_some((lo, hi, h))
+}
+
+/// Add `counts` over `[lo, hi]` to `out` (bins of equal width over `[out_lo, out_hi]`), spreading
+/// each source bin's count over the destination bins it overlaps in proportion to the overlap.
+/// A zero-width source range (a constant tensor) puts its count in the bin holding `lo`.
+fn rebin(counts: &[f32], lo: f64, hi: f64, out_lo: f64, out_hi: f64, out: &mut [f64]) {
+    let n = out.len();
+    let ow = (out_hi - out_lo) / n as f64;
+    let bin_of = |x: f64| -> usize {
+        if ow <= 0.0 {
+            return 0;
+        }
+        (((x - out_lo) / ow).floor().max(0.0) as usize).min(n - 1)
+    };
+    let w = (hi - lo) / counts.len() as f64;
+    for (i, &c) in counts.iter().enumerate() {
+        let c = c as f64;
+        if c == 0.0 || !c.is_finite() {
+            continue;
+        }
+        let (a, b) = (lo + w * i as f64, lo + w * (i + 1) as f64);
+        if w <= 0.0 || ow <= 0.0 {
+            out[bin_of(a)] += c;
+            continue;
+        }
+        let (first, last) = (bin_of(a), bin_of(b - w * 1e-9));
+        for j in first..=last {
+            let (ja, jb) = (out_lo + ow * j as f64, out_lo + ow * (j + 1) as f64);
+            let overlap = (b.min(jb) - a.max(ja)).max(0.0);
+            out[j] += c * overlap / w;
+        }
+    }
+}
+
+/// The value histogram of `s` merged over its runs, with `bins` bins (default: the most bins
+/// any run has). `None` when no run carries a histogram (record with `stats=[..,hist]`).
+pub fn merged_histogram(s: &Series, bins: Option<usize>) -> Option<MergedHistogram> {
+    let runs: Vec<(f64, f64, &[f32], f64)> = s
+        .runs
+        .iter()
+        .filter_map(|r| run_hist(r).map(|(lo, hi, h)| (lo, hi, h, r.scalar(tensor::HIST_OUTSIDE).unwrap_or(0.0))))
+        .collect();
+    let first = runs.first()?;
+    let n = bins.unwrap_or_else(|| runs.iter().map(|r| r.2.len()).max().unwrap_or(1)).max(1);
+    let exact = runs.iter().all(|r| r.0 == first.0 && r.1 == first.1 && r.2.len() == n);
+    let lo = runs.iter().map(|r| r.0).fold(f64::INFINITY, f64::min);
+    let hi = runs.iter().map(|r| r.1).fold(f64::NEG_INFINITY, f64::max);
+    let mut counts = vec![0.0; n];
+    for &(rlo, rhi, h, _) in &runs {
+        if exact {
+            for (o, &c) in counts.iter_mut().zip(h) {
+                *o += c as f64;
+            }
+        } else {
+            rebin(h, rlo, rhi, lo, hi, &mut counts);
+        }
+    }
+    Some(MergedHistogram {
+        lo,
+        hi,
+        counts,
+        outside: runs.iter().map(|r| r.3).sum(),
+        runs: runs.len(),
+        exact,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rebin_keeps_mass_and_place() {
+        // One count in [0.5, 1.0) of a 2-bin [0, 1] histogram, onto 4 bins over [-1, 1]:
+        // it lands in the last bin, [0.5, 1].
+        let mut out = vec![0.0; 4];
+        rebin(&[0.0, 3.0], 0.0, 1.0, -1.0, 1.0, &mut out);
+        assert_eq!(out, vec![0.0, 0.0, 0.0, 3.0]);
+        // A source bin straddling two destination bins splits in proportion: [0, 1) onto
+        // bins of width 0.4 over [-0.2, 1.4): overlaps 0.2, 0.4, 0.4.
+        let mut out = vec![0.0; 4];
+        rebin(&[10.0], 0.0, 1.0, -0.2, 1.4, &mut out);
+        let want = [2.0, 4.0, 4.0, 0.0];
+        for (o, w) in out.iter().zip(want) {
+            assert!((o - w).abs() < 1e-9, "{out:?}");
+        }
+        // A constant tensor (zero-width range) keeps its count.
+        let mut out = vec![0.0; 2];
+        rebin(&[5.0], 0.25, 0.25, 0.0, 1.0, &mut out);
+        assert_eq!(out, vec![5.0, 0.0]);
+    }
+}

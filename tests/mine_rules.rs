@@ -41,3 +41,64 @@ fn a_range_that_triples_is_scale_drift_not_stationary() {
     let k = kinds(&mine_scaled(|_| 1.0));
     assert!(k.contains(&STATIONARY.name) && !k.contains(&SCALE_DRIFT.name), "{k:?}");
 }
+
+/// Record `x` (64 tokens x 128 channels) once through a tapped matmul and mine it.
+fn mine_once(x: &[f32]) -> Vec<opscope::mine::Verdict> {
+    let sink = MemorySink::default();
+    let p = Pipeline::parse("matmul{roles=[lhs]}").unwrap();
+    opscope::scope(&p, Box::new(sink.clone()), || {
+        let mut c = Session::new(Device::Cpu).compile(matmul_2d(64, 128, 16));
+        c.set_param("w", &randn(128 * 16, 1));
+        c.run(&[("x", x)]);
+    })
+    .unwrap();
+    opscope::mine::mine(&opscope::mine::series_from_rows(&sink.rows()))
+}
+
+fn evidence(v: &opscope::mine::Verdict, name: &str) -> f64 {
+    v.evidence.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{name} missing in {:?}", v.evidence)).1
+}
+
+#[test]
+fn per_token_sqnr_from_sketches_equals_the_host_computation() {
+    use opscope::mine::kinds::{PER_CHANNEL_INT8, PER_TOKEN_INT8};
+    // Planted: token r has scale 4^(r mod 8) / 64 (a 16384x spread across tokens), channels alike.
+    let (t, c) = (64usize, 128usize);
+    let x: Vec<f32> = randn(t * c, 7).iter().enumerate().map(|(i, v)| v * 4f32.powi((i / c % 8) as i32) / 64.0).collect();
+    let v = mine_once(&x);
+    let tok = v.iter().find(|v| v.kind == PER_TOKEN_INT8).unwrap_or_else(|| panic!("no per-token verdict: {v:?}"));
+    assert_eq!(tok.role, "lhs");
+
+    // Host: the Δ²/12 model per tensor, per token, per channel, in f64 from the raw values.
+    let xd: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    let p = xd.iter().map(|v| v * v).sum::<f64>() / xd.len() as f64;
+    let db = |x: f64| 10.0 * x.log10();
+    let absmax = xd.iter().fold(0.0f64, |a, v| a.max(v.abs()));
+    let row_max: Vec<f64> = (0..t).map(|r| xd[r * c..(r + 1) * c].iter().fold(0.0f64, |a, v| a.max(v.abs()))).collect();
+    let col_max: Vec<f64> = (0..c).map(|j| (0..t).map(|r| xd[r * c + j].abs()).fold(0.0, f64::max)).collect();
+    let model = |scales: &[f64]| db(p / (scales.iter().map(|a| (a / 127.0).powi(2) / 12.0).sum::<f64>() / scales.len() as f64));
+    let want_token = model(&row_max);
+    assert!((evidence(tok, "sqnr_int8_per_token_db") - want_token).abs() < 1e-3, "{:?} vs {want_token}", tok.evidence);
+    assert!((evidence(tok, "sqnr_int8_per_tensor_db") - model(&[absmax])).abs() < 1e-3);
+    assert!((evidence(tok, "sqnr_int8_per_channel_db") - model(&col_max)).abs() < 1e-3);
+
+    // The model agrees with fake-quantizing each token on the host (round to nearest, scale
+    // absmax/127): the estimate is a measurement, not just a formula.
+    let noise: f64 = (0..t)
+        .flat_map(|r| {
+            let d = row_max[r] / 127.0;
+            xd[r * c..(r + 1) * c].iter().map(move |v| (v - (v / d).round() * d).powi(2)).collect::<Vec<_>>()
+        })
+        .sum::<f64>()
+        / xd.len() as f64;
+    assert!((db(p / noise) - want_token).abs() < 1.0, "measured {} dB vs model {want_token} dB", db(p / noise));
+
+    // A per-channel verdict on an activation says it is an accuracy bound.
+    if let Some(ch) = v.iter().find(|v| v.kind == PER_CHANNEL_INT8) {
+        assert!(ch.rule.contains("accuracy bound"), "{}", ch.rule);
+    }
+
+    // The null: every token on one scale gets no per-token verdict.
+    let null = mine_once(&randn(t * c, 8));
+    assert!(!null.iter().any(|v| v.kind == PER_TOKEN_INT8), "{null:?}");
+}

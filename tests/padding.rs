@@ -46,6 +46,7 @@ fn padding_rows_add_to_no_statistic_of_an_activation() {
     // Row-indexed statistics keep the rows' own indices; pairs never join a padding row or cross
     // a sequence.
     want.pos_sumsq = Vec::new();
+    want.row_absmax = Vec::new();
     want.elemsig = Vec::new();
     want.adj_sumsq = (1..B * S)
         .filter(|&r| r % S != 0 && mask[r] != 0.0 && mask[r - 1] != 0.0)
@@ -59,6 +60,10 @@ fn padding_rows_add_to_no_statistic_of_an_activation() {
     for ((gi, gv), (wi, wv)) in pos.iter().zip(&want_pos) {
         assert!(gi == wi && close(*gv, *wv, 1e-5), "pos_sumsq[{gi}] {gv} vs [{wi}] {wv}");
     }
+    let absmax: Vec<(u64, f64)> = lhs.iter().filter(|r| &*r.stat == "row_absmax").map(|r| (r.idx, r.value as f64)).collect();
+    let want_absmax: Vec<(u64, f64)> =
+        kept.iter().map(|&r| (r as u64, x[r * K..(r + 1) * K].iter().map(|&v| (v as f64).abs()).fold(0.0, f64::max))).collect();
+    assert_eq!(absmax, want_absmax, "row_absmax (per-token absmax) only at real rows, exact");
     // Sampled elements at flat indices floor(j * numel / 10) that fall in padding rows are left out.
     let sig: Vec<(u64, f64)> = lhs.iter().filter(|r| &*r.stat == "elemsig").map(|r| (r.idx, r.value as f64)).collect();
     let want_sig: Vec<(u64, f64)> = (0..10)
@@ -67,7 +72,7 @@ fn padding_rows_add_to_no_statistic_of_an_activation() {
         .map(|(j, at)| (j, x[at] as f64))
         .collect();
     assert_eq!(sig, want_sig);
-    let without: Vec<opscope::Row> = lhs.iter().filter(|r| !matches!(&*r.stat, "pos_sumsq" | "elemsig")).map(|r| (*r).clone()).collect();
+    let without: Vec<opscope::Row> = lhs.iter().filter(|r| !matches!(&*r.stat, "pos_sumsq" | "row_absmax" | "elemsig")).map(|r| (*r).clone()).collect();
     assert_matches_reference(&without, "matmul.0", "lhs", &want, 1e-5);
     // The weight is not masked (its rows are not tokens).
     let wref = reference(&w, &[K, N], 8, 10);

@@ -23,7 +23,7 @@ use serde::{Serialize, Serializer};
 
 pub use hist::{merged_histogram, MergedHistogram};
 pub use series::{load, no_data, series_from_rows, weighted_vector, Series, SeriesKey, StepStats};
-pub use tensor::{kinds, payoff_fraction};
+pub use tensor::{kinds, payoff_fraction, sqnr8_per_token};
 
 /// Runs needed before across-run verdicts (stationary, drifting, exact repeat) are made.
 pub const MIN_STEPS: usize = 4;

@@ -21,6 +21,9 @@ pub mod kinds {
     pub const SCATTERED_OUTLIERS: Kind = Kind { name: "scattered_outliers", doc: "kurtosis >= 20 without channel structure: sparse outliers + low-bit dense (Dettmers et al., SpQR, 2023)" };
     /// Per-channel int8 pays over per-tensor.
     pub const PER_CHANNEL_INT8: Kind = Kind { name: "per_channel_int8", doc: "per-channel int8 SQNR >= 8 dB above per-tensor (noise model Δ²/12, Widrow & Kollár, Quantization Noise, 2008; 8 dB is opscope's line: a Gaussian null gains 2-4 dB)" };
+    /// Per-token (row-wise, dynamic) int8 pays over per-tensor: the deployable W8A8 activation
+    /// scheme.
+    pub const PER_TOKEN_INT8: Kind = Kind { name: "per_token_int8", doc: "an activation's per-token int8 SQNR >= 8 dB above per-tensor (noise model Δ²/12 per row, Widrow & Kollár 2008; per-token dynamic scales as in LLM.int8()'s vector-wise quantization, Dettmers et al. 2022, and ZeroQuant, Yao et al. 2022); the scale factors out of the GEMM's K sum, so a W8A8 kernel can apply it" };
     /// Per-tensor int4 is enough.
     pub const INT4: Kind = Kind { name: "int4", doc: "per-tensor int4 SQNR >= 22 dB in every run and kurtosis <= 2.4 (Δ²/12 model; the ideal for a uniform distribution is 22.9 dB, a Gaussian gives 14.6-20 dB)" };
     /// Values on few levels: a LUT / codebook kernel.
@@ -46,7 +49,7 @@ pub mod kinds {
 pub fn payoff_fraction(kind: Kind, density: f64) -> f64 {
     match kind {
         kinds::SPARSE_GEMM => 1.0 - density,
-        kinds::PER_CHANNEL_INT8 | kinds::CHANNEL_OUTLIERS | kinds::SCATTERED_OUTLIERS => 0.5,
+        kinds::PER_CHANNEL_INT8 | kinds::PER_TOKEN_INT8 | kinds::CHANNEL_OUTLIERS | kinds::SCATTERED_OUTLIERS => 0.5,
         kinds::INT4 => 0.75,
         kinds::EXACT_REPEAT => 1.0,
         kinds::DELTA_COMPUTE | kinds::LUT => 0.5,
@@ -69,6 +72,8 @@ struct Metrics {
     elevated: Option<f64>,
     sqnr8_tensor: Option<f64>,
     sqnr8_channel: Option<f64>,
+    /// Per-token (per-row) int8 SQNR, from `row_absmax`.
+    sqnr8_token: Option<f64>,
     sqnr4_tensor: Option<f64>,
     /// Empty histogram bins between the bins holding the 10% and 90% quantiles.
     central_holes: Option<f64>,
@@ -116,6 +121,9 @@ fn metrics(run: &StepStats, shape: &[usize]) -> Metrics {
             m.sqnr8_channel = Some(db(p / noise));
         }
     }
+    if let (Some(p), Some(rows)) = (p, run.vector(tensor::ROW_ABSMAX)) {
+        m.sqnr8_token = sqnr8_per_token(p, rows);
+    }
     if let Some(h) = run.vector(tensor::HIST).filter(|h| h.len() >= 8) {
         // The bins holding the central 80% of the values: a continuous distribution fills
         // them, values on a few levels leave gaps between them.
@@ -148,6 +156,22 @@ fn metrics(run: &StepStats, shape: &[usize]) -> Metrics {
         }
     }
     m
+}
+
+/// Estimated per-token int8 SQNR (dB) of a tensor with mean square `p` over its recorded rows
+/// and per-row absmax `rows` (`row_absmax`; NaN entries are rows not recorded, e.g. padding).
+///
+/// Each row `r` of `C` elements gets its own symmetric scale `Δ_r = absmax_r / 127` and uniform
+/// quantization noise `Δ_r² / 12` per element (Widrow & Kollár 2008); every row has `C`
+/// elements, so the noise power is the mean over rows of `Δ_r² / 12`, and
+/// `SQNR = 10 log10(p / noise)`. `None` when no row is recorded or every row is zero.
+pub fn sqnr8_per_token(p: f64, rows: &[f32]) -> Option<f64> {
+    let a: Vec<f64> = rows.iter().filter(|x| x.is_finite()).map(|&x| x as f64).collect();
+    if a.is_empty() || p <= 0.0 {
+        return None;
+    }
+    let noise = a.iter().map(|x| (x / 127.0).powi(2) / 12.0).sum::<f64>() / a.len() as f64;
+    (noise > 0.0).then(|| db(p / noise))
 }
 
 /// The least-squares line through `ys` (at x = 0, 1, ...), evaluated at the first and the last
@@ -213,6 +237,10 @@ fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>)
         let elevated = med(|m| m.elevated);
         let s8t = med(|m| m.sqnr8_tensor);
         let s8c = med(|m| m.sqnr8_channel);
+        let s8k = med(|m| m.sqnr8_token);
+        // Rows are tokens for activations and outputs; a weight's (rhs) rows are its input
+        // channels, whose per-row scale would sit inside the GEMM's K sum.
+        let activation = role != "rhs";
         let holes = med(|m| m.central_holes);
         let adj = med(|m| m.adj_ratio);
         let row_cv = med(|m| m.row_cv);
@@ -279,9 +307,23 @@ fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>)
             if c >= t + 8.0 {
                 push(
                     kinds::PER_CHANNEL_INT8,
-                    vec![("sqnr_int8_per_tensor_db", s8t), ("sqnr_int8_per_channel_db", s8c)],
-                    "per-channel int8 SQNR >= 8 dB above per-tensor (a Gaussian null gains ~2-4 dB)",
-                    "uniform quantizer noise Δ²/12 (Widrow & Kollár 2008); 8 dB: opscope's line, calibrated on the sweep's Gaussian nulls",
+                    vec![("sqnr_int8_per_tensor_db", s8t), ("sqnr_int8_per_channel_db", s8c), ("sqnr_int8_per_token_db", s8k.filter(|_| activation))],
+                    if activation {
+                        "per-channel int8 SQNR >= 8 dB above per-tensor (a Gaussian null gains ~2-4 dB). For an activation this is an accuracy bound, not a kernel: a per-channel scale along K does not factor out of the GEMM's sum; deploy per-token, or migrate the channel scales into the weight (SmoothQuant)"
+                    } else {
+                        "per-channel int8 SQNR >= 8 dB above per-tensor (a Gaussian null gains ~2-4 dB): per-output-channel weight scales, which an int8 GEMM applies after the K sum"
+                    },
+                    "uniform quantizer noise Δ²/12 (Widrow & Kollár 2008); 8 dB: opscope's line, calibrated on the sweep's Gaussian nulls; Xiao et al., SmoothQuant (2023)",
+                );
+            }
+        }
+        if let (Some(t), Some(k), true) = (s8t, s8k, activation) {
+            if k >= t + 8.0 {
+                push(
+                    kinds::PER_TOKEN_INT8,
+                    vec![("sqnr_int8_per_tensor_db", s8t), ("sqnr_int8_per_token_db", s8k), ("sqnr_int8_per_channel_db", s8c)],
+                    "per-token int8 SQNR >= 8 dB above per-tensor (the same line as per-channel): rows (tokens) differ in scale, a dynamic per-token W8A8 kernel keeps the precision a per-tensor scale loses",
+                    "uniform quantizer noise Δ²/12 per row (Widrow & Kollár 2008); Dettmers et al., LLM.int8() (2022) vector-wise quantization; Yao et al., ZeroQuant (2022)",
                 );
             }
         }

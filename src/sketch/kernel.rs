@@ -498,9 +498,11 @@ pub fn compute_masked(data: &[f32], dims: &[usize], spec: &SketchSpec, mask: Opt
     let block = if dims.len() >= 2 { dims[dims.len() - 2].max(1) } else { 1 };
     let want_chan = spec.has(tensor::CHAN_MAXABS) || spec.has(tensor::CHAN_OUTLIER);
     let want_pos = spec.has(tensor::POS_SUMSQ);
+    let want_rowmax = spec.has(tensor::ROW_ABSMAX);
     let want_adj = spec.has(tensor::ADJ_SUMSQ);
     let mut chan = if want_chan { vec![0f32; c] } else { Vec::new() };
     let mut pos = if want_pos { vec![0f64; rows] } else { Vec::new() };
+    let mut rowmax = if want_rowmax { vec![0f32; rows] } else { Vec::new() };
     let mut acc = Acc {
         min: f32::INFINITY,
         max: f32::NEG_INFINITY,
@@ -529,6 +531,9 @@ pub fn compute_masked(data: &[f32], dims: &[usize], spec: &SketchSpec, mask: Opt
             if want_pos {
                 pos[r] = f64::NAN;
             }
+            if want_rowmax {
+                rowmax[r] = f32::NAN;
+            }
             continue;
         }
         let row = &data[r * c..(r + 1) * c];
@@ -544,6 +549,9 @@ pub fn compute_masked(data: &[f32], dims: &[usize], spec: &SketchSpec, mask: Opt
             acc.min = acc.min.min(lo);
             acc.max = acc.max.max(hi);
             row_sumsq = q;
+            if want_rowmax {
+                rowmax[r] = lo.abs().max(hi.abs());
+            }
             if want_chan {
                 for (m, &x) in chan.iter_mut().zip(row) {
                     *m = m.max(x.abs());
@@ -551,6 +559,8 @@ pub fn compute_masked(data: &[f32], dims: &[usize], spec: &SketchSpec, mask: Opt
             }
         } else {
             let mut rq = 0f64;
+            // Over the finite values; 0 for a row of only non-finite ones (as `chan_maxabs`).
+            let mut ra = 0f32;
             for (j, &x) in row.iter().enumerate() {
                 if x.is_nan() {
                     acc.nan += 1;
@@ -565,6 +575,7 @@ pub fn compute_masked(data: &[f32], dims: &[usize], spec: &SketchSpec, mask: Opt
                     acc.l1 += xd.abs();
                     acc.sumsq += xd * xd;
                     rq += xd * xd;
+                    ra = ra.max(x.abs());
                     acc.nnz += (x != 0.0) as u64;
                     acc.min = acc.min.min(x);
                     acc.max = acc.max.max(x);
@@ -574,6 +585,9 @@ pub fn compute_masked(data: &[f32], dims: &[usize], spec: &SketchSpec, mask: Opt
                 }
             }
             row_sumsq = rq;
+            if want_rowmax {
+                rowmax[r] = ra;
+            }
         }
         if want_pos {
             pos[r] = row_sumsq;
@@ -735,6 +749,13 @@ pub fn compute_masked(data: &[f32], dims: &[usize], spec: &SketchSpec, mask: Opt
                     for (d, &p) in dst.iter_mut().zip(&pos) {
                         *d = f32_or_nan(p);
                     }
+                } else {
+                    dst.fill(f32::NAN);
+                }
+            }
+            tensor::ROW_ABSMAX => {
+                if rowmax.len() == slot.len {
+                    dst.copy_from_slice(&rowmax);
                 } else {
                     dst.fill(f32::NAN);
                 }

@@ -182,7 +182,7 @@ impl SketchSpec {
         let text = shape_text(shape);
         set.retain(|&s| {
             let why = match s {
-                tensor::POS_SUMSQ if rows_static.is_none() => "a leading dim is symbolic: one value per row has no static length",
+                tensor::POS_SUMSQ | tensor::ROW_ABSMAX if rows_static.is_none() => "a leading dim is symbolic: one value per row has no static length",
                 tensor::CHAN_MAXABS | tensor::CHAN_OUTLIER if last_static.is_none() => "the last (channel) dim is symbolic",
                 _ => return true,
             };
@@ -239,7 +239,7 @@ impl SketchSpec {
                     tensor::HIST => self.hist_bins,
                     tensor::ELEMSIG => self.elemsig_k,
                     tensor::CHAN_MAXABS => self.chans,
-                    tensor::POS_SUMSQ => self.rows,
+                    tensor::POS_SUMSQ | tensor::ROW_ABSMAX => self.rows,
                     _ => 1,
                 })
                 .collect()),

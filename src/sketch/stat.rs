@@ -193,6 +193,11 @@ crate::stats! {
         /// Sum of x^2 per row, all leading axes flattened (`R = numel / C` values, units of
         /// x^2). Each as `sumsq`: within 1e-6 relative, left out where f32 cannot hold it.
         POS_SUMSQ = "pos_sumsq", Vector;
+        /// max |x| per row, all leading axes flattened (`R = numel / C` values, units of x):
+        /// the per-token absmax that sets a per-token (dynamic, row-wise) int8 scale, as in
+        /// LLM.int8()'s vector-wise quantization (Dettmers et al. 2022). Over finite values (0 for a
+        /// row of none, as `chan_maxabs`); not recorded for a padding row.
+        ROW_ABSMAX = "row_absmax", Vector;
         /// Sum over adjacent row pairs of ||x_r - x_{r-1}||^2 (1 value, units of x^2). Rows are
         /// adjacent along the second-to-last axis; pairs never cross a leading (batch/head)
         /// index. As `sumsq`: within 1e-6 relative, left out where f32 cannot hold it.
@@ -221,6 +226,7 @@ pub const SELECTABLE: &[Stat] = &[
     tensor::CHAN_MAXABS,
     tensor::CHAN_OUTLIER,
     tensor::POS_SUMSQ,
+    tensor::ROW_ABSMAX,
     tensor::ADJ_SUMSQ,
     tensor::NAN_COUNT,
     tensor::POSINF_COUNT,

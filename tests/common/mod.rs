@@ -62,6 +62,7 @@ pub struct Reference {
     pub chan_maxabs: Vec<f64>,
     pub chan_outlier: Option<f64>,
     pub pos_sumsq: Vec<f64>,
+    pub row_absmax: Vec<f64>,
     pub adj_sumsq: f64,
     pub elemsig: Vec<f64>,
 }
@@ -125,6 +126,9 @@ pub fn reference(x: &[f32], dims: &[usize], bins: usize, k: usize) -> Reference 
                 .map(|&v| (v as f64).powi(2))
                 .sum()
         })
+        .collect();
+    r.row_absmax = (0..rows)
+        .map(|i| x[i * c..(i + 1) * c].iter().filter(|v| v.is_finite()).map(|&v| (v as f64).abs()).fold(0.0, f64::max))
         .collect();
     for i in 0..rows {
         if i % block == 0 {
@@ -230,6 +234,7 @@ pub fn assert_matches_reference(rows: &[Row], site: &str, role: &str, r: &Refere
     };
     vec_eq("chan_maxabs", &r.chan_maxabs);
     vec_eq("pos_sumsq", &r.pos_sumsq);
+    vec_eq("row_absmax", &r.row_absmax);
     let sig = s.get("elemsig").cloned().unwrap_or_default();
     assert_eq!(sig.len(), r.elemsig.len(), "{site}/{role} elemsig length");
     for (g, w) in sig.iter().zip(&r.elemsig) {

@@ -102,3 +102,33 @@ fn per_token_sqnr_from_sketches_equals_the_host_computation() {
     let null = mine_once(&randn(t * c, 8));
     assert!(!null.iter().any(|v| v.kind == PER_TOKEN_INT8), "{null:?}");
 }
+
+#[test]
+fn a_recording_too_thin_for_a_rule_names_the_rule_and_what_it_needs() {
+    use opscope::mine::kinds::CHANNEL_OUTLIERS;
+    // Planted: channel 5 of 128 is 40x the others, in every token.
+    let x: Vec<f32> = randn(64 * 128, 3).iter().enumerate().map(|(i, v)| if i % 128 == 5 { v * 40.0 } else { *v }).collect();
+    let record = |stats: &str| {
+        let sink = MemorySink::default();
+        let p = Pipeline::parse(&format!("matmul{{roles=[lhs],stats=[{stats}]}}")).unwrap();
+        opscope::scope(&p, Box::new(sink.clone()), || {
+            let mut c = Session::new(Device::Cpu).compile(matmul_2d(64, 128, 16));
+            c.set_param("w", &randn(128 * 16, 1));
+            c.run(&[("x", &x)]);
+        })
+        .unwrap();
+        opscope::mine::series_from_rows(&sink.rows())
+    };
+    let thin = record("min,max");
+    assert!(opscope::mine::mine(&thin).is_empty());
+    let cannot = opscope::mine::cannot_run(&thin);
+    let ch = cannot.iter().find(|c| c.kind == CHANNEL_OUTLIERS).unwrap_or_else(|| panic!("{cannot:?}"));
+    assert_eq!((ch.missing.clone(), ch.series, ch.runs_needed), (vec!["chan_outlier", "chan_maxabs"], 1, 0));
+    // With every statistic the rule runs and finds the channel; it is no longer listed.
+    let full = record("all");
+    assert!(opscope::mine::mine(&full).iter().any(|v| v.kind == CHANNEL_OUTLIERS));
+    let cannot = opscope::mine::cannot_run(&full);
+    assert!(!cannot.iter().any(|c| c.kind == CHANNEL_OUTLIERS), "{cannot:?}");
+    // One run: the across-run rules say they need MIN_STEPS runs.
+    assert!(cannot.iter().any(|c| c.kind == opscope::mine::kinds::STATIONARY && c.runs_needed == opscope::mine::MIN_STEPS && c.missing.is_empty()));
+}

@@ -13,3 +13,4 @@ pub mod output;
 pub mod report;
 pub mod summary;
 pub mod sweep;
+pub mod verdicts;

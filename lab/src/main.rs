@@ -179,7 +179,7 @@ fn measure(a: MeasureArgs) -> Result<()> {
 
 #[derive(clap::Args)]
 struct ReportArgs {
-    /// Recording (CSV, or gzip CSV ending in .gz).
+    /// Recording (`.csv`, `.csv.gz` or `.parquet`).
     recording: PathBuf,
     /// The HTML file to write.
     #[arg(short, long)]
@@ -204,7 +204,7 @@ fn report(a: ReportArgs) -> Result<()> {
 
 #[derive(clap::Args)]
 struct MineArgs {
-    /// Recording (CSV, or gzip CSV ending in .gz).
+    /// Recording (`.csv`, `.csv.gz` or `.parquet`).
     recording: PathBuf,
     /// Print JSON instead of a table.
     #[arg(long)]
@@ -215,30 +215,18 @@ fn mine(a: MineArgs) -> Result<()> {
     let series = opscope::mine::load(&a.recording)?;
     let verdicts = opscope::mine::mine(&series);
     let no_data = opscope::mine::no_data(&a.recording, &series)?;
+    let cannot = opscope::mine::cannot_run(&series);
     if a.json {
         let doc = serde_json::json!({
             "recording": a.recording,
             "verdicts": verdicts,
+            "cannot_run": cannot,
             "no_data": no_data,
             "not_observable": opscope::mine::NOT_OBSERVABLE,
         });
         return emit(&(serde_json::to_string_pretty(&doc).context("JSON")? + "\n"));
     }
-    use std::fmt::Write as _;
-    let mut out = String::new();
-    let _ = writeln!(out, "{:>8}  {:<18}  {:<4}  {:<60}  evidence", "payoff", "verdict", "role", "site");
-    for v in &verdicts {
-        let ev: Vec<String> = v.evidence.iter().map(|(k, x)| format!("{k}={x:.3}")).collect();
-        let _ = writeln!(out, "{:>8.4}  {:<18}  {:<4}  {:<60}  {}", v.payoff, v.kind.to_string(), v.role, v.site, ev.join(" "));
-    }
-    if verdicts.is_empty() {
-        let _ = writeln!(out, "(no verdict: nothing in these sketches justifies a specialized kernel)");
-    }
-    for line in &no_data {
-        let _ = writeln!(out, "{line}");
-    }
-    let _ = writeln!(out, "note: {}", opscope::mine::NOT_OBSERVABLE);
-    emit(&out)
+    emit(&opscope_lab::verdicts::text(&verdicts, &cannot, &no_data, &series))
 }
 
 #[derive(clap::Args)]

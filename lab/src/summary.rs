@@ -113,7 +113,6 @@ impl SummarySink {
     }
 }
 
-/// The longest prefix ending in '/' that every name shares.
 /// The longest common prefix of `names` ending at a `/` (what the tables strip from site names).
 pub fn common_prefix<'a>(names: &[&'a str]) -> &'a str {
     let Some(first) = names.first() else { return "" };

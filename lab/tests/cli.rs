@@ -232,3 +232,39 @@ fn names_as_printed_select_sites_and_a_typo_lists_the_closest() {
     assert!(text.lines().next().unwrap().starts_with("layer.0/attention/self/query/MatMul\t"), "{text}");
     assert!(text.contains("24 site(s) of 'matmul'"), "{text}");
 }
+
+#[test]
+fn mine_text_names_sites_short_lists_a_shared_input_once_and_the_rules_that_could_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    // Layer 0's Q, K and V projections read one tensor: with every statistic, its verdicts are
+    // printed once for the three sites, named without the common prefix, with a rule number.
+    let full = dir.path().join("full.csv");
+    let run = record_with(&full, &["--limit", "16", "--pipeline", "matmul{sites=[layer.0/attention/self/*],roles=[lhs]}"]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let out = opscope().arg("mine").arg(&full).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("common prefix 'model/model.0/auto_model/encoder/layer.0/attention/self/'"), "{text}");
+    let merged: Vec<&str> = text.lines().filter(|l| l.contains("{key,query,value}/MatMul")).collect();
+    assert!(!merged.is_empty(), "{text}");
+    assert!(!text.lines().any(|l| l.contains(" query/MatMul ")), "the shared input is listed once: {text}");
+    // Each line's rule number resolves in the legend, with its source.
+    let first = merged[0];
+    let n = &first[first.find('[').unwrap()..=first.find(']').unwrap()];
+    let legend = text.lines().find(|l| l.trim_start().starts_with(n)).unwrap_or_else(|| panic!("{n} not in legend: {text}"));
+    assert!(legend.contains("Source: "), "{legend}");
+    // Counts print as integers.
+    assert!(!text.contains("runs=2.000"), "{text}");
+
+    // Only min and max recorded: the outlier and quantization rules could not run, and the
+    // output says which statistics they need instead of "nothing justifies a specialized kernel".
+    let thin = dir.path().join("thin.csv");
+    let run = record_with(&thin, &["--limit", "16", "--pipeline", "matmul{sites=[layer.0/output/dense/MatMul],roles=[lhs],stats=[min,max]}"]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let text = String::from_utf8_lossy(&opscope().arg("mine").arg(&thin).output().unwrap().stdout).to_string();
+    assert!(!text.contains("nothing in these sketches justifies"), "{text}");
+    assert!(text.contains("rules that could not run:"), "{text}");
+    assert!(text.contains("channel_outliers: needs chan_outlier, chan_maxabs at 1 site/role(s)"), "{text}");
+    assert!(text.contains("per_token_int8: needs sumsq, row_absmax"), "{text}");
+    assert!(!text.contains("note: low rank"), "the low-rank note only where a probe verdict is: {text}");
+}

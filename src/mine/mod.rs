@@ -69,6 +69,67 @@ pub trait Rule: Sync {
     fn name(&self) -> &'static str;
     /// Push the verdicts `series` supports (payoff may be left 0; see [`Verdict::payoff`]).
     fn mine(&self, series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>);
+    /// What each verdict kind of the rule reads: the statistics and the runs it needs, and
+    /// which series it applies to. [`cannot_run`] reports the kinds whose needs a recording does
+    /// not meet. Default: none declared.
+    fn needs(&self) -> &'static [Need] {
+        &[]
+    }
+}
+
+/// What one verdict kind needs from a series to be decided at all.
+#[derive(Debug, Clone, Copy)]
+pub struct Need {
+    /// The verdict kind.
+    pub kind: Kind,
+    /// Statistics that must be recorded in at least one run (all of them).
+    pub stats: &'static [crate::sketch::Stat],
+    /// Runs needed (1 for a per-run rule, [`MIN_STEPS`] for the across-run rules).
+    pub runs: usize,
+}
+
+/// A verdict kind that could not be decided on some series: what was missing.
+#[derive(Debug, Clone, Serialize)]
+pub struct CannotRun {
+    /// The verdict kind.
+    pub kind: Kind,
+    /// Statistics the recording lacks (names), empty when only runs are missing.
+    pub missing: Vec<&'static str>,
+    /// Runs needed, when the series have fewer (0 when runs are not the problem).
+    pub runs_needed: usize,
+    /// Number of (site, role, pass) series the kind could not be decided on.
+    pub series: usize,
+}
+
+/// The verdict kinds that could not be decided on some of `series` (the rules' [`Rule::needs`]
+/// against what was recorded), by kind name: a recording made with `stats=[min,max]` cannot show
+/// channel outliers, and says so instead of reading "no verdict". Only series holding tensor
+/// sketches (`count`) are checked against the tensor rules' needs; a series recorded once per
+/// compile (a memoized weight) is not counted as short of runs when other series have enough.
+pub fn cannot_run(series: &BTreeMap<SeriesKey, Series>) -> Vec<CannotRun> {
+    let mut out: BTreeMap<(&'static str, Vec<&'static str>, usize), (Kind, usize)> = BTreeMap::new();
+    let tensors: Vec<&Series> = series.values().filter(|s| s.runs.iter().any(|r| r.has(crate::sketch::tensor::COUNT))).collect();
+    let most_runs = tensors.iter().map(|s| s.runs.len()).max().unwrap_or(0);
+    // A tensor recorded once per compile while others ran many times is a constant (a weight,
+    // memoized): across-run rules do not apply to it.
+    let constant = |s: &Series| s.runs.windows(2).all(|w| w[0].compile != w[1].compile);
+    for r in rules() {
+        for need in r.needs() {
+            for s in &tensors {
+                let missing: Vec<&'static str> =
+                    need.stats.iter().filter(|st| !s.runs.iter().any(|r| r.has(**st))).map(|st| st.as_str()).collect();
+                let short = s.runs.len() < need.runs && !(need.runs > 1 && most_runs >= need.runs && constant(s));
+                let runs_needed = if short { need.runs } else { 0 };
+                if missing.is_empty() && runs_needed == 0 {
+                    continue;
+                }
+                out.entry((need.kind.name, missing, runs_needed)).or_insert((need.kind, 0)).1 += 1;
+            }
+        }
+    }
+    out.into_iter()
+        .map(|((_, missing, runs_needed), (kind, n))| CannotRun { kind, missing, runs_needed, series: n })
+        .collect()
 }
 
 /// An entry in the rule registry.

@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 
 use crate::sketch::tensor;
 
-use super::{median, Kind, Rule, Series, SeriesKey, StepStats, Verdict, MIN_STEPS};
+use super::{median, Kind, Need, Rule, Series, SeriesKey, StepStats, Verdict, MIN_STEPS};
+use crate::sketch::Stat;
 
 /// The verdict kinds of the tensor rules.
 pub mod kinds {
@@ -201,7 +202,34 @@ impl Rule for TensorRules {
     fn mine(&self, series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>) {
         tensor_verdicts(series, out)
     }
+    fn needs(&self) -> &'static [Need] {
+        NEEDS
+    }
 }
+
+/// What each tensor rule reads (see [`tensor_verdicts`]).
+const NEEDS: &[Need] = {
+    use tensor::*;
+    const fn need(kind: Kind, stats: &'static [Stat], runs: usize) -> Need {
+        Need { kind, stats, runs }
+    }
+    &[
+        need(kinds::HEALTH, &[NAN_COUNT, POSINF_COUNT, NEGINF_COUNT], 1),
+        need(kinds::SPARSE_GEMM, &[NNZ], 1),
+        need(kinds::CHANNEL_OUTLIERS, &[CHAN_OUTLIER, CHAN_MAXABS], 1),
+        need(kinds::SCATTERED_OUTLIERS, &[NNZ, KURTOSIS], 1),
+        need(kinds::PER_CHANNEL_INT8, &[MIN, MAX, SUMSQ, CHAN_MAXABS], 1),
+        need(kinds::PER_TOKEN_INT8, &[MIN, MAX, SUMSQ, ROW_ABSMAX], 1),
+        need(kinds::INT4, &[MIN, MAX, SUMSQ, KURTOSIS], 1),
+        need(kinds::LUT, &[NNZ, HIST], 1),
+        need(kinds::DELTA_COMPUTE, &[POS_SUMSQ, ADJ_SUMSQ], 1),
+        need(kinds::LOW_RANK_PROBE, &[NNZ, KURTOSIS, POS_SUMSQ], 1),
+        need(kinds::EXACT_REPEAT, &[ELEMSIG, SUMSQ], MIN_STEPS),
+        need(kinds::SCALE_DRIFT, &[MIN, MAX], MIN_STEPS),
+        need(kinds::DRIFTING, &[MEAN, SUMSQ], MIN_STEPS),
+        need(kinds::STATIONARY, &[MEAN, SUMSQ], MIN_STEPS),
+    ]
+};
 
 /// The tensor rules (listed by [`super::rules`] directly, not through the registry: the core's
 /// own rules need no link-time registration).

@@ -1,0 +1,166 @@
+//! The text form of `opscope mine`: verdicts by payoff with short site names, a tensor shared by
+//! several sites (the Q/K/V projections' common input) listed once, each verdict's rule and source
+//! in a numbered legend, and the verdict kinds that could not be decided for want of statistics
+//! or runs.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use opscope::mine::{kinds, CannotRun, Series, SeriesKey, Verdict, NOT_OBSERVABLE};
+
+use crate::summary::common_prefix;
+
+/// A number as it reads best: integers (counts, runs) without decimals, others to 4 significant
+/// digits (scientific outside 1e-3..1e6).
+pub fn number(x: f64) -> String {
+    if !x.is_finite() {
+        return x.to_string();
+    }
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        return format!("{}", x as i64);
+    }
+    let a = x.abs();
+    if (1e-3..1e6).contains(&a) {
+        let decimals = (3 - a.log10().floor() as i32).max(0) as usize;
+        format!("{x:.decimals$}")
+    } else {
+        format!("{x:.3e}")
+    }
+}
+
+/// `names` written once: their common prefix and suffix (at `/` boundaries) around the differing
+/// middles in braces, e.g. `layer.0/attention/self/{query,key,value}/MatMul`.
+pub fn brace(names: &[&str]) -> String {
+    if names.len() == 1 {
+        return names[0].to_string();
+    }
+    let prefix = common_prefix(names);
+    let rev: Vec<String> = names.iter().map(|n| n[prefix.len()..].chars().rev().collect()).collect();
+    let rev_refs: Vec<&str> = rev.iter().map(|s| s.as_str()).collect();
+    // The common suffix starting at a '/': the reversed names' common prefix ending at '/'.
+    let suffix_len = common_prefix(&rev_refs).len();
+    let middles: Vec<&str> = names.iter().map(|n| &n[prefix.len()..n.len() - suffix_len]).collect();
+    format!("{prefix}{{{}}}{}", middles.join(","), &names[0][names[0].len() - suffix_len..])
+}
+
+/// The verdicts of `opscope mine` as text (see the module doc). `series` gives the site names
+/// whose common prefix is dropped; `no_data` lines are printed as they are.
+pub fn text(verdicts: &[Verdict], cannot: &[CannotRun], no_data: &[String], series: &BTreeMap<SeriesKey, Series>) -> String {
+    let names: Vec<&str> = series.keys().map(|k| k.0.as_str()).collect();
+    let prefix = common_prefix(&names);
+    let short = |s: &str| s.strip_prefix(prefix).unwrap_or(s).to_string();
+
+    // One line per (kind, role, pass, rule, evidence): identical evidence on several sites is one
+    // tensor read by several ops (the recorder writes a shared input once per use).
+    struct Line<'a> {
+        v: &'a Verdict,
+        sites: Vec<String>,
+        payoff: f64,
+    }
+    let mut lines: Vec<Line> = Vec::new();
+    for v in verdicts {
+        let same = |l: &&mut Line| {
+            l.v.kind == v.kind && l.v.role == v.role && l.v.pass_idx == v.pass_idx && l.v.rule == v.rule && l.v.evidence == v.evidence
+        };
+        match lines.iter_mut().find(|l| same(l)) {
+            Some(l) => {
+                l.sites.push(short(&v.site));
+                l.payoff += v.payoff;
+            }
+            None => lines.push(Line { v, sites: vec![short(&v.site)], payoff: v.payoff }),
+        }
+    }
+    lines.sort_by(|a, b| b.payoff.total_cmp(&a.payoff));
+
+    // Rules in order of first use.
+    let mut legend: Vec<(&str, &str, &str)> = Vec::new();
+    let mut rule_no = |v: &Verdict| -> usize {
+        let key = (v.kind.name, v.rule, v.source);
+        match legend.iter().position(|k| *k == key) {
+            Some(i) => i + 1,
+            None => {
+                legend.push(key);
+                legend.len()
+            }
+        }
+    };
+    let rows: Vec<[String; 6]> = lines
+        .iter()
+        .map(|l| {
+            let sites: Vec<&str> = l.sites.iter().map(|s| s.as_str()).collect();
+            let ev: Vec<String> = l.v.evidence.iter().map(|(k, x)| format!("{k}={}", number(*x))).collect();
+            [
+                format!("{:.4}", l.payoff),
+                l.v.kind.to_string(),
+                l.v.role.clone(),
+                brace(&sites),
+                ev.join(" "),
+                format!("[{}]", rule_no(l.v)),
+            ]
+        })
+        .collect();
+
+    let mut out = String::new();
+    if !prefix.is_empty() {
+        let _ = writeln!(out, "sites below are named without their common prefix '{prefix}'");
+    }
+    let site_w = rows.iter().map(|r| r[3].chars().count()).max().unwrap_or(4).clamp(4, 72);
+    let _ = writeln!(out, "{:>8}  {:<18}  {:<5}  {:<site_w$}  {:<5} evidence", "payoff", "verdict", "role", "site", "rule");
+    for r in &rows {
+        let _ = writeln!(out, "{:>8}  {:<18}  {:<5}  {:<site_w$}  {:<5} {}", r[0], r[1], r[2], r[3], r[5], r[4]);
+    }
+    if rows.is_empty() {
+        if cannot.is_empty() {
+            let _ = writeln!(out, "(no verdict: nothing in these sketches justifies a specialized kernel)");
+        } else {
+            let _ = writeln!(out, "(no verdict from the rules that could run; the rules below could not)");
+        }
+    }
+    if !legend.is_empty() {
+        let _ = writeln!(out, "\nrules:");
+        for (i, (kind, rule, source)) in legend.iter().enumerate() {
+            let _ = writeln!(out, "  [{}] {kind}: {rule}. Source: {source}.", i + 1);
+        }
+    }
+    if !cannot.is_empty() {
+        let _ = writeln!(out, "\nrules that could not run:");
+        for c in cannot {
+            let mut why = Vec::new();
+            if !c.missing.is_empty() {
+                why.push(format!("needs {}", c.missing.join(", ")));
+            }
+            if c.runs_needed > 0 {
+                why.push(format!("needs {} runs", c.runs_needed));
+            }
+            let _ = writeln!(out, "  {}: {} at {} site/role(s)", c.kind, why.join("; "), c.series);
+        }
+        if cannot.iter().any(|c| !c.missing.is_empty()) {
+            let _ = writeln!(out, "  (a tap's default stats=[all] records every statistic; runs come from more text or steps)");
+        }
+    }
+    for line in no_data {
+        let _ = writeln!(out, "{line}");
+    }
+    if verdicts.iter().any(|v| v.kind == kinds::LOW_RANK_PROBE || v.kind == kinds::TWO_FOUR_PROBE) {
+        let _ = writeln!(out, "note: {NOT_OBSERVABLE}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_and_braces() {
+        assert_eq!(number(20.0), "20");
+        assert_eq!(number(0.28149), "0.2815");
+        assert_eq!(number(145.27), "145.3");
+        assert_eq!(number(1.5e-7), "1.500e-7");
+        assert_eq!(
+            brace(&["l0/attention/self/query/MatMul", "l0/attention/self/key/MatMul", "l0/attention/self/value/MatMul"]),
+            "l0/attention/self/{query,key,value}/MatMul"
+        );
+        assert_eq!(brace(&["a/x", "a/y"]), "a/{x,y}");
+    }
+}

@@ -115,39 +115,6 @@ fn rows_are_keyed_uniquely_across_passes_and_compiles() {
 }
 
 #[test]
-#[cfg(feature = "parquet")]
-fn parquet_and_csv_recordings_hold_the_same_values() {
-    let dir = tempfile::tempdir().unwrap();
-    let (csv, pq) = (dir.path().join("r.csv.gz"), dir.path().join("r.parquet"));
-    let memory = opscope::MemorySink::default();
-    let tee = opscope::recording::Tee(vec![
-        opscope::recording::open(&csv).unwrap(),
-        opscope::recording::open(&pq).unwrap(),
-        Box::new(memory.clone()),
-    ]);
-    run_into(Box::new(tee)).unwrap();
-    assert!(!dir.path().join("r.parquet.partial").exists());
-    let summarize = |m: &std::collections::BTreeMap<opscope::mine::SeriesKey, opscope::mine::Series>| {
-        m.iter()
-            .map(|(k, s)| {
-                let v: Vec<(u32, u64, Vec<Option<f64>>)> = s
-                    .runs
-                    .iter()
-                    .map(|r| (r.compile, r.step, opscope::sketch::tensor::ALL.iter().map(|st| r.scalar(*st)).collect()))
-                    .collect();
-                (k.clone(), s.shape.clone(), s.flops, v)
-            })
-            .collect::<Vec<_>>()
-    };
-    let from_csv = summarize(&opscope::mine::load(&csv).unwrap());
-    let from_pq = summarize(&opscope::mine::load(&pq).unwrap());
-    let from_mem = summarize(&opscope::mine::series_from_rows(&memory.rows()));
-    assert!(!from_mem.is_empty());
-    assert_eq!(from_csv, from_mem);
-    assert_eq!(from_pq, from_mem);
-}
-
-#[test]
 fn a_file_that_is_not_a_recording_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("x.csv");
@@ -181,4 +148,135 @@ fn the_miner_says_no_data_and_flags_non_finite_values() {
     assert!(verdicts.iter().any(|v| v.kind == opscope::mine::HEALTH && v.role == "lhs"), "{verdicts:?}");
     let no_data = opscope::mine::no_data(&path, &series).unwrap();
     assert!(no_data.iter().any(|l| l.ends_with("/lhs: no data")), "{no_data:?}");
+}
+
+/// Every row of a Parquet file read with the parquet and arrow crates directly (not opscope's
+/// reader), by column name, text cast to UTF-8.
+#[cfg(feature = "parquet")]
+fn parquet_rows_independently(path: &std::path::Path) -> Vec<Row> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Float32Type, UInt32Type, UInt64Type};
+    use arrow_array::Array;
+    use std::sync::Arc;
+    let file = std::fs::File::open(path).unwrap();
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).unwrap().build().unwrap();
+    let mut rows = Vec::new();
+    for batch in reader {
+        let b = batch.unwrap();
+        let text = |n: &str| arrow_cast::cast(b.column_by_name(n).unwrap(), &arrow_schema::DataType::Utf8).unwrap();
+        let cols: Vec<_> = ["run_id", "graph", "pass", "site", "op", "role", "stat", "shape"].iter().map(|n| text(n)).collect();
+        let s = |c: usize, i: usize| -> Arc<str> { Arc::from(cols[c].as_string::<i32>().value(i)) };
+        let u32c = |n: &str| b.column_by_name(n).unwrap().as_primitive::<UInt32Type>().clone();
+        let u64c = |n: &str| b.column_by_name(n).unwrap().as_primitive::<UInt64Type>().clone();
+        let (compile, pass_idx) = (u32c("compile"), u32c("pass_idx"));
+        let (step, idx, numel, flops) = (u64c("step"), u64c("idx"), u64c("numel"), u64c("flops"));
+        let value = b.column_by_name("value").unwrap().as_primitive::<Float32Type>().clone();
+        for i in 0..b.num_rows() {
+            rows.push(Row {
+                run_id: s(0, i),
+                compile: compile.value(i),
+                step: step.value(i),
+                graph: s(1, i),
+                pass: s(2, i),
+                pass_idx: pass_idx.value(i),
+                site: s(3, i),
+                op: s(4, i),
+                role: s(5, i),
+                stat: s(6, i),
+                idx: idx.value(i),
+                value: value.value(i),
+                numel: numel.is_valid(i).then(|| numel.value(i)),
+                shape: s(7, i),
+                flops: flops.is_valid(i).then(|| flops.value(i)),
+            });
+        }
+    }
+    rows
+}
+
+/// The fields `read_rows` gives, of every row of `path`.
+fn read_back(path: &std::path::Path) -> Vec<(String, String, u32, String, String, Option<u64>, u32, u64, String, u64, f32)> {
+    let mut v = Vec::new();
+    opscope::recording::read_rows(path, |r| {
+        v.push((r.site.into(), r.role.into(), r.pass_idx, r.op.into(), r.shape.into(), r.flops, r.compile, r.step, r.stat.into(), r.idx, r.value))
+    })
+    .unwrap();
+    v
+}
+
+#[test]
+#[cfg(feature = "parquet")]
+fn csv_parquet_and_memory_hold_every_column_of_every_row_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    let (csv, gz, pq) = (dir.path().join("r.csv"), dir.path().join("r.csv.gz"), dir.path().join("r.parquet"));
+    let memory = opscope::MemorySink::default();
+    let sinks: Vec<Box<dyn Sink>> = vec![
+        opscope::recording::open(&csv).unwrap(),
+        opscope::recording::open(&gz).unwrap(),
+        opscope::recording::open(&pq).unwrap(),
+        Box::new(memory.clone()),
+    ];
+    run_into(Box::new(opscope::recording::Tee(sinks))).unwrap();
+    let want = memory.rows();
+    assert!(want.len() > 30 && want.iter().any(|r| r.idx > 0), "{}", want.len());
+    let from_csv: Vec<Row> = csv::Reader::from_path(&csv).unwrap().deserialize().collect::<Result<_, _>>().unwrap();
+    let gz_reader = flate2::read::GzDecoder::new(std::fs::File::open(&gz).unwrap());
+    let from_gz: Vec<Row> = csv::Reader::from_reader(gz_reader).deserialize().collect::<Result<_, _>>().unwrap();
+    assert_eq!(from_csv, want, "CSV, every column");
+    assert_eq!(from_gz, want, "CSV.gz, every column");
+    assert_eq!(parquet_rows_independently(&pq), want, "Parquet read by the arrow crates, every column");
+    // opscope's own reader agrees with all of them.
+    let fields = |rows: &[Row]| -> Vec<_> {
+        rows.iter()
+            .map(|r| (r.site.to_string(), r.role.to_string(), r.pass_idx, r.op.to_string(), r.shape.to_string(), r.flops, r.compile, r.step, r.stat.to_string(), r.idx, r.value))
+            .collect()
+    };
+    for p in [&csv, &gz, &pq] {
+        assert_eq!(read_back(p), fields(&want), "{}", p.display());
+    }
+}
+
+#[test]
+#[cfg(feature = "parquet")]
+fn parquet_written_back_by_pandas_and_polars_is_read_and_mined() {
+    let dir = tempfile::tempdir().unwrap();
+    let pq = dir.path().join("r.parquet");
+    let memory = opscope::MemorySink::default();
+    run_into(Box::new(opscope::recording::Tee(vec![opscope::recording::open(&pq).unwrap(), Box::new(memory.clone())]))).unwrap();
+    let (by_pandas, by_polars) = (dir.path().join("pandas.parquet"), dir.path().join("polars.parquet"));
+    // What a user does: load, filter, save (pandas: pyarrow strings, Snappy; polars: view
+    // strings, Zstd).
+    let script = r#"
+import sys, pandas as pd, polars as pl
+src, a, b = sys.argv[1:4]
+df = pd.read_parquet(src)
+df[df["role"] != "out"].to_parquet(a, index=False)
+pl.read_parquet(src).filter(pl.col("role") != "out").write_parquet(b)
+"#;
+    let st = std::process::Command::new("python3").args(["-c", script]).arg(&pq).arg(&by_pandas).arg(&by_polars).status().expect("python3 runs");
+    assert!(st.success(), "pandas/polars (pip install -r scripts/requirements-test.txt)");
+    let codec = |p: &std::path::Path| {
+        use parquet::file::reader::FileReader;
+        let r = parquet::file::reader::SerializedFileReader::new(std::fs::File::open(p).unwrap()).unwrap();
+        r.metadata().row_group(0).column(0).compression().to_string()
+    };
+    assert!(codec(&by_pandas).starts_with("SNAPPY"), "{}", codec(&by_pandas));
+    assert!(codec(&by_polars).starts_with("ZSTD"), "{}", codec(&by_polars));
+    let kept: Vec<Row> = memory.rows().into_iter().filter(|r| &*r.role != "out").collect();
+    let want = opscope::mine::series_from_rows(&kept);
+    for p in [&by_pandas, &by_polars] {
+        let fields: Vec<_> = read_back(p);
+        assert_eq!(fields.len(), kept.len(), "{}", p.display());
+        assert_eq!(fields.iter().map(|f| f.10).collect::<Vec<_>>(), kept.iter().map(|r| r.value).collect::<Vec<_>>());
+        let got = opscope::mine::load(p).unwrap();
+        assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>(), "{}", p.display());
+        for (k, s) in &got {
+            let w = &want[k];
+            assert_eq!((s.runs.len(), &s.shape, s.flops), (w.runs.len(), &w.shape, w.flops));
+            for (a, b) in s.runs.iter().zip(&w.runs) {
+                assert_eq!(a.vector(opscope::sketch::tensor::HIST), b.vector(opscope::sketch::tensor::HIST));
+                assert_eq!(a.scalar(opscope::sketch::tensor::MAX), b.scalar(opscope::sketch::tensor::MAX));
+            }
+        }
+    }
 }

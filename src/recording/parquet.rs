@@ -177,11 +177,11 @@ impl Drop for ParquetSink {
     }
 }
 
-/// A text column: per row, its string (dictionary-encoded or plain).
+/// A text column: per row, its string (our dictionary encoding, or any other string type cast
+/// to plain UTF-8).
 enum Text {
     Dict(Vec<i32>, arrow_array::StringArray),
     Plain(arrow_array::StringArray),
-    Large(arrow_array::LargeStringArray),
 }
 
 impl Text {
@@ -189,18 +189,23 @@ impl Text {
         match self {
             Text::Dict(k, v) => v.value(k[i] as usize),
             Text::Plain(v) => v.value(i),
-            Text::Large(v) => v.value(i),
         }
     }
 }
 
 /// Stream the rows of a Parquet recording to `f`.
 ///
-/// Errors: the file cannot be opened or is not Parquet, a recording column is missing or of
-/// another type.
+/// Files written back by pandas or polars are read too: any string type (dictionary with any
+/// key type, large or view strings) is cast to UTF-8, any integer or float type to the column's
+/// type (`arrow_cast::cast` in its safe mode: a value that does not fit is an error, not a wrap),
+/// and Snappy and Zstd compression are decoded (pandas and polars defaults).
+///
+/// Errors: the file cannot be opened or is not Parquet, a recording column is missing, holds
+/// another kind of value, or holds a null or unrepresentable value where the format has none.
 pub(super) fn read(path: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Error> {
     use arrow_array::cast::AsArray;
-    use arrow_array::{Array, Float32Array, UInt32Array, UInt64Array};
+    use arrow_array::types::{Float32Type, UInt32Type, UInt64Type};
+    use arrow_array::Array;
     let bad = |reason: String| RecordingError { path: path.to_path_buf(), line: None, reason };
     let file = File::open(path).map_err(|e| Error::Io { path: path.to_path_buf(), error: e })?;
     let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
@@ -209,34 +214,49 @@ pub(super) fn read(path: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Err
     for batch in reader {
         let batch = batch.map_err(|e| bad(format!("reading: {e}")))?;
         let column = |name: &str| batch.column_by_name(name).ok_or_else(|| bad(format!("no '{name}' column: not an opscope recording")));
+        // `c` cast to `to`; nulls only where `nullable` (a failed safe cast is a null too).
+        let cast = |name: &str, to: DataType, nullable: bool| -> Result<ArrayRef, RecordingError> {
+            let c = column(name)?;
+            let numeric = |t: &DataType| t.is_integer() || t.is_floating();
+            let text = |t: &DataType| matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
+            let ok = match (c.data_type(), &to) {
+                (DataType::Dictionary(_, v), DataType::Utf8) => text(v),
+                (t, DataType::Utf8) => text(t),
+                (t, _) => numeric(t),
+            };
+            if !ok {
+                return Err(bad(format!("column '{name}' holds {}, not the recording's {to}", c.data_type())));
+            }
+            let nulls_before = c.null_count();
+            let out = if *c.data_type() == to { c.clone() } else { arrow_cast::cast(c, &to).map_err(|e| bad(format!("column '{name}': {e}")))? };
+            if !nullable && out.null_count() > 0 || out.null_count() > nulls_before {
+                return Err(bad(format!(
+                    "column '{name}' has {} empty or out-of-range value(s) for {to}: was the file edited? Write integers and text back unchanged",
+                    out.null_count()
+                )));
+            }
+            Ok(out)
+        };
         let text = |name: &str| -> Result<Text, RecordingError> {
             let c = column(name)?;
-            match c.data_type() {
-                DataType::Dictionary(_, v) if **v == DataType::Utf8 => {
-                    let d = c.as_dictionary_opt::<Int32Type>().ok_or_else(|| bad(format!("column '{name}': dictionary keys are not int32")))?;
-                    Ok(Text::Dict(d.keys().values().to_vec(), d.values().as_string::<i32>().clone()))
+            if let DataType::Dictionary(k, v) = c.data_type() {
+                if **k == DataType::Int32 && **v == DataType::Utf8 && c.null_count() == 0 {
+                    let d = c.as_dictionary::<Int32Type>();
+                    return Ok(Text::Dict(d.keys().values().to_vec(), d.values().as_string::<i32>().clone()));
                 }
-                DataType::Utf8 => Ok(Text::Plain(c.as_string::<i32>().clone())),
-                DataType::LargeUtf8 => Ok(Text::Large(c.as_string::<i64>().clone())),
-                t => Err(bad(format!("column '{name}' holds {t}, not text"))),
             }
+            Ok(Text::Plain(cast(name, DataType::Utf8, false)?.as_string::<i32>().clone()))
         };
-        fn typed<'a, T: 'static>(c: &'a ArrayRef, name: &str, path: &Path) -> Result<&'a T, RecordingError> {
-            c.as_any().downcast_ref::<T>().ok_or_else(|| RecordingError {
-                path: path.to_path_buf(),
-                line: None,
-                reason: format!("column '{name}' holds {}, not the recording's type", c.data_type()),
-            })
-        }
         let (site, role, op, shape, stat) = (text("site")?, text("role")?, text("op")?, text("shape")?, text("stat")?);
-        let (pass_c, compile_c, step_c, idx_c, value_c, flops_c) =
-            (column("pass_idx")?, column("compile")?, column("step")?, column("idx")?, column("value")?, column("flops")?);
-        let pass = typed::<UInt32Array>(pass_c, "pass_idx", path)?;
-        let compile = typed::<UInt32Array>(compile_c, "compile", path)?;
-        let step = typed::<UInt64Array>(step_c, "step", path)?;
-        let idx = typed::<UInt64Array>(idx_c, "idx", path)?;
-        let value = typed::<Float32Array>(value_c, "value", path)?;
-        let flops = typed::<UInt64Array>(flops_c, "flops", path)?;
+        let pass = cast("pass_idx", DataType::UInt32, false)?;
+        let compile = cast("compile", DataType::UInt32, false)?;
+        let step = cast("step", DataType::UInt64, false)?;
+        let idx = cast("idx", DataType::UInt64, false)?;
+        let value = cast("value", DataType::Float32, false)?;
+        let flops = cast("flops", DataType::UInt64, true)?;
+        let (pass, compile) = (pass.as_primitive::<UInt32Type>(), compile.as_primitive::<UInt32Type>());
+        let (step, idx, flops) = (step.as_primitive::<UInt64Type>(), idx.as_primitive::<UInt64Type>(), flops.as_primitive::<UInt64Type>());
+        let value = value.as_primitive::<Float32Type>();
         for i in 0..batch.num_rows() {
             f(RowRef {
                 site: site.get(i),

@@ -107,8 +107,9 @@ fn a_tap_defined_outside_opscope_records_through_the_environment() {
             let lhs0 = (0..width).map(|c| x(step, r, c).abs()).fold(0.0, f64::max);
             let h = |n: usize| (0..width).map(|k| x(step, r, k) * w(k, n)).sum::<f64>().max(0.0);
             let lhs1 = (0..width).map(h).fold(0.0, f64::max);
-            want.push((step as u64, "matmul.0", r as u64, lhs0));
-            want.push((step as u64, "matmul.1", r as u64, lhs1));
+            // The unnamed matmuls are named after their weights `fc1.weight`, `fc2.weight`.
+            want.push((step as u64, "fc1", r as u64, lhs0));
+            want.push((step as u64, "fc2", r as u64, lhs1));
         }
     }
     let mut reader = csv::Reader::from_path(&rec).unwrap();

@@ -1,5 +1,6 @@
 //! Site naming: a node's own name, else the name of the source node that consumed the same
-//! weight (fusion drops node names, weights survive), else `{family}.{k}`.
+//! weight (fusion drops node names, weights survive), else for a matmul the name of its dotted
+//! weight (`fc1.weight` names the site `fc1`), else `{family}.{k}`.
 
 use std::collections::HashMap;
 
@@ -91,12 +92,35 @@ fn base_names(g: &Graph) -> Vec<String> {
             let k = per.entry(fam.clone()).or_default();
             let name = match &n.name {
                 Some(name) if !name.is_empty() => name.trim_start_matches('/').to_string(),
-                _ => format!("{fam}.{k}"),
+                _ => param_site_name(g, &fam, &n.inputs).unwrap_or_else(|| format!("{fam}.{k}")),
             };
             *k += 1;
             name
         })
         .collect()
+}
+
+/// The site name a matmul without a node name takes from its weight: a dotted parameter name
+/// (a PyTorch state-dict key such as `fc1.weight`, or a GGUF tensor name such as
+/// `blk.0.attn_q.weight`) whose last component is `weight`, `bias` or `kernel`, without it:
+/// `fc1`, `blk.0.attn_q`. `None` for other families, other names (`w` says nothing; `head.proj`
+/// is the parameter node's own name), or parameters that disagree (`fc1.weight`, `fc2.bias`).
+fn param_site_name(g: &Graph, fam: &str, inputs: &[NodeId]) -> Option<String> {
+    if fam != "matmul" {
+        return None;
+    }
+    let mut names: Vec<String> = param_inputs(g, inputs)
+        .into_iter()
+        .filter_map(|p| match p.rsplit_once('.') {
+            Some((stem, "weight" | "bias" | "kernel")) if !stem.is_empty() => Some(stem.to_string()),
+            _ => None,
+        })
+        .collect();
+    names.dedup();
+    match names.as_slice() {
+        [one] => Some(one.clone()),
+        _ => None,
+    }
 }
 
 /// Names of the parameters among `inputs`, looking through reshapes, transposes and concats
@@ -133,3 +157,28 @@ pub fn op_name(op: &Op) -> String {
     s[..end].to_string()
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rlx_ir::{DType, Shape};
+
+    #[test]
+    fn unnamed_matmuls_take_their_dotted_weight_names() {
+        let s = |d: &[usize]| Shape::new(d, DType::F32);
+        let mut g = Graph::new("t");
+        let x = g.input("x", s(&[2, 4]));
+        let mut ids = Vec::new();
+        for w in ["fc1.weight", "blk.0.attn_q.weight", "w", "head.proj"] {
+            let p = g.param(w, s(&[4, 4]));
+            ids.push(g.matmul(x, p, s(&[2, 4])));
+        }
+        let named = g.matmul(x, ids[0], s(&[2, 4]));
+        g.node_mut(named).name = Some("/own/MatMul".into());
+        g.set_outputs(vec![named]);
+        let (names, _) = site_names(&g, None);
+        let got: Vec<&str> = ids.iter().chain([&named]).map(|i| names[&i.0].as_str()).collect();
+        // `w` says nothing and `head.proj` names its parameter node: the family name and ordinal.
+        assert_eq!(got, ["fc1", "blk.0.attn_q", "matmul.2", "matmul.3", "own/MatMul"]);
+    }
+}

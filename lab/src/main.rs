@@ -33,6 +33,11 @@ enum Cmd {
     Mine(MineArgs),
     /// Mine a recording and write a self-contained HTML report with plots.
     Report(ReportArgs),
+    /// Compare two recordings site by site (fp32 vs fake-quantized, two sequence lengths,
+    /// before vs after a fine-tune): per statistic the median over runs, its relative change and
+    /// the Kolmogorov-Smirnov D of the per-run values; the value histograms' Jensen-Shannon
+    /// divergence (the ranking score) and Wasserstein distance; per-channel max|x| changes.
+    Diff(DiffArgs),
     /// Measure an ONNX encoder over text: attention concentration and sinks (attn), W8A8
     /// per-token vs per-channel (fakequant) and block influence vs layer skip (residual, skip).
     Measure(MeasureArgs),
@@ -200,6 +205,38 @@ fn report(a: ReportArgs) -> Result<()> {
     let html = opscope_lab::report::render(&title, &series, &verdicts, &notes)?;
     opscope::recording::write_atomic(&a.out, html.as_bytes())?;
     emit(&format!("wrote {} ({} verdicts, {} site/roles)\n", a.out.display(), verdicts.len(), series.len()))
+}
+
+#[derive(clap::Args)]
+struct DiffArgs {
+    /// Recording A, the baseline (`.parquet`, `.csv` or `.csv.gz`).
+    a: PathBuf,
+    /// Recording B, compared with A.
+    b: PathBuf,
+    /// Print JSON (every series, every measure, the notes) instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Rows of the table, the series that moved most first (0: all); the first 3 are also shown
+    /// statistic by statistic. JSON always holds every series.
+    #[arg(long, default_value_t = 20)]
+    top: usize,
+}
+
+fn diff(a: DiffArgs) -> Result<()> {
+    let load = |p: &PathBuf, side: &str| opscope::mine::load(p).with_context(|| format!("reading recording {side} ({})", p.display()));
+    let (sa, sb) = (load(&a.a, "A")?, load(&a.b, "B")?);
+    let d = opscope_lab::diff::diff(&sa, &sb).with_context(|| format!("comparing {} with {}", a.a.display(), a.b.display()))?;
+    if a.json {
+        #[derive(serde::Serialize)]
+        struct Doc<'a> {
+            a: &'a std::path::Path,
+            b: &'a std::path::Path,
+            diff: &'a opscope_lab::diff::Diff,
+        }
+        let doc = Doc { a: &a.a, b: &a.b, diff: &d };
+        return emit(&(serde_json::to_string_pretty(&doc).context("JSON")? + "\n"));
+    }
+    emit(&d.text(&a.a.display().to_string(), &a.b.display().to_string(), a.top, 3))
 }
 
 #[derive(clap::Args)]
@@ -457,6 +494,7 @@ fn main() -> ExitCode {
         Cmd::Sweep(a) => sweep(a),
         Cmd::Mine(a) => mine(a),
         Cmd::Report(a) => report(a),
+        Cmd::Diff(a) => diff(a),
         Cmd::Measure(a) => measure(a),
         Cmd::Sites(a) => sites(a),
     };

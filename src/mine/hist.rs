@@ -114,6 +114,57 @@ pub fn merged_histogram(s: &Series, bins: Option<usize>) -> Option<MergedHistogr
     })
 }
 
+/// The value histograms of several series, each merged over its runs, all on one common range:
+/// `[min lo, max hi]` over every run of every series, with `bins` bins (default: the most bins
+/// any run has), so that they can be compared bin by bin (`opscope diff`). Each run is re-binned
+/// once, directly onto the common range, by the overlap rule of [`merged_histogram`]; when
+/// every run of every series already has that range and bin count the counts are exact sums and
+/// each result's [`MergedHistogram::exact`] is true. `None` when any series has no histogram.
+pub fn merged_histograms(series: &[&Series], bins: Option<usize>) -> Option<Vec<MergedHistogram>> {
+    type RunHist<'a> = (f64, f64, &'a [f32], f64);
+    let per: Vec<Vec<RunHist<'_>>> = series
+        .iter()
+        .map(|s| {
+            s.runs
+                .iter()
+                .filter_map(|r| run_hist(r).map(|(lo, hi, h)| (lo, hi, h, r.scalar(tensor::HIST_OUTSIDE).unwrap_or(0.0))))
+                .collect()
+        })
+        .collect();
+    if per.iter().any(|runs| runs.is_empty()) {
+        return None;
+    }
+    let all = || per.iter().flatten();
+    let n = bins.unwrap_or_else(|| all().map(|r| r.2.len()).max().unwrap_or(1)).max(1);
+    let lo = all().map(|r| r.0).fold(f64::INFINITY, f64::min);
+    let hi = all().map(|r| r.1).fold(f64::NEG_INFINITY, f64::max);
+    let exact = all().all(|r| r.0 == lo && r.1 == hi && r.2.len() == n);
+    Some(
+        per.iter()
+            .map(|runs| {
+                let mut counts = vec![0.0; n];
+                for &(rlo, rhi, h, _) in runs {
+                    if exact {
+                        for (o, &c) in counts.iter_mut().zip(h) {
+                            *o += c as f64;
+                        }
+                    } else {
+                        rebin(h, rlo, rhi, lo, hi, &mut counts);
+                    }
+                }
+                MergedHistogram {
+                    lo,
+                    hi,
+                    counts,
+                    outside: runs.iter().map(|r| r.3).sum(),
+                    runs: runs.len(),
+                    exact,
+                }
+            })
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,7 +21,7 @@ use std::fmt;
 
 use serde::{Serialize, Serializer};
 
-pub use hist::{merged_histogram, MergedHistogram};
+pub use hist::{merged_histogram, merged_histograms, MergedHistogram};
 pub use series::{load, no_data, series_from_rows, weighted_vector, Series, SeriesKey, StepStats};
 pub use tensor::{kinds, payoff_fraction, sqnr8_per_token};
 

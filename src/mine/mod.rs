@@ -21,9 +21,9 @@ use std::fmt;
 
 use serde::{Serialize, Serializer};
 
-pub use hist::{merged_histogram, MergedHistogram};
+pub use hist::{histograms_by_run, merged_histogram, MergedHistogram, RunHistograms};
 pub use series::{load, no_data, series_from_rows, weighted_vector, Series, SeriesKey, StepStats};
-pub use tensor::{kinds, payoff_fraction};
+pub use tensor::{kinds, outlier_channels, payoff_fraction, OUTLIER_CHANNEL_RATIO};
 
 /// Runs needed before across-run verdicts (stationary, drifting, exact repeat) are made.
 pub const MIN_STEPS: usize = 4;

@@ -240,6 +240,17 @@ fn report_numbers_are_those_of_all_runs() {
             assert!(close(num(&s["rms"]), r.rms().unwrap(), 1e-9), "{what}: rms {} vs {:?}", s["rms"], r.rms());
             assert!(close(num(&s["kurtosis"]), r.kurtosis().unwrap(), 1e-12), "{what}: kurtosis");
             assert_eq!(s["nonfinite"].as_f64(), r.nonfinite(), "{what}: NaN/Inf");
+            // Runs that recorded the same statistics (weights, once per compile) get no per-run
+            // plots; every activation here varies.
+            let runs: Vec<&RunRef> = r.runs.values().collect();
+            let identical = runs.len() >= 2
+                && runs.windows(2).all(|w| {
+                    ["min", "max", "sumsq", "count"].iter().all(|k| w[0].scalars.get(*k) == w[1].scalars.get(*k))
+                        && ["hist", "chan_maxabs"].iter().all(|k| w[0].vectors.get(*k) == w[1].vectors.get(*k))
+                });
+            assert_eq!(s["runs_identical"], identical, "{what}");
+            assert_eq!(identical, key.1 == "rhs" && !key.0.contains("attention/self/MatMul"), "{what}: weights only");
+            assert_eq!(figure(&rec.html, "trend", s["anchor"].as_str().unwrap()).is_none(), identical, "{what}");
             // The last run alone would give other numbers (so this test can tell).
             let last = r.runs.values().last().unwrap();
             if r.runs.len() > 1 && SeriesRef::absmax_of(last) != r.absmax() {

@@ -126,6 +126,9 @@ pub struct SeriesData {
     pub pos_sumsq_mean: Option<Pooled>,
     /// Probe vectors ([`PROBE_VECTORS`]) averaged over the recording, by statistic name.
     pub probes: BTreeMap<String, Vec<f64>>,
+    /// True when there are several runs and each recorded the same absmax, rms, histogram and
+    /// per-channel max|x| (a weight, recorded once per compile): the per-run views are left out.
+    pub runs_identical: bool,
     /// Per run: max |x| (null where not recorded).
     pub run_absmax: Vec<f64>,
     /// Per run: rms (null where not recorded).
@@ -213,6 +216,14 @@ pub fn summarize(key: &SeriesKey, s: &Series, rank: usize, short: &str) -> Serie
         let v = weighted_vector(s, stat, |r| if weighted { queries.and_then(|q| r.scalar(q)).unwrap_or(0.0) } else { 1.0 });
         probes.insert(name.to_string(), v);
     }
+    let run_absmax: Vec<f64> = s.runs.iter().map(|r| run_absmax(r).unwrap_or(f64::NAN)).collect();
+    let run_rms: Vec<f64> = s.runs.iter().map(|r| run_rms(r).unwrap_or(f64::NAN)).collect();
+    let same = |v: &[f64]| v.windows(2).all(|w| w[0] == w[1] || (w[0].is_nan() && w[1].is_nan()));
+    let runs_identical = s.runs.len() >= 2
+        && same(&run_absmax)
+        && same(&run_rms)
+        && hist.as_ref().is_none_or(|h| h.by_run.windows(2).all(|w| w[0].1 == w[1].1))
+        && s.runs.windows(2).all(|w| w[0].vector(tensor::CHAN_MAXABS) == w[1].vector(tensor::CHAN_MAXABS));
     SeriesData {
         anchor: format!("s{rank}-{}-{}", slug(short), slug(role)),
         site: site.clone(),
@@ -237,7 +248,8 @@ pub fn summarize(key: &SeriesKey, s: &Series, rank: usize, short: &str) -> Serie
             Pooled::new(&v)
         }),
         probes,
-        run_absmax: s.runs.iter().map(|r| run_absmax(r).unwrap_or(f64::NAN)).collect(),
-        run_rms: s.runs.iter().map(|r| run_rms(r).unwrap_or(f64::NAN)).collect(),
+        runs_identical,
+        run_absmax,
+        run_rms,
     }
 }

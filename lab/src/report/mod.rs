@@ -114,7 +114,7 @@ fn plots(d: &SeriesData) -> Result<Vec<Markup>, Error> {
             };
             out.push(figure("hist", a, svg, caption));
         }
-        if h.by_run.len() >= 2 {
+        if h.by_run.len() >= 2 && !d.runs_identical {
             let runs = d.runs;
             let group = runs.div_ceil(MAX_COLUMNS).max(1);
             let mut columns: Vec<(usize, usize, Vec<f64>)> = Vec::new();
@@ -178,7 +178,7 @@ fn plots(d: &SeriesData) -> Result<Vec<Markup>, Error> {
             out.push(figure(&format!("probe:{name}"), a, svg, text));
         }
     }
-    if d.runs >= 2 {
+    if d.runs >= 2 && !d.runs_identical {
         // Each divided by its mean over runs: absmax and rms differ by orders of magnitude, and
         // a scale that drifts (the scale_drift rule's 1.5x) shows as a slope away from 1.
         let relative = |v: &[f64]| -> Vec<(f64, f64)> {
@@ -262,6 +262,7 @@ pub fn render(input: &Input<'_>) -> Result<String, Error> {
                 h3 { (label(k)) " · " (k.1) }
                 p.meta {
                     span.full { (k.0) } " · " (s.op) " " (s.shape) " · " (s.runs.len()) " run(s)"
+                    @if d.runs_identical { " (identical: no per-run plots)" }
                     @if let Some(f) = s.flops { " · " (evidence_value(f as f64)) " FLOPs per run" }
                     " · " a href="#sites" { "back to the table" }
                 }

@@ -296,6 +296,7 @@ fn report_numbers_are_those_of_all_runs() {
         } else {
             // Attention probe: per head, the mean over every non-padding query of all runs.
             probes += 1;
+            assert_eq!(s["runs_identical"], false, "{what}: a probe has no per-run tensor statistics to compare");
             let q = |x: &RunRef| x.scalars["queries"];
             for stat in ["peak", "entropy_norm", "topk_mass", "sink_first", "sink_last", "recv_max"] {
                 let h = r.len(stat);

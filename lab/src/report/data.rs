@@ -126,8 +126,9 @@ pub struct SeriesData {
     pub pos_sumsq_mean: Option<Pooled>,
     /// Probe vectors ([`PROBE_VECTORS`]) averaged over the recording, by statistic name.
     pub probes: BTreeMap<String, Vec<f64>>,
-    /// True when there are several runs and each recorded the same absmax, rms, histogram and
-    /// per-channel max|x| (a weight, recorded once per compile): the per-run views are left out.
+    /// True for a tensor series (it records `count`) with several runs that each recorded the same
+    /// absmax, rms, histogram and per-channel max|x| (a weight, recorded once per compile): the
+    /// per-run views are left out.
     pub runs_identical: bool,
     /// Per run: max |x| (null where not recorded).
     pub run_absmax: Vec<f64>,
@@ -220,6 +221,7 @@ pub fn summarize(key: &SeriesKey, s: &Series, rank: usize, short: &str) -> Serie
     let run_rms: Vec<f64> = s.runs.iter().map(|r| run_rms(r).unwrap_or(f64::NAN)).collect();
     let same = |v: &[f64]| v.windows(2).all(|w| w[0] == w[1] || (w[0].is_nan() && w[1].is_nan()));
     let runs_identical = s.runs.len() >= 2
+        && s.runs.iter().any(|r| r.has(tensor::COUNT))
         && same(&run_absmax)
         && same(&run_rms)
         && hist.as_ref().is_none_or(|h| h.by_run.windows(2).all(|w| w[0].1 == w[1].1))

@@ -29,9 +29,10 @@ enum Cmd {
     /// Record synthetic tensors with planted structures (ground truth for the miner) through
     /// real tapped RLX matmul graphs; writes the recording and `<out>.truth.json`.
     Sweep(SweepArgs),
-    /// Mine a recording (CSV or .csv.gz): the verdicts its sketches support, by payoff.
+    /// Mine a recording (CSV, .csv.gz or Parquet): the verdicts its sketches support, by payoff.
     Mine(MineArgs),
-    /// Mine a recording and write a self-contained HTML report with plots.
+    /// Mine a recording and write a self-contained HTML report summarising every run: site table
+    /// in execution order, verdicts, and plots per site.
     Report(ReportArgs),
     /// Compare two recordings site by site (fp32 vs fake-quantized, two sequence lengths,
     /// before vs after a fine-tune): per statistic the median over runs, its relative change and
@@ -184,7 +185,7 @@ fn measure(a: MeasureArgs) -> Result<()> {
 
 #[derive(clap::Args)]
 struct ReportArgs {
-    /// Recording (`.csv`, `.csv.gz` or `.parquet`).
+    /// Recording (.csv, .csv.gz or .parquet; its .manifest.json sidecar names graphs and pipeline).
     recording: PathBuf,
     /// The HTML file to write.
     #[arg(short, long)]
@@ -201,8 +202,15 @@ fn report(a: ReportArgs) -> Result<()> {
     let verdicts = opscope::mine::mine(&series);
     let mut notes = opscope::mine::no_data(&a.recording, &series)?;
     notes.push(opscope::mine::NOT_OBSERVABLE.to_string());
+    let manifests = opscope::recording::read_sidecar(&a.recording)?.map(|s| s.graphs).unwrap_or_default();
     let title = format!("opscope report: {}", a.recording.display());
-    let html = opscope_lab::report::render(&title, &series, &verdicts, &notes)?;
+    let html = opscope_lab::report::render(&opscope_lab::report::Input {
+        title: &title,
+        manifests: &manifests,
+        series: &series,
+        verdicts: &verdicts,
+        notes: &notes,
+    })?;
     opscope::recording::write_atomic(&a.out, html.as_bytes())?;
     emit(&format!("wrote {} ({} verdicts, {} site/roles)\n", a.out.display(), verdicts.len(), series.len()))
 }

@@ -84,33 +84,61 @@ fn rebin(counts: &[f32], lo: f64, hi: f64, out_lo: f64, out_hi: f64, out: &mut [
 /// The value histogram of `s` merged over its runs, with `bins` bins (default: the most bins
 /// any run has). `None` when no run carries a histogram (record with `stats=[..,hist]`).
 pub fn merged_histogram(s: &Series, bins: Option<usize>) -> Option<MergedHistogram> {
-    let runs: Vec<(f64, f64, &[f32], f64)> = s
+    histograms_by_run(s, bins).map(|h| h.merged)
+}
+
+/// Each run's value histogram on the common range of [`merged_histogram`], and their sum.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunHistograms {
+    /// The merged histogram (the sum of [`RunHistograms::runs`]).
+    pub merged: MergedHistogram,
+    /// Per run that carried a histogram: its index in [`Series::runs`] and its counts on the
+    /// merged range and bins (re-binned as the merged histogram is when not
+    /// [`MergedHistogram::exact`]).
+    pub runs: Vec<(usize, Vec<f64>)>,
+}
+
+/// Every run's value histogram on one common range (what a histogram-over-runs view draws),
+/// with `bins` bins (default: the most bins any run has); their sum is [`merged_histogram`].
+/// `None` when no run carries a histogram.
+pub fn histograms_by_run(s: &Series, bins: Option<usize>) -> Option<RunHistograms> {
+    let runs: Vec<(usize, f64, f64, &[f32], f64)> = s
         .runs
         .iter()
-        .filter_map(|r| run_hist(r).map(|(lo, hi, h)| (lo, hi, h, r.scalar(tensor::HIST_OUTSIDE).unwrap_or(0.0))))
+        .enumerate()
+        .filter_map(|(i, r)| run_hist(r).map(|(lo, hi, h)| (i, lo, hi, h, r.scalar(tensor::HIST_OUTSIDE).unwrap_or(0.0))))
         .collect();
     let first = runs.first()?;
-    let n = bins.unwrap_or_else(|| runs.iter().map(|r| r.2.len()).max().unwrap_or(1)).max(1);
-    let exact = runs.iter().all(|r| r.0 == first.0 && r.1 == first.1 && r.2.len() == n);
-    let lo = runs.iter().map(|r| r.0).fold(f64::INFINITY, f64::min);
-    let hi = runs.iter().map(|r| r.1).fold(f64::NEG_INFINITY, f64::max);
+    let n = bins.unwrap_or_else(|| runs.iter().map(|r| r.3.len()).max().unwrap_or(1)).max(1);
+    let exact = runs.iter().all(|r| r.1 == first.1 && r.2 == first.2 && r.3.len() == n);
+    let lo = runs.iter().map(|r| r.1).fold(f64::INFINITY, f64::min);
+    let hi = runs.iter().map(|r| r.2).fold(f64::NEG_INFINITY, f64::max);
     let mut counts = vec![0.0; n];
-    for &(rlo, rhi, h, _) in &runs {
+    let mut per_run = Vec::with_capacity(runs.len());
+    for &(i, rlo, rhi, h, _) in &runs {
+        let mut c = vec![0.0; n];
         if exact {
-            for (o, &c) in counts.iter_mut().zip(h) {
-                *o += c as f64;
+            for (o, &x) in c.iter_mut().zip(h) {
+                *o += x as f64;
             }
         } else {
-            rebin(h, rlo, rhi, lo, hi, &mut counts);
+            rebin(h, rlo, rhi, lo, hi, &mut c);
         }
+        for (o, x) in counts.iter_mut().zip(&c) {
+            *o += x;
+        }
+        per_run.push((i, c));
     }
-    Some(MergedHistogram {
-        lo,
-        hi,
-        counts,
-        outside: runs.iter().map(|r| r.3).sum(),
-        runs: runs.len(),
-        exact,
+    Some(RunHistograms {
+        merged: MergedHistogram {
+            lo,
+            hi,
+            counts,
+            outside: runs.iter().map(|r| r.4).sum(),
+            runs: runs.len(),
+            exact,
+        },
+        runs: per_run,
     })
 }
 
@@ -188,5 +216,53 @@ mod tests {
         let mut out = vec![0.0; 2];
         rebin(&[5.0], 0.25, 0.25, 0.0, 1.0, &mut out);
         assert_eq!(out, vec![5.0, 0.0]);
+    }
+
+    /// Rows of one run's histogram: `hist` over `[lo, hi]`.
+    fn hist_rows(step: u64, lo: f32, hi: f32, counts: &[f32]) -> Vec<crate::recording::Row> {
+        use std::sync::Arc;
+        let row = |stat: &str, idx: u64, value: f32| crate::recording::Row {
+            run_id: Arc::from("r"),
+            compile: 1,
+            step,
+            graph: Arc::from("g"),
+            pass: Arc::from("matmul"),
+            pass_idx: 0,
+            site: Arc::from("s"),
+            op: Arc::from("matmul"),
+            role: Arc::from("out"),
+            stat: Arc::from(stat),
+            idx,
+            value,
+            numel: None,
+            shape: Arc::from("[4]"),
+            flops: None,
+        };
+        let mut v = vec![row("count", 0, counts.iter().sum()), row("hist_lo", 0, lo), row("hist_hi", 0, hi)];
+        v.extend(counts.iter().enumerate().map(|(i, &c)| row("hist", i as u64, c)));
+        v
+    }
+
+    #[test]
+    fn runs_on_the_common_range_sum_to_the_merged_histogram() {
+        // Run 0 over [0, 1], run 1 over [-1, 1]: both onto [-1, 1] with 2 bins. Run 0's bins
+        // [0, .5) and [.5, 1] both fall in [0, 1]; run 1 keeps its bins.
+        let mut rows = hist_rows(0, 0.0, 1.0, &[3.0, 1.0]);
+        rows.extend(hist_rows(1, -1.0, 1.0, &[2.0, 5.0]));
+        let series = crate::mine::series_from_rows(&rows);
+        let s = series.values().next().unwrap();
+        let h = histograms_by_run(s, None).unwrap();
+        assert!(!h.merged.exact);
+        assert_eq!((h.merged.lo, h.merged.hi), (-1.0, 1.0));
+        assert_eq!(h.runs, vec![(0, vec![0.0, 4.0]), (1, vec![2.0, 5.0])]);
+        assert_eq!(h.merged.counts, vec![2.0, 9.0]);
+        assert_eq!(merged_histogram(s, None).unwrap(), h.merged);
+        // The same range in every run: exact sums.
+        let mut rows = hist_rows(0, -1.0, 1.0, &[3.0, 1.0]);
+        rows.extend(hist_rows(1, -1.0, 1.0, &[2.0, 5.0]));
+        let series = crate::mine::series_from_rows(&rows);
+        let h = histograms_by_run(series.values().next().unwrap(), None).unwrap();
+        assert!(h.merged.exact);
+        assert_eq!(h.merged.counts, vec![5.0, 6.0]);
     }
 }

@@ -21,9 +21,9 @@ use std::fmt;
 
 use serde::{Serialize, Serializer};
 
-pub use hist::{merged_histogram, merged_histograms, MergedHistogram};
+pub use hist::{histograms_by_run, merged_histogram, merged_histograms, MergedHistogram, RunHistograms};
 pub use series::{load, no_data, series_from_rows, weighted_vector, Series, SeriesKey, StepStats};
-pub use tensor::{kinds, payoff_fraction, sqnr8_per_token};
+pub use tensor::{kinds, outlier_channels, payoff_fraction, sqnr8_per_token, OUTLIER_CHANNEL_RATIO};
 
 /// Runs needed before across-run verdicts (stationary, drifting, exact repeat) are made.
 pub const MIN_STEPS: usize = 4;

@@ -79,6 +79,10 @@ pub struct Series {
     pub flops: Option<u64>,
     /// Executions in (compile, step) order.
     pub runs: Vec<StepStats>,
+    /// Execution order: the rank of this series' first row among the series of the recording
+    /// (0 = the first to appear). A recording lists each run's sketches in graph order, so this
+    /// is the order in which the sites executed (later compiles' new sites come after).
+    pub order: usize,
 }
 
 /// Key of a series: site, role, pass index.
@@ -125,6 +129,7 @@ impl Builder {
                         shape: c.shape.to_string(),
                         flops: c.flops,
                         runs: Vec::new(),
+                        order: self.series.len(),
                     },
                     Default::default(),
                 ));

@@ -59,6 +59,29 @@ pub fn payoff_fraction(kind: Kind, density: f64) -> f64 {
     }
 }
 
+/// A channel is an outlier channel when its max|x| exceeds this many times the median
+/// channel's max|x|. Outlier features in the sense of Dettmers et al., LLM.int8() (2022) and
+/// Xiao et al., SmoothQuant (2023): a few channels with a much larger range than the rest. The
+/// ratio 8 is opscope's line: the maxima of Gaussian channels (a half-normal spread) reach about
+/// 5x the median channel, so 8x is clear of that null. (LLM.int8()'s own threshold, |x| >= 6,
+/// is an absolute magnitude for its models' hidden states, not a ratio.)
+pub const OUTLIER_CHANNEL_RATIO: f64 = 8.0;
+
+/// The outlier channels of per-channel max|x| values `chan_maxabs` (`C` values, the
+/// `chan_maxabs` statistic): indices, ascending, of the finite values above
+/// [`OUTLIER_CHANNEL_RATIO`] times the median finite value (the upper median for an even count).
+/// Empty when no value is finite. The `channel_outliers` rule reads the fraction of channels this
+/// returns per run.
+pub fn outlier_channels(chan_maxabs: &[f32]) -> Vec<usize> {
+    let mut sorted: Vec<f64> = chan_maxabs.iter().filter(|x| x.is_finite()).map(|&x| x as f64).collect();
+    if sorted.is_empty() {
+        return Vec::new();
+    }
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    let line = OUTLIER_CHANNEL_RATIO * sorted[sorted.len() / 2];
+    chan_maxabs.iter().enumerate().filter(|(_, &x)| x.is_finite() && x as f64 > line).map(|(i, _)| i).collect()
+}
+
 fn db(x: f64) -> f64 {
     10.0 * x.log10()
 }
@@ -115,8 +138,7 @@ fn metrics(run: &StepStats, shape: &[usize]) -> Metrics {
     if let Some(ch) = run.vector(tensor::CHAN_MAXABS).filter(|c| !c.is_empty()) {
         let mut sorted: Vec<f64> = ch.iter().map(|&x| x as f64).collect();
         sorted.sort_by(|a, b| a.total_cmp(b));
-        let med = sorted[sorted.len() / 2];
-        m.elevated = Some(sorted.iter().filter(|&&x| x > 8.0 * med).count() as f64 / sorted.len() as f64);
+        m.elevated = Some(outlier_channels(ch).len() as f64 / sorted.len() as f64);
         let noise: f64 = sorted.iter().map(|c| (c / 127.0).powi(2) / 12.0).sum::<f64>() / sorted.len() as f64;
         if let (Some(p), true) = (p, noise > 0.0) {
             m.sqnr8_channel = Some(db(p / noise));
@@ -447,3 +469,19 @@ fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>)
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outlier_channels_are_above_eight_times_the_median_channel() {
+        // Median 1 (upper median of an even count too): 8.0 is on the line, not above it.
+        assert_eq!(outlier_channels(&[1.0, 1.0, 9.0, 1.0, 8.0, 1.0, 0.5]), vec![2]);
+        assert_eq!(outlier_channels(&[1.0, 2.0, 17.0, 2.0]), vec![2]);
+        // Non-finite values are neither counted in the median nor flagged.
+        assert_eq!(outlier_channels(&[f32::NAN, 1.0, 1.0, 100.0]), vec![3]);
+        assert!(outlier_channels(&[]).is_empty() && outlier_channels(&[f32::NAN]).is_empty());
+    }
+}
+

@@ -1,0 +1,257 @@
+//! What the report shows of one series, summarised over every run of the recording (never the
+//! last run alone). These are the numbers behind the site table and the plots; the report also
+//! embeds them as JSON (`<script type="application/json" id="opscope-data">`) for tools and tests.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use opscope::mine::{histograms_by_run, median, outlier_channels, weighted_vector, Series, SeriesKey, StepStats, OUTLIER_CHANNEL_RATIO};
+use opscope::sketch::{tensor, Stat};
+
+/// Vector probe statistics the report draws, with their plot and caption: `(stat, caption,
+/// x axis, kind)`. Per-head attention statistics are averaged over every non-padding query of
+/// the recording (runs weighted by their `queries`, as the attention rules weight them); the
+/// others are plain means over the runs that recorded them.
+pub const PROBE_VECTORS: [(&str, &str, &str, ProbeKind); 8] = [
+    ("peak", "peak probability (mean over queries of the largest probability)", "head", ProbeKind::Bars),
+    ("entropy_norm", "normalized entropy (entropy / ln allowed keys)", "head", ProbeKind::Bars),
+    ("topk_mass", "top-k mass (mass on the k most probable keys)", "head", ProbeKind::Bars),
+    ("sink_first", "mass on the first key ([CLS]; the StreamingLLM sink position)", "head", ProbeKind::Bars),
+    ("sink_last", "mass on the last non-padding key ([SEP])", "head", ProbeKind::Bars),
+    ("recv_max", "largest mass one key receives (H2O heavy hitter)", "head", ProbeKind::Bars),
+    ("load", "assignments per expert, mean per run", "expert", ProbeKind::Bars),
+    ("cos_row", "cos(x, x + f(x)) per row, mean over runs", "row", ProbeKind::Rows),
+];
+
+/// How a probe vector is drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeKind {
+    /// One bar per head / expert, zero baseline.
+    Bars,
+    /// A line over rows, with gaps where a row was never recorded.
+    Rows,
+}
+
+/// The value histogram merged over runs ([`opscope::mine::merged_histogram`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct HistData {
+    /// Lower edge of the common range.
+    pub lo: f64,
+    /// Upper edge of the common range.
+    pub hi: f64,
+    /// Counts per bin, summed over runs (fractional when re-binned).
+    pub counts: Vec<f64>,
+    /// Finite values outside a fixed range, summed over runs.
+    pub outside: f64,
+    /// Runs that carried a histogram.
+    pub runs: usize,
+    /// True when the runs shared range and bins, so counts are exact sums; false when each run
+    /// was re-binned onto the common range (values assumed uniform within a source bin).
+    pub exact: bool,
+    /// Per run (index into the series' runs) its counts on the common range.
+    #[serde(skip)]
+    pub by_run: Vec<(usize, Vec<f64>)>,
+}
+
+/// A vector statistic as plotted: max-pooled to at most [`crate::report::MAX_POINTS`] points
+/// ([`crate::report::pool`]: point `i` is the largest finite value of elements
+/// `i*step .. (i+1)*step`, NaN (null in JSON) where none is finite). Values are f32, as recorded.
+#[derive(Debug, Clone, Serialize)]
+pub struct Pooled {
+    /// Elements before pooling (`C` channels, `R` rows).
+    pub len: usize,
+    /// Elements per point (1: not pooled).
+    pub step: usize,
+    /// The plotted values.
+    pub values: Vec<f32>,
+}
+
+impl Pooled {
+    fn new(v: &[f64]) -> Pooled {
+        let (points, step) = crate::report::pool(v);
+        Pooled { len: v.len(), step, values: points.iter().map(|p| p.1 as f32).collect() }
+    }
+}
+
+/// Per-channel max|x| over runs, as plotted.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChannelData {
+    /// Per channel, the largest value over runs.
+    pub max: Pooled,
+    /// Per channel, the mean over the runs that recorded it.
+    pub mean: Pooled,
+    /// The outlier line: [`opscope::mine::OUTLIER_CHANNEL_RATIO`] x the median channel of `max`.
+    pub outlier_line: Option<f64>,
+}
+
+/// One series summarised over every run.
+#[derive(Debug, Clone, Serialize)]
+pub struct SeriesData {
+    /// HTML anchor of the series' section (`#s3-layer.0-query-matmul-lhs`).
+    pub anchor: String,
+    /// Site name (full).
+    pub site: String,
+    /// Role.
+    pub role: String,
+    /// Pass index.
+    pub pass_idx: u32,
+    /// Op at the site.
+    pub op: String,
+    /// Tensor shape of the first compile.
+    pub shape: String,
+    /// Runs (executions) the series was recorded in.
+    pub runs: usize,
+    /// max |x| over all runs: max over runs of max(|min|, |max|).
+    pub absmax: Option<f64>,
+    /// sqrt(sum over runs of sumsq / sum over runs of count): the rms of every finite element
+    /// recorded (runs that left `sumsq` out are left out).
+    pub rms: Option<f64>,
+    /// Median over runs of the per-run kurtosis (as the miner summarises it; the pooled kurtosis
+    /// needs third moments, which sketches do not record).
+    pub kurtosis: Option<f64>,
+    /// Outlier channels of the per-channel max|x| over all runs ([`outlier_channels`]: above
+    /// [`opscope::mine::OUTLIER_CHANNEL_RATIO`] x the median channel).
+    pub outlier_channels: Option<Vec<usize>>,
+    /// Channels (`C`).
+    pub channels: Option<usize>,
+    /// NaN + Inf elements over all runs, if any of the three counts was recorded.
+    pub nonfinite: Option<f64>,
+    /// The value histogram merged over runs.
+    pub hist: Option<HistData>,
+    /// Per-channel max|x| over runs.
+    pub chan_maxabs: Option<ChannelData>,
+    /// Per-row energy (sum x² per row, `R` values): mean over the runs that recorded the row,
+    /// NaN (null in JSON) where no run did (padding rows); as plotted.
+    pub pos_sumsq_mean: Option<Pooled>,
+    /// Probe vectors ([`PROBE_VECTORS`]) averaged over the recording, by statistic name.
+    pub probes: BTreeMap<String, Vec<f64>>,
+    /// True for a tensor series (it records `count`) with several runs that each recorded the same
+    /// absmax, rms, histogram and per-channel max|x| (a weight, recorded once per compile): the
+    /// per-run views are left out.
+    pub runs_identical: bool,
+    /// Per run: max |x| (null where not recorded).
+    pub run_absmax: Vec<f64>,
+    /// Per run: rms (null where not recorded).
+    pub run_rms: Vec<f64>,
+}
+
+fn run_absmax(r: &StepStats) -> Option<f64> {
+    Some(r.scalar(tensor::MIN)?.abs().max(r.scalar(tensor::MAX)?.abs()))
+}
+
+fn run_rms(r: &StepStats) -> Option<f64> {
+    let c = r.scalar(tensor::COUNT)?;
+    (c > 0.0).then_some((r.scalar(tensor::SUMSQ)? / c).sqrt())
+}
+
+/// Rows of a shape `[d0,...,dn]`: the product of every dimension but the last (0 if the shape
+/// does not parse).
+fn rows_of(shape: &str) -> usize {
+    let dims: Option<Vec<usize>> = shape.trim_matches(|c| c == '[' || c == ']').split(',').map(|d| d.trim().parse().ok()).collect();
+    match dims {
+        Some(d) if d.len() >= 2 => d[..d.len() - 1].iter().product(),
+        _ => 0,
+    }
+}
+
+/// Lower-case letters, digits, '.', '-' and '_' of `s`; anything else becomes '-'.
+fn slug(s: &str) -> String {
+    s.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c.to_ascii_lowercase() } else { '-' }).collect()
+}
+
+/// Summarise `s` over all its runs. `rank` is its place in execution order, `short` its name
+/// without the common prefix (both only name the anchor).
+pub fn summarize(key: &SeriesKey, s: &Series, rank: usize, short: &str) -> SeriesData {
+    let (site, role, pass_idx) = key;
+    let vectors_of = |stat: Stat| s.runs.iter().filter_map(move |r| r.vector(stat));
+    let absmax = s.runs.iter().filter_map(run_absmax).reduce(f64::max);
+    let (sumsq, count) = s
+        .runs
+        .iter()
+        .filter_map(|r| Some((r.scalar(tensor::SUMSQ)?, r.scalar(tensor::COUNT)?)))
+        .fold((0.0, 0.0), |a, (q, c)| (a.0 + q, a.1 + c));
+    // Per channel over runs: the largest value and the mean; outliers from the largest.
+    let chan_max: Option<Vec<f64>> = {
+        let runs: Vec<&[f32]> = vectors_of(tensor::CHAN_MAXABS).collect();
+        let c = runs.iter().map(|v| v.len()).max().unwrap_or(0);
+        (c > 0).then(|| {
+            (0..c)
+                .map(|i| runs.iter().filter_map(|v| v.get(i)).filter(|x| x.is_finite()).map(|&x| x as f64).fold(f64::NAN, f64::max))
+                .collect()
+        })
+    };
+    let outliers = chan_max.as_ref().map(|m| outlier_channels(&m.iter().map(|&x| x as f32).collect::<Vec<f32>>()));
+    let chan_maxabs = chan_max.as_ref().map(|m| {
+        let mut finite: Vec<f64> = m.iter().copied().filter(|x| x.is_finite()).collect();
+        finite.sort_by(|a, b| a.total_cmp(b));
+        ChannelData {
+            max: Pooled::new(m),
+            mean: Pooled::new(&weighted_vector(s, tensor::CHAN_MAXABS, |_| 1.0)),
+            outlier_line: finite.get(finite.len() / 2).map(|m| m * OUTLIER_CHANNEL_RATIO),
+        }
+    });
+    let nonfinite = s
+        .runs
+        .iter()
+        .flat_map(|r| [tensor::NAN_COUNT, tensor::POSINF_COUNT, tensor::NEGINF_COUNT].map(|k| r.scalar(k)))
+        .flatten()
+        .reduce(|a, b| a + b);
+    let hist = histograms_by_run(s, None).map(|h| HistData {
+        lo: h.merged.lo,
+        hi: h.merged.hi,
+        counts: h.merged.counts,
+        outside: h.merged.outside,
+        runs: h.merged.runs,
+        exact: h.merged.exact,
+        by_run: h.runs,
+    });
+    let queries = Stat::parse("queries");
+    let mut probes = BTreeMap::new();
+    for (name, ..) in PROBE_VECTORS {
+        let Some(stat) = Stat::parse(name) else { continue };
+        if vectors_of(stat).next().is_none() {
+            continue;
+        }
+        let weighted = queries.is_some_and(|q| s.runs.iter().any(|r| r.has(q)));
+        let v = weighted_vector(s, stat, |r| if weighted { queries.and_then(|q| r.scalar(q)).unwrap_or(0.0) } else { 1.0 });
+        probes.insert(name.to_string(), v);
+    }
+    let run_absmax: Vec<f64> = s.runs.iter().map(|r| run_absmax(r).unwrap_or(f64::NAN)).collect();
+    let run_rms: Vec<f64> = s.runs.iter().map(|r| run_rms(r).unwrap_or(f64::NAN)).collect();
+    let same = |v: &[f64]| v.windows(2).all(|w| w[0] == w[1] || (w[0].is_nan() && w[1].is_nan()));
+    let runs_identical = s.runs.len() >= 2
+        && s.runs.iter().any(|r| r.has(tensor::COUNT))
+        && same(&run_absmax)
+        && same(&run_rms)
+        && hist.as_ref().is_none_or(|h| h.by_run.windows(2).all(|w| w[0].1 == w[1].1))
+        && s.runs.windows(2).all(|w| w[0].vector(tensor::CHAN_MAXABS) == w[1].vector(tensor::CHAN_MAXABS));
+    SeriesData {
+        anchor: format!("s{rank}-{}-{}", slug(short), slug(role)),
+        site: site.clone(),
+        role: role.clone(),
+        pass_idx: *pass_idx,
+        op: s.op.clone(),
+        shape: s.shape.clone(),
+        runs: s.runs.len(),
+        absmax,
+        rms: (count > 0.0).then(|| (sumsq / count).sqrt()),
+        kurtosis: median(s.runs.iter().filter_map(|r| r.scalar(tensor::KURTOSIS)).collect()),
+        channels: chan_max.as_ref().map(|c| c.len()),
+        outlier_channels: outliers,
+        nonfinite,
+        hist,
+        chan_maxabs,
+        pos_sumsq_mean: vectors_of(tensor::POS_SUMSQ).next().is_some().then(|| {
+            // Trailing rows that no run recorded (padding at the end) are gaps too: the vector
+            // spans the rows of the shape.
+            let mut v = weighted_vector(s, tensor::POS_SUMSQ, |_| 1.0);
+            v.resize(v.len().max(rows_of(&s.shape)), f64::NAN);
+            Pooled::new(&v)
+        }),
+        probes,
+        runs_identical,
+        run_absmax,
+        run_rms,
+    }
+}

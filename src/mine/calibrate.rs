@@ -41,7 +41,7 @@
 //! `max` (`matmul{stats=[min,max,hist],..}`), and a histogram that holds every value: with a
 //! fixed `hist_range=LO:HI` no value may fall outside (`hist_outside` must be 0), and runs then
 //! merge exactly. With the default per-run absmax range runs are re-binned onto a common range
-//! (approximate; [`TensorCalibration::notes`] says so). Entropy (and symmetric percentile) need
+//! (approximate; [`TensorCalibration::notes`] says so, as it says when the data cover too few bins). Entropy (and symmetric percentile) need
 //! a bin edge at 0 (a range `-A:A` with an even bin count, or any range whose grid passes
 //! through 0, which is then padded with empty bins to be symmetric) and at least
 //! `2 x Q` = 256 bins after that, so that the narrowest candidate is half the histogram's range
@@ -227,9 +227,75 @@ pub struct TensorCalibration {
     pub histogram: Option<Histogram>,
     /// Runs that carried the statistics used.
     pub runs: usize,
-    /// What a user should know about this number (re-binned runs, non-finite values left out,
-    /// a histogram too coarse for the data).
-    pub notes: Vec<String>,
+    /// What a user should know about this number.
+    pub notes: Vec<CalibrationNote>,
+}
+
+/// Something to know about a calibrated range.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CalibrationNote {
+    /// Runs had different histogram ranges (the default per-run absmax range) and were merged
+    /// by re-binning: the histogram, and so the range, is approximate.
+    Rebinned,
+    /// Non-finite values (NaN, ±Inf) were recorded and left out, as the sketch does.
+    NonFinite(f64),
+    /// The data span only `span` bins of width `width` from 0 to their absmax (fewer than
+    /// [`COARSE_BINS`]): the range moves in steps of more than 1/32 of it.
+    Coarse {
+        /// Bins from 0 to the data's absmax.
+        span: usize,
+        /// Bin width (units of the tensor).
+        width: f64,
+    },
+    /// Entropy: the data lie within the narrowest candidate (`Q / 2` bins each side of 0), so
+    /// the search returns the data's range, min-max.
+    EntropyIsMinMax {
+        /// Bins from 0 to the data's absmax.
+        span: usize,
+        /// Bin width.
+        width: f64,
+        /// `Q / 2`.
+        half: usize,
+    },
+}
+
+/// Fewer bins than this between 0 and a tensor's absmax make its histogram coarse
+/// ([`CalibrationNote::Coarse`]): a threshold step is then more than 1/32 (3%) of the range.
+pub const COARSE_BINS: usize = 32;
+
+impl CalibrationNote {
+    /// A few words for a table column.
+    pub fn short(&self) -> String {
+        match self {
+            CalibrationNote::Rebinned => "re-binned".into(),
+            CalibrationNote::NonFinite(n) => format!("{n} non-finite"),
+            CalibrationNote::Coarse { span, .. } => format!("coarse: {span} bins"),
+            CalibrationNote::EntropyIsMinMax { span, .. } => format!("= min-max: {span} bins"),
+        }
+    }
+
+    /// What it means and the fix, without the tensor's numbers.
+    pub fn explain(&self) -> &'static str {
+        match self {
+            CalibrationNote::Rebinned => "runs had different histogram ranges (the per-run absmax default) and were merged by re-binning: approximate; record with a fixed hist_range=-A:A",
+            CalibrationNote::NonFinite(_) => "NaN or Inf values were recorded and left out of the range",
+            CalibrationNote::Coarse { .. } => "the data cover fewer than 32 histogram bins from 0 to their absmax: the range moves in steps of more than 3%; record with a narrower hist_range",
+            CalibrationNote::EntropyIsMinMax { .. } => "the data lie within the entropy search's narrowest candidate (half the quantized bins, 64 by default, each side of 0), so it returns min-max; record with a narrower hist_range",
+        }
+    }
+}
+
+impl fmt::Display for CalibrationNote {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CalibrationNote::Rebinned => f.write_str("runs merged by re-binning (approximate)"),
+            CalibrationNote::NonFinite(n) => write!(f, "{n} non-finite value(s) left out"),
+            CalibrationNote::Coarse { span, width } => write!(f, "the data span {span} bins of width {width} from 0: the range moves in steps of {width}"),
+            CalibrationNote::EntropyIsMinMax { span, width, half } => {
+                write!(f, "the data span {span} bins of width {width} each side of 0, within the narrowest entropy candidate ({half} bins): min-max")
+            }
+        }
+    }
 }
 
 impl TensorCalibration {
@@ -513,7 +579,7 @@ pub fn calibrate(key: &SeriesKey, s: &Series, o: &CalibrationOptions) -> Result<
     let mut notes = Vec::new();
     let nonfinite = sum_of(&s.runs, tensor::NAN_COUNT) + sum_of(&s.runs, tensor::POSINF_COUNT) + sum_of(&s.runs, tensor::NEGINF_COUNT);
     if nonfinite > 0.0 {
-        notes.push(format!("{nonfinite} non-finite value(s) left out"));
+        notes.push(CalibrationNote::NonFinite(nonfinite));
     }
     let clip = |(lo, hi): (f64, f64)| -> (f32, f32) { ((lo as f32).max(data_min), (hi as f32).min(data_max)) };
 
@@ -535,7 +601,7 @@ pub fn calibrate(key: &SeriesKey, s: &Series, o: &CalibrationOptions) -> Result<
                 return Err(CalibrationError::Outside { outside: m.outside, lo: m.lo, hi: m.hi, min: data_min, max: data_max, a });
             }
             if !m.exact {
-                notes.push("runs had different histogram ranges: merged by re-binning (approximate); a fixed hist_range merges exactly".into());
+                notes.push(CalibrationNote::Rebinned);
             }
             let h = Histogram { lo: m.lo, hi: m.hi, counts: m.counts };
             if data_min == data_max {
@@ -553,17 +619,14 @@ pub fn calibrate(key: &SeriesKey, s: &Series, o: &CalibrationOptions) -> Result<
                         (entropy_range(&c, o.quantized_bins)?, c)
                     }
                 };
-                // Resolution: bins the data span (from 0 to its absmax) against what the
-                // method can resolve.
-                let w = (used.hi - used.lo) / used.counts.len() as f64;
-                let span = (data_min.abs().max(data_max.abs()) as f64 / w).ceil();
-                if o.method == CalibrationMethod::Entropy && span <= (o.quantized_bins / 2) as f64 {
-                    notes.push(format!(
-                        "the data span only {span} bins each side of 0 (bin width {w:.4}), within the narrowest candidate ({} bins): entropy gives min-max here; record with a narrower hist_range",
-                        o.quantized_bins / 2
-                    ));
-                } else if span < o.quantized_bins as f64 {
-                    notes.push(format!("the data span only {span} histogram bins (width {w:.4}): the range moves in steps of {w:.4}; a narrower hist_range resolves it finer"));
+                // Resolution: bins from 0 to the data's absmax.
+                let width = (used.hi - used.lo) / used.counts.len() as f64;
+                let span = (data_min.abs().max(data_max.abs()) as f64 / width).ceil() as usize;
+                let half = o.quantized_bins / 2;
+                if o.method == CalibrationMethod::Entropy && span <= half {
+                    notes.push(CalibrationNote::EntropyIsMinMax { span, width, half });
+                } else if span < COARSE_BINS {
+                    notes.push(CalibrationNote::Coarse { span, width });
                 }
                 histogram = Some(used);
                 clip(range)
@@ -669,7 +732,7 @@ pub fn ort_json(tensors: &[TensorCalibration], o: &CalibrationOptions) -> Value 
                 "site": t.site, "role": t.role, "pass_idx": t.pass_idx,
                 "scale": t.quant.scale, "zero_point": t.quant.zero_point, "dtype": t.quant.dtype(),
                 "trt_scale": t.trt_scale(), "data_min": t.data_min, "data_max": t.data_max,
-                "runs": t.runs, "notes": t.notes,
+                "runs": t.runs, "notes": t.notes.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
             }),
         );
     }

@@ -26,7 +26,7 @@ use std::fmt;
 use serde::{Serialize, Serializer};
 
 pub use calibrate::{
-    calibrate, calibrate_all, quant_params, CalibrationError, CalibrationMethod, CalibrationOptions, CalibrationTable, QuantParams,
+    calibrate, calibrate_all, quant_params, CalibrationError, CalibrationNote, CalibrationMethod, CalibrationOptions, CalibrationTable, QuantParams,
     TensorCalibration,
 };
 pub use hist::{merged_histogram, MergedHistogram};

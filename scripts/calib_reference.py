@@ -9,13 +9,15 @@ histogram over runs (a fixed range: counts add), and computes every method's ran
     float32, so on a near-tie of two candidates ORT and a float64 search can pick neighbours;
     `ort_tie` says whether ORT's own KL at the float64 pick is within 1e-5 of its minimum);
 min-max from the recorded min/max rows and, when given, from the raw data that was fed.
-It also loads the tables opscope wrote: the JSON with onnxruntime's `load_tensors_data`, the
-TensorRT cache by parsing its lines, and gives ORT's `compute_scale_zp` of every loaded range.
+It also loads the tables opscope wrote: the JSON with onnxruntime's `load_tensors_data` (and,
+asked, as `quantize_static`'s calibration cache for a one-MatMul model), the TensorRT cache by
+parsing its lines, and gives ORT's `compute_scale_zp` of every loaded range.
 
 Usage: calib_reference.py REQUEST.json OUT.json
 REQUEST: {"recording": csv, "cases": [{"key", "method", "percentile", "symmetric", "json",
           "cache"}], "ort_entropy": [names] | null (null: all),
-          "raw": {name: {"files": [f32 files], "hist": [lo, hi, bins]?, "weight": {"file", "shape"}?}}}
+          "raw": {name: {"files": [f32 files], "hist": [lo, hi, bins]?, "weight": {"file", "shape"}?}},
+          "quantize": {"case", "lhs", "out", "k", "n"}?}
 """
 import contextlib
 import csv
@@ -265,6 +267,38 @@ def load_outputs(case):
     return out
 
 
+def quantize(spec, case):
+    """Quantize a one-MatMul ONNX model x[?,k] @ W -> y with onnxruntime's quantize_static, the
+    table opscope wrote serving as its calibration cache (keys renamed to x and y)."""
+    import os
+    import tempfile
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import QuantFormat, quantize_static
+
+    d = tempfile.mkdtemp()
+    k, n = spec["k"], spec["n"]
+    w = numpy_helper.from_array(np.linspace(-1, 1, k * n, dtype=np.float32).reshape(k, n), "W")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    onnx.save(m, os.path.join(d, "m.onnx"))
+    t = json.load(open(case["json"]))
+    t["data"] = {"x": t["data"][spec["lhs"]], "y": t["data"][spec["out"]]}
+    json.dump(t, open(os.path.join(d, "cache.json"), "w"))
+    method = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile, "entropy": CalibrationMethod.Entropy}[case["method"]]
+    with contextlib.redirect_stdout(io.StringIO()):
+        quantize_static(os.path.join(d, "m.onnx"), os.path.join(d, "q.onnx"), None,
+                        calibration_cache_path=os.path.join(d, "cache.json"), calibrate_method=method,
+                        quant_format=QuantFormat.QDQ)
+    q = {i.name: numpy_helper.to_array(i) for i in onnx.load(os.path.join(d, "q.onnx")).graph.initializer}
+    return {"x_scale": float(q["x_scale"]), "x_zero_point": int(q["x_zero_point"]), "x_dtype": str(q["x_zero_point"].dtype),
+            "y_scale": float(q["y_scale"]), "y_zero_point": int(q["y_zero_point"])}
+
+
 def main():
     req = json.load(open(sys.argv[1]))
     tensors = read_recording(req["recording"])
@@ -292,6 +326,10 @@ def main():
             lo, hi, n = spec["hist"]
             raw[name]["hist"] = np.histogram(x.astype(np.float64), n, range=(lo, hi))[0].tolist()
     res["raw"] = raw
+    if req.get("quantize"):
+        spec = req["quantize"]
+        case = next(c for c in req["cases"] if c["key"] == spec["case"])
+        res["quantize"] = quantize(spec, case)
     json.dump(res, open(sys.argv[2], "w"))
 
 

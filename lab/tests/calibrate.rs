@@ -265,10 +265,21 @@ fn calibrate_and_check(d: Dims, runs: &[Vec<f32>], w: &[f32]) -> (BTreeMap<&'sta
                 lhs.clone(): {"files": files, "hist": [-8.0, 24.0, 2048]},
                 out.clone(): {"files": files, "weight": {"file": wfile, "shape": [d.k, d.n]}},
             },
+            "quantize": {"case": "entropy", "lhs": lhs, "out": out, "k": d.k, "n": d.n},
         }),
     );
     let (ort_entropy, ties) = check_cases(&cases, &ours, &r);
     assert_eq!(ort_entropy, 4, "onnxruntime's own entropy search ran on both tensors, both cases");
+    // onnxruntime's quantize_static, given the table as its calibration cache, quantizes x and y
+    // with our scales; its default activation type is int8 [-128, 127], so its zero point is
+    // ours (uint8) - 128.
+    let q = &r["quantize"];
+    for (name, key) in [(&lhs, "x"), (&out, "y")] {
+        let t = ours["entropy"].iter().find(|t| &t.name == name).unwrap();
+        assert_eq!(q[format!("{key}_scale")].as_f64().unwrap() as f32, t.quant.scale, "{key}: quantize_static scale");
+        assert_eq!(q[format!("{key}_zero_point")].as_i64().unwrap(), t.quant.zero_point as i64 - 128, "{key}: quantize_static zero point");
+    }
+    assert_eq!(q["x_dtype"], "int8");
     assert!(ties <= 2, "{ties} near-ties");
 
     // Min-max against the data fed: exact for the activation, to float32 rounding of the GEMM

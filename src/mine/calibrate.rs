@@ -15,9 +15,11 @@
 //!   histogram made symmetric about 0 (`n` bins, zero bin `n / 2`), for each `i` from `Q / 2` to
 //!   `n / 2` the candidate `[edges[n/2 - i], edges[min(n/2 + i + 1, n)]]`: `p` is the slice with
 //!   the counts outside added to its end bins, `q` the slice merged into `Q` quantized bins
-//!   (`Q` = [`CalibrationOptions::quantized_bins`], 128) and spread back evenly over the non-zero bins of
-//!   `p` (as ORT: integer counts, truncated; every bin of a group gets the share); both smoothed
-//!   (zeros become `1e-4`, the mass taken from the non-zeros; MXNet's `_smooth_distribution`);
+//!   (`Q` = [`CalibrationOptions::quantized_bins`], 128) and expanded back: each quantized
+//!   bin's count divided by the number of non-zero bins of `p` in its group, truncated to an
+//!   integer (ORT's int64 arrays), and given to every bin of the group (ORT's behaviour;
+//!   TensorRT's description gives it to the non-zero bins only); both smoothed (zeros become
+//!   `1e-4`, the mass taken from the non-zeros; MXNet's `_smooth_distribution`);
 //!   the candidate with the smallest KL(p || q) wins (first on a tie). ORT computes the KL in
 //!   float32 and this module in f64, so where two candidates' KL agree within float32 rounding
 //!   the two can pick neighbouring bins.
@@ -41,12 +43,14 @@
 //! `max` (`matmul{stats=[min,max,hist],..}`), and a histogram that holds every value: with a
 //! fixed `hist_range=LO:HI` no value may fall outside (`hist_outside` must be 0), and runs then
 //! merge exactly. With the default per-run absmax range runs are re-binned onto a common range
-//! (approximate; [`TensorCalibration::notes`] says so, as it says when the data cover too few bins). Entropy (and symmetric percentile) need
-//! a bin edge at 0 (a range `-A:A` with an even bin count, or any range whose grid passes
-//! through 0, which is then padded with empty bins to be symmetric) and at least
-//! `2 x Q` = 256 bins after that, so that the narrowest candidate is half the histogram's range
-//! (below that ORT's search is empty or only the whole range); TensorRT uses 2048 bins, the
-//! count to record with (`hist_bins=2048`).
+//! (approximate; [`TensorCalibration::notes`] says so, as it says when the data cover too few
+//! bins). Entropy (and symmetric percentile) need a bin edge at 0 (a range `-A:A` with an even
+//! bin count, or any range whose grid passes through 0, which is then padded with empty bins to
+//! be symmetric). Entropy also needs at least `2 x Q` = 256 bins after that, opscope's
+//! requirement: the candidates run from `Q / 2` bins each side of 0 to the whole histogram, so
+//! with `2Q` bins the narrowest is half the range (with fewer than `Q` ORT's search is empty,
+//! and at ORT's own default of `Q` bins only the whole range is left). TensorRT's entropy
+//! calibration uses 2048 bins (Migacz 2017), the count to record with (`hist_bins=2048`).
 //!
 //! **Tensor names.** A recording keys tensors by (site, role); sites are ONNX node names, and
 //! neither the recording nor its manifest holds the ONNX *tensor* names ORT and TensorRT key
@@ -261,6 +265,8 @@ pub enum CalibrationNote {
 
 /// Fewer bins than this between 0 and a tensor's absmax make its histogram coarse
 /// ([`CalibrationNote::Coarse`]): a threshold step is then more than 1/32 (3%) of the range.
+/// opscope's choice (a 3% step in the clip range is about the step of a 5-bit grid), not a
+/// published threshold.
 pub const COARSE_BINS: usize = 32;
 
 impl CalibrationNote {
@@ -376,9 +382,9 @@ pub enum CalibrationError {
     /// Too few bins for the entropy search.
     #[error(
         "entropy needs at least 2 x {quantized} = {need} histogram bins symmetric about 0 (here {bins}): \
-         its narrowest candidate range is {half} bins each side of 0, so with fewer the search has \
-         nothing to choose from; record with hist_bins=2048 (TensorRT's histogram size; ORT's entropy \
-         calibrator with its own default of 128 bins returns the whole range)"
+         its candidate ranges run from {half} bins each side of 0 to the whole histogram, so with fewer \
+         bins there is little or nothing to choose from; record with hist_bins=2048 (TensorRT's histogram \
+         size; ORT's entropy calibrator at its own default of 128 bins returns the whole range)"
     )]
     TooFewBins {
         /// Bins the symmetric histogram has.

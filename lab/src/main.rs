@@ -42,6 +42,10 @@ enum Cmd {
     /// Measure an ONNX encoder over text: attention concentration and sinks (attn), W8A8
     /// per-token vs per-channel (fakequant) and block influence vs layer skip (residual, skip).
     Measure(MeasureArgs),
+    /// Per tensor, the int8 quantization range, scale and zero point from a recording (min-max,
+    /// percentile or entropy, as ONNX Runtime computes them), written as ONNX Runtime's
+    /// calibration table (`.json`) or a TensorRT calibration cache (`.cache`).
+    Calibrate(CalibrateArgs),
     /// List the sites a pipeline finds in an ONNX model, without running it: the names to use in
     /// `sites=[..]` (as `record` prints them; the full ONNX names work too), op, roles, shape.
     Sites(SitesArgs),
@@ -272,6 +276,122 @@ fn mine(a: MineArgs) -> Result<()> {
         return emit(&(serde_json::to_string_pretty(&doc).context("JSON")? + "\n"));
     }
     emit(&opscope_lab::verdicts::text(&verdicts, &cannot, &no_data, &series))
+}
+
+/// A calibration method on the command line.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum MethodArg {
+    /// Smallest min and largest max over runs.
+    Minmax,
+    /// The central --percentile percent of the merged histogram.
+    Percentile,
+    /// The KL-divergence threshold search (TensorRT's entropy calibration, as ORT implements it).
+    Entropy,
+}
+
+#[derive(clap::Args)]
+struct CalibrateArgs {
+    /// Recording (CSV, .csv.gz or Parquet) made with `matmul{stats=[min,max,hist],hist_bins=2048,hist_range=-A:A}`
+    /// (min-max needs only min and max).
+    recording: PathBuf,
+    /// Calibration method.
+    #[arg(long, value_enum)]
+    method: MethodArg,
+    /// Percent of the values the range keeps (percentile method; ORT's default 99.999).
+    #[arg(long)]
+    percentile: Option<f64>,
+    /// Symmetric range and int8 [-127, 127] scales with zero point 0 (else uint8 [0, 255] with a
+    /// zero point).
+    #[arg(long)]
+    symmetric: bool,
+    /// Output: `.json` (ONNX Runtime's calibration table, keyed site/role) or `.cache` (TensorRT
+    /// calibration cache).
+    #[arg(short, long)]
+    out: PathBuf,
+    /// TensorRT version in the cache header `TRT-<version>-EntropyCalibration2` (8601 = 8.6.1).
+    #[arg(long, default_value_t = 8601)]
+    trt_version: u32,
+    /// Overwrite `--out` even when it is an input or an existing file of another kind.
+    #[arg(long)]
+    force: bool,
+}
+
+fn calibrate(a: CalibrateArgs) -> Result<()> {
+    use opscope::mine::{CalibrationMethod, CalibrationOptions};
+    use std::fmt::Write as _;
+    let name = a.out.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+    let kind = if name.ends_with(".json") {
+        Output::Json
+    } else if name.ends_with(".cache") {
+        Output::TrtCache
+    } else {
+        anyhow::bail!("{}: calibrate writes .json (ONNX Runtime calibration table) or .cache (TensorRT calibration cache); name the output so", a.out.display());
+    };
+    let sidecar = opscope::recording::sidecar_path(&a.recording);
+    opscope_lab::output::check(&a.out, &[&a.recording, &sidecar], kind, a.force)?;
+    let method = match (a.method, a.percentile) {
+        (MethodArg::Percentile, p) => CalibrationMethod::Percentile(p.unwrap_or(99.999)),
+        (_, Some(_)) => anyhow::bail!("--percentile applies to --method percentile only"),
+        (MethodArg::Minmax, None) => CalibrationMethod::MinMax,
+        (MethodArg::Entropy, None) => CalibrationMethod::Entropy,
+    };
+    let options = CalibrationOptions { symmetric: a.symmetric, ..CalibrationOptions::new(method) };
+    let series = opscope::mine::load(&a.recording)?;
+    let table = opscope::mine::calibrate_all(&series, &options);
+    if !table.failed.is_empty() {
+        let lines: Vec<String> = table.failed.iter().map(|(n, e)| format!("  {n}: {e}")).collect();
+        anyhow::bail!(
+            "{} of {} tensor(s) cannot be calibrated by {method} (nothing written):\n{}",
+            table.failed.len(),
+            table.failed.len() + table.tensors.len(),
+            lines.join("\n")
+        );
+    }
+    if table.tensors.is_empty() {
+        anyhow::bail!("{}: no tensor statistics to calibrate: record with matmul{{stats=[min,max,hist],..}}", a.recording.display());
+    }
+    let body = match kind {
+        Output::TrtCache => opscope::mine::calibrate::trt_cache(&table.tensors, a.trt_version)?.into_bytes(),
+        _ => serde_json::to_vec(&opscope::mine::calibrate::ort_json(&table.tensors, &options)).context("encoding the table")?,
+    };
+    opscope::recording::write_atomic(&a.out, &body)?;
+
+    let names: Vec<&str> = table.tensors.iter().map(|t| t.name.as_str()).collect();
+    let prefix = opscope_lab::summary::common_prefix(&names);
+    let w = names.iter().map(|n| n.len() - prefix.len()).max().unwrap_or(0).max(6);
+    let mut out = String::new();
+    let _ = writeln!(out, "{:<w$}  {:>11}  {:>11}  {:>11}  {:>4}  {:>4}  note", "tensor", "lowest", "highest", "scale", "zp", "runs");
+    let mut kinds: Vec<&'static str> = Vec::new();
+    for t in &table.tensors {
+        let short = &t.name[prefix.len()..];
+        let q = &t.quant;
+        let notes: Vec<String> = t.notes.iter().map(|n| n.short()).collect();
+        let _ = writeln!(out, "{short:<w$}  {:>11.5}  {:>11.5}  {:>11.4e}  {:>4}  {:>4}  {}", t.lowest, t.highest, q.scale, q.zero_point, t.runs, notes.join(", "));
+        for n in &t.notes {
+            if !kinds.contains(&n.explain()) {
+                kinds.push(n.explain());
+            }
+        }
+    }
+    for k in kinds {
+        let _ = writeln!(out, "note: {k}");
+    }
+    let q = &table.tensors[0].quant;
+    let _ = writeln!(
+        out,
+        "wrote {} ({} tensors, {method}, {} [{}, {}]{}); keys are site/role, not ONNX tensor names{}",
+        a.out.display(),
+        table.tensors.len(),
+        q.dtype(),
+        q.qmin,
+        q.qmax,
+        if kind == Output::TrtCache { "; the cache holds amax/127" } else { "" },
+        if prefix.is_empty() { String::new() } else { format!(" (printed without the prefix '{prefix}')") }
+    );
+    if table.not_tensors > 0 {
+        let _ = writeln!(out, "{} series without tensor statistics (probes) left out", table.not_tensors);
+    }
+    emit(&out)
 }
 
 #[derive(clap::Args)]
@@ -505,6 +625,7 @@ fn main() -> ExitCode {
         Cmd::Diff(a) => diff(a),
         Cmd::Measure(a) => measure(a),
         Cmd::Sites(a) => sites(a),
+        Cmd::Calibrate(a) => calibrate(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

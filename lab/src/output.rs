@@ -15,6 +15,8 @@ pub enum Output {
     Report,
     /// JSON: `.json`.
     Json,
+    /// A TensorRT calibration cache: `.cache` (text, first line `TRT-<version>-<calibrator>`).
+    TrtCache,
 }
 
 /// True if `a` and `b` name the same file (both exist and are the same inode, or equal paths).
@@ -41,7 +43,7 @@ fn head(path: &Path) -> Vec<u8> {
 }
 
 /// True if the existing file at `path` is what `kind` writes: a recording (our CSV header, or a
-/// Parquet file beside our manifest sidecar), an opscope report, or JSON.
+/// Parquet file beside our manifest sidecar), an opscope report, JSON, or a TensorRT cache.
 fn is_ours(path: &Path, kind: Output) -> bool {
     let h = head(path);
     match kind {
@@ -52,6 +54,7 @@ fn is_ours(path: &Path, kind: Output) -> bool {
         }
         Output::Report => String::from_utf8_lossy(&h).contains(r#"<meta name="generator" content="opscope">"#),
         Output::Json => h.iter().find(|b| !b.is_ascii_whitespace()).is_some_and(|&b| b == b'{'),
+        Output::TrtCache => h.starts_with(b"TRT-"),
     }
 }
 
@@ -65,12 +68,14 @@ pub fn check(out: &Path, inputs: &[&Path], kind: Output, force: bool) -> Result<
         Output::Recording => [".csv", ".csv.gz", ".gz", ".parquet"].iter().any(|e| name.ends_with(e)),
         Output::Report => name.ends_with(".html"),
         Output::Json => name.ends_with(".json"),
+        Output::TrtCache => name.ends_with(".cache"),
     };
     if !fits {
         let want = match kind {
             Output::Recording => ".csv, .csv.gz or .parquet",
             Output::Report => ".html",
             Output::Json => ".json",
+            Output::TrtCache => ".cache",
         };
         bail!("{}: this command writes {want}; name the output file so", out.display());
     }
@@ -89,6 +94,7 @@ pub fn check(out: &Path, inputs: &[&Path], kind: Output, force: bool) -> Result<
                 Output::Recording => "an opscope recording",
                 Output::Report => "an opscope report",
                 Output::Json => "a JSON file",
+                Output::TrtCache => "a TensorRT calibration cache",
             }
         );
     }

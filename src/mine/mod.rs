@@ -8,10 +8,14 @@
 //! `Δ = absmax / (2^(b-1) - 1)` (127 for int8, 7 for int4).
 
 //!
+//! Calibration ([`mod@calibrate`]) turns the same series into quantization ranges, scales and zero
+//! points (min-max, percentile, entropy), and writes them as ONNX Runtime and TensorRT read them.
+//!
 //! Rules are registered with `inventory::submit! { RuleRegistration(&MyRule) }`: the tensor
 //! rules below live here, each probe pass keeps its rules next to its kernel (`passes/attn`,
 //! `passes/route`, `passes/residual`). A rule reads the series it knows and pushes verdicts.
 
+pub mod calibrate;
 mod hist;
 mod series;
 mod tensor;
@@ -21,6 +25,10 @@ use std::fmt;
 
 use serde::{Serialize, Serializer};
 
+pub use calibrate::{
+    calibrate, calibrate_all, quant_params, CalibrationError, CalibrationNote, CalibrationMethod, CalibrationOptions, CalibrationTable, QuantParams,
+    TensorCalibration,
+};
 pub use hist::{histograms_by_run, merged_histogram, merged_histograms, MergedHistogram, RunHistograms};
 pub use series::{load, no_data, series_from_rows, weighted_vector, Series, SeriesKey, StepStats};
 pub use tensor::{kinds, outlier_channels, payoff_fraction, sqnr8_per_token, OUTLIER_CHANNEL_RATIO};

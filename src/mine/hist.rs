@@ -12,7 +12,7 @@ use super::series::Series;
 use crate::sketch::tensor;
 
 /// A histogram over `[lo, hi]` with equal-width bins, merged over runs.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct MergedHistogram {
     /// Lower edge of the first bin.
     pub lo: f64,
@@ -88,13 +88,15 @@ pub fn merged_histogram(s: &Series, bins: Option<usize>) -> Option<MergedHistogr
 }
 
 /// Each run's value histogram on the common range of [`merged_histogram`], and their sum.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct RunHistograms {
-    /// The merged histogram (the sum of [`RunHistograms::runs`]).
+    /// The merged histogram (the sum of [`RunHistograms::runs`]); serialized as its fields.
+    #[serde(flatten)]
     pub merged: MergedHistogram,
     /// Per run that carried a histogram: its index in [`Series::runs`] and its counts on the
     /// merged range and bins (re-binned as the merged histogram is when not
-    /// [`MergedHistogram::exact`]).
+    /// [`MergedHistogram::exact`]). Not serialized.
+    #[serde(skip)]
     pub runs: Vec<(usize, Vec<f64>)>,
 }
 

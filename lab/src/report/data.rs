@@ -33,26 +33,8 @@ pub enum ProbeKind {
     Rows,
 }
 
-/// The value histogram merged over runs ([`opscope::mine::merged_histogram`]).
-#[derive(Debug, Clone, Serialize)]
-pub struct HistData {
-    /// Lower edge of the common range.
-    pub lo: f64,
-    /// Upper edge of the common range.
-    pub hi: f64,
-    /// Counts per bin, summed over runs (fractional when re-binned).
-    pub counts: Vec<f64>,
-    /// Finite values outside a fixed range, summed over runs.
-    pub outside: f64,
-    /// Runs that carried a histogram.
-    pub runs: usize,
-    /// True when the runs shared range and bins, so counts are exact sums; false when each run
-    /// was re-binned onto the common range (values assumed uniform within a source bin).
-    pub exact: bool,
-    /// Per run (index into the series' runs) its counts on the common range.
-    #[serde(skip)]
-    pub by_run: Vec<(usize, Vec<f64>)>,
-}
+/// The value histogram merged over runs, and each run's on its range.
+pub type HistData = opscope::mine::RunHistograms;
 
 /// A vector statistic as plotted: max-pooled to at most [`crate::report::MAX_POINTS`] points
 /// ([`crate::report::pool`]: point `i` is the largest finite value of elements
@@ -197,15 +179,7 @@ pub fn summarize(key: &SeriesKey, s: &Series, rank: usize, short: &str) -> Serie
         .flat_map(|r| [tensor::NAN_COUNT, tensor::POSINF_COUNT, tensor::NEGINF_COUNT].map(|k| r.scalar(k)))
         .flatten()
         .reduce(|a, b| a + b);
-    let hist = histograms_by_run(s, None).map(|h| HistData {
-        lo: h.merged.lo,
-        hi: h.merged.hi,
-        counts: h.merged.counts,
-        outside: h.merged.outside,
-        runs: h.merged.runs,
-        exact: h.merged.exact,
-        by_run: h.runs,
-    });
+    let hist = histograms_by_run(s, None);
     let queries = Stat::parse("queries");
     let mut probes = BTreeMap::new();
     for (name, ..) in PROBE_VECTORS {
@@ -224,7 +198,7 @@ pub fn summarize(key: &SeriesKey, s: &Series, rank: usize, short: &str) -> Serie
         && s.runs.iter().any(|r| r.has(tensor::COUNT))
         && same(&run_absmax)
         && same(&run_rms)
-        && hist.as_ref().is_none_or(|h| h.by_run.windows(2).all(|w| w[0].1 == w[1].1))
+        && hist.as_ref().is_none_or(|h| h.runs.windows(2).all(|w| w[0].1 == w[1].1))
         && s.runs.windows(2).all(|w| w[0].vector(tensor::CHAN_MAXABS) == w[1].vector(tensor::CHAN_MAXABS));
     SeriesData {
         anchor: format!("s{rank}-{}-{}", slug(short), slug(role)),

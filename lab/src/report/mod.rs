@@ -104,21 +104,21 @@ fn plots(d: &SeriesData) -> Result<Vec<Markup>, Error> {
     let mut out = Vec::new();
     let a = d.anchor.as_str();
     if let Some(h) = &d.hist {
-        if let Some(svg) = plot::log_histogram(&h.counts, h.lo, h.hi)? {
+        if let Some(svg) = plot::log_histogram(&h.merged.counts, h.merged.lo, h.merged.hi)? {
             let caption = html! {
-                "Value histogram over all " (h.runs) " run(s), log count (a bin holding one value is a visible bar). "
-                @if h.exact { "Range [" (num(h.lo)) ", " (num(h.hi)) "] shared by every run: counts are exact sums." }
+                "Value histogram over all " (h.merged.runs) " run(s), log count (a bin holding one value is a visible bar). "
+                @if h.merged.exact { "Range [" (num(h.merged.lo)) ", " (num(h.merged.hi)) "] shared by every run: counts are exact sums." }
                 @else { b { "Re-binned: " } "the runs had different ranges (per-run absmax); each run's counts were spread onto the common range ["
-                    (num(h.lo)) ", " (num(h.hi)) "] assuming values uniform within a bin." }
-                @if h.outside > 0.0 { " " (evidence_value(h.outside)) " value(s) fell outside the fixed range." }
+                    (num(h.merged.lo)) ", " (num(h.merged.hi)) "] assuming values uniform within a bin." }
+                @if h.merged.outside > 0.0 { " " (evidence_value(h.merged.outside)) " value(s) fell outside the fixed range." }
             };
             out.push(figure("hist", a, svg, caption));
         }
-        if h.by_run.len() >= 2 && !d.runs_identical {
+        if h.runs.len() >= 2 && !d.runs_identical {
             let runs = d.runs;
             let group = runs.div_ceil(MAX_COLUMNS).max(1);
             let mut columns: Vec<(usize, usize, Vec<f64>)> = Vec::new();
-            for (i, c) in &h.by_run {
+            for (i, c) in &h.runs {
                 let col = i / group;
                 match columns.last_mut() {
                     Some(last) if last.0 / group == col => {
@@ -134,7 +134,7 @@ fn plots(d: &SeriesData) -> Result<Vec<Markup>, Error> {
                 c.0 = c.0 / group * group;
                 c.1 = (c.0 + group - 1).min(runs - 1);
             }
-            if let Some(svg) = plot::runs_heatmap(&columns, runs, h.lo, h.hi)? {
+            if let Some(svg) = plot::runs_heatmap(&columns, runs, h.merged.lo, h.merged.hi)? {
                 let caption = html! {
                     "Histogram per run on the common range: x run, y value, colour log count (white: empty)."
                     @if group > 1 { " Each column sums " (group) " consecutive runs." }

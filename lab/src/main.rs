@@ -339,7 +339,25 @@ fn calibrate(a: CalibrateArgs) -> Result<()> {
     let series = opscope::mine::load(&a.recording)?;
     let table = opscope::mine::calibrate_all(&series, &options);
     if !table.failed.is_empty() {
-        let lines: Vec<String> = table.failed.iter().map(|(n, e)| format!("  {n}: {e}")).collect();
+        // One line per distinct reason, with the tensors it applies to (short names).
+        let names: Vec<&str> = table.failed.iter().map(|(n, _)| n.as_str()).collect();
+        let prefix = opscope_lab::summary::common_prefix(&names);
+        let mut by_reason: Vec<(String, Vec<&str>)> = Vec::new();
+        for (n, e) in &table.failed {
+            let (e, n) = (e.to_string(), n.strip_prefix(prefix).unwrap_or(n));
+            match by_reason.iter_mut().find(|(r, _)| *r == e) {
+                Some((_, v)) => v.push(n),
+                None => by_reason.push((e, vec![n])),
+            }
+        }
+        let lines: Vec<String> = by_reason
+            .iter()
+            .map(|(e, v)| {
+                let shown = v.iter().take(3).copied().collect::<Vec<_>>().join(", ");
+                let more = if v.len() > 3 { format!(" and {} more", v.len() - 3) } else { String::new() };
+                format!("  {} tensor(s) ({shown}{more}): {e}", v.len())
+            })
+            .collect();
         anyhow::bail!(
             "{} of {} tensor(s) cannot be calibrated by {method} (nothing written):\n{}",
             table.failed.len(),

@@ -6,6 +6,15 @@
 //!
 //! Margins are a few percent of the threshold (or a few hundredths of a dB), far above f32
 //! rounding of the recorded values (~1e-7 relative), so each fixture is on the side it claims.
+//!
+//! Mutation-checked when written (each change applied alone, this file run, reverted): dropping
+//! "k <= keys/4" (sparse attention), dropping "5x the uniform share" (sink), disabling the
+//! pad_mass > 1e-3 check, moving the layer-skip cut to 0.75 of the median; and moving each
+//! tensor threshold a few percent (density 0.35, 2:4 band 0.44-0.56, 5% of channels, 7x the
+//! median channel, chan_outlier 3.9, kurtosis 19, +7.9 dB per channel / per token, int4 21.9 dB,
+//! kurtosis 2.5, int4 on the best run, 1 LUT hole, delta 0.26 and pairs across blocks, row CV
+//! 0.33, scale 1.45x, drift 0.45 rms, rms CV 6%, repeat without sumsq, dead-expert mean 9.5,
+//! imbalance 1.9x, top-k mass 0.89, sink mass 0.18): every one fails a test here.
 
 use std::sync::Arc;
 

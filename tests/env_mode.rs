@@ -133,3 +133,279 @@ fn env_activation_that_records_nothing_says_so() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("recorded no rows") && err.contains("attn"), "{err}");
 }
+
+// ---- examples/run_paths: every run path, the stage, the default path, .csv.gz, fakequant ----
+
+/// The patterns of examples/run_paths.rs, and the graph's values computed on the host in f64.
+/// Every value is a small multiple of a power of two (x in quarters, fc1 in eighths, fc2 in
+/// quarters), so RLX's f32 results are exact and the comparisons below can be tight.
+mod host {
+    pub const B: usize = 4;
+    pub const K: usize = 8;
+    pub const H: usize = 8;
+    pub const N: usize = 6;
+    pub const STEPS: usize = 2;
+    pub fn x(step: usize) -> Vec<f64> {
+        (0..B * K).map(|i| ((i * 7 + step * 3) % 17) as f64 / 4.0 - 2.0).collect()
+    }
+    pub fn w1() -> Vec<f64> {
+        (0..K * H).map(|i| ((i * 5 % 13) as f64 - 6.0) / 8.0).collect()
+    }
+    pub fn b1() -> Vec<f64> {
+        (0..H).map(|i| (i as f64 - 3.5) / 4.0).collect()
+    }
+    pub fn w2() -> Vec<f64> {
+        (0..H * N).map(|i| ((i * 3 % 11) as f64 - 5.0) / 4.0).collect()
+    }
+    pub fn b2() -> Vec<f64> {
+        (0..N).map(|i| i as f64 / 8.0 - 0.25).collect()
+    }
+    /// `a [m, k] @ b [k, n]`, row-major.
+    pub fn matmul(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
+        assert_eq!((a.len(), b.len()), (m * k, k * n));
+        let mut o = vec![0.0; m * n];
+        for r in 0..m {
+            for c in 0..n {
+                o[r * n + c] = (0..k).map(|j| a[r * k + j] * b[j * n + c]).sum();
+            }
+        }
+        o
+    }
+    pub fn add_bias(a: &[f64], b: &[f64]) -> Vec<f64> {
+        a.iter().enumerate().map(|(i, v)| v + b[i % b.len()]).collect()
+    }
+    pub fn relu(a: &[f64]) -> Vec<f64> {
+        a.iter().map(|v| v.max(0.0)).collect()
+    }
+    /// The tensors of one step: (fc1 lhs, fc1 matmul, fc1 matmul + bias, fc2 lhs, fc2 matmul, y).
+    pub struct Step {
+        pub x: Vec<f64>,
+        pub mm1: Vec<f64>,
+        pub pre1: Vec<f64>,
+        pub h: Vec<f64>,
+        pub mm2: Vec<f64>,
+        pub y: Vec<f64>,
+    }
+    pub fn step(s: usize) -> Step {
+        let x = x(s);
+        let mm1 = matmul(&x, &w1(), B, K, H);
+        let pre1 = add_bias(&mm1, &b1());
+        let h = relu(&pre1);
+        let mm2 = matmul(&h, &w2(), B, H, N);
+        let y = add_bias(&mm2, &b2());
+        Step { x, mm1, pre1, h, mm2, y }
+    }
+}
+
+/// The printed outputs of examples/run_paths: `step s: [v, ...]`, one line per step.
+fn printed_outputs(stdout: &[u8]) -> Vec<Vec<f64>> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .map(|l| {
+            let list = l.split_once(": ").expect("`step s: [..]`").1.trim_matches(|c| c == '[' || c == ']');
+            list.split(", ").map(|v| v.parse::<f32>().expect("an f32") as f64).collect()
+        })
+        .collect()
+}
+
+/// Rows of a `.csv` or `.csv.gz` recording, decoded with the csv crate (and flate2 for `.gz`),
+/// not with opscope's reader.
+fn read_csv_rows(path: &std::path::Path) -> Vec<opscope::Row> {
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let input: Box<dyn std::io::Read> = if path.to_string_lossy().ends_with(".gz") {
+        Box::new(flate2::read::GzDecoder::new(file))
+    } else {
+        Box::new(file)
+    };
+    csv::Reader::from_reader(input).deserialize().collect::<Result<_, _>>().unwrap()
+}
+
+/// The value of one scalar statistic, exactly one row expected.
+fn scalar(rows: &[opscope::Row], step: u64, site: &str, role: &str, stat: &str) -> f64 {
+    let hits: Vec<&opscope::Row> =
+        rows.iter().filter(|r| r.step == step && &*r.site == site && &*r.role == role && &*r.stat == stat).collect();
+    assert_eq!(hits.len(), 1, "step {step} {site}/{role} {stat}: {} rows", hits.len());
+    hits[0].value as f64
+}
+
+/// Checks min, max, sumsq and count of `tensor` against the recording.
+fn assert_sketch(rows: &[opscope::Row], step: u64, site: &str, role: &str, tensor: &[f64]) {
+    let min = tensor.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = tensor.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let sumsq: f64 = tensor.iter().map(|v| v * v).sum();
+    for (stat, want, tol) in [
+        ("count", tensor.len() as f64, 0.0),
+        ("min", min, 0.0),
+        ("max", max, 0.0),
+        // Written as f32: one rounding of the f64 sum.
+        ("sumsq", sumsq, 1e-6 * sumsq.max(1.0)),
+    ] {
+        let got = scalar(rows, step, site, role, stat);
+        assert!((got - want).abs() <= tol, "step {step} {site}/{role} {stat}: recorded {got}, host {want}");
+    }
+}
+
+const RUN_PATHS: [&str; 5] = ["run", "run_typed", "run_raw", "run_slots", "run_pipelined"];
+const SKETCH: &str = "matmul{stats=[min,max,sumsq]}"; // `count` is always recorded
+
+#[test]
+fn every_run_path_records_the_deployed_program_and_returns_the_callers_outputs() {
+    for path in RUN_PATHS {
+        let dir = tempfile::tempdir().unwrap();
+        let rec = dir.path().join("rec.csv");
+        let plain = example("run_paths").arg(path).output().unwrap();
+        assert!(plain.status.success(), "{path}: {}", String::from_utf8_lossy(&plain.stderr));
+        let tapped = example("run_paths").arg(path).env("RLX_OPSCOPE", SKETCH).env("RLX_OPSCOPE_OUT", &rec).output().unwrap();
+        assert!(tapped.status.success(), "{path}: {}", String::from_utf8_lossy(&tapped.stderr));
+        assert_eq!(plain.stdout, tapped.stdout, "{path}: the caller's outputs are unchanged");
+
+        // The caller sees exactly its own output (no tap output left over), equal to the host's.
+        let outs = printed_outputs(&tapped.stdout);
+        assert_eq!(outs.len(), host::STEPS, "{path}: one line per step");
+        for (s, y) in outs.iter().enumerate() {
+            assert_eq!(y, &host::step(s).y, "{path}: step {s} output");
+        }
+
+        let rows = read_csv_rows(&rec);
+        let steps: std::collections::BTreeSet<u64> = rows.iter().map(|r| r.step).collect();
+        assert_eq!(steps.into_iter().collect::<Vec<_>>(), vec![0, 1], "{path}: every run recorded, once");
+        for s in 0..host::STEPS {
+            let t = host::step(s);
+            let st = s as u64;
+            // Deployed: matmul + bias is one fused kernel, whose output is the site's `out`.
+            assert_sketch(&rows, st, "fc1", "lhs", &t.x);
+            assert_sketch(&rows, st, "fc1", "out", &t.pre1);
+            assert_sketch(&rows, st, "fc2", "lhs", &t.h);
+            assert_sketch(&rows, st, "fc2", "out", &t.y);
+        }
+        // The weights are sketched once (hoisted into the prepare graph).
+        assert_sketch(&rows, 0, "fc1", "rhs", &host::w1());
+        assert_sketch(&rows, 0, "fc2", "rhs", &host::w2());
+        for r in &rows {
+            assert_eq!(&*r.op, "fused_mm_bias", "{path}: deployed op at {}", r.site);
+        }
+        assert_eq!(rows.len(), 2 * (2 * 2 * 4 + 4), "{path}: 2 sites x (2 steps x lhs,out + rhs once) x 4 stats");
+    }
+}
+
+#[test]
+fn stage_source_records_the_graph_as_built() {
+    // RLX_OPSCOPE_STAGE=source taps before fusion: each site is the plain MatMul and its `out`
+    // is x @ W without the bias (README, "Which program is observed").
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("src.csv");
+    let out = example("run_paths")
+        .arg("run")
+        .env("RLX_OPSCOPE", SKETCH)
+        .env("RLX_OPSCOPE_STAGE", "source")
+        .env("RLX_OPSCOPE_OUT", &rec)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows = read_csv_rows(&rec);
+    for s in 0..host::STEPS {
+        let t = host::step(s);
+        let st = s as u64;
+        assert_sketch(&rows, st, "fc1", "lhs", &t.x);
+        assert_sketch(&rows, st, "fc1", "out", &t.mm1);
+        assert_sketch(&rows, st, "fc2", "lhs", &t.h);
+        assert_sketch(&rows, st, "fc2", "out", &t.mm2);
+    }
+    assert!(rows.iter().all(|r| &*r.op == "matmul"), "source ops: {:?}", rows.iter().map(|r| &*r.op).collect::<std::collections::BTreeSet<_>>());
+    // Exact data: the outputs are the same as untapped here, and equal to the host's.
+    for (s, y) in printed_outputs(&out.stdout).iter().enumerate() {
+        assert_eq!(y, &host::step(s).y, "step {s} output");
+    }
+
+    // A bad stage stops the program at its first compile.
+    let bad = example("run_paths").env("RLX_OPSCOPE", SKETCH).env("RLX_OPSCOPE_STAGE", "fused").env("RLX_OPSCOPE_OUT", dir.path().join("b.csv")).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("RLX_OPSCOPE_STAGE: unknown stage 'fused'"), "{err}");
+}
+
+#[test]
+fn default_output_is_opscope_recording_csv_in_the_working_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = example("run_paths").current_dir(dir.path()).env("RLX_OPSCOPE", SKETCH).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let names: std::collections::BTreeSet<String> =
+        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let want: std::collections::BTreeSet<String> =
+        ["opscope-recording.csv", "opscope-recording.csv.manifest.json"].iter().map(|s| s.to_string()).collect();
+    assert_eq!(names, want);
+    let rows = read_csv_rows(&dir.path().join("opscope-recording.csv"));
+    assert_sketch(&rows, 1, "fc2", "out", &host::step(1).y);
+}
+
+#[test]
+fn csv_gz_output_is_gzip_and_reads_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("rec.csv.gz");
+    let out = example("run_paths").arg("run_slots").env("RLX_OPSCOPE", SKETCH).env("RLX_OPSCOPE_OUT", &rec).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let bytes = std::fs::read(&rec).unwrap();
+    assert_eq!(&bytes[..2], &[0x1f, 0x8b], "gzip magic (RFC 1952)");
+    let rows = read_csv_rows(&rec);
+    assert_eq!(rows.len(), 2 * (2 * 2 * 4 + 4));
+    for s in 0..host::STEPS {
+        let t = host::step(s);
+        assert_sketch(&rows, s as u64, "fc1", "out", &t.pre1);
+        assert_sketch(&rows, s as u64, "fc2", "lhs", &t.h);
+    }
+    // opscope's own reader agrees row for row.
+    let mut n = 0;
+    opscope::recording::read_rows(&rec, |r| {
+        let w = &rows[n];
+        assert_eq!((r.site, r.role, r.stat, r.step, r.value), (&*w.site, &*w.role, &*w.stat, w.step, w.value));
+        n += 1;
+    })
+    .unwrap();
+    assert_eq!(n, rows.len());
+}
+
+/// Host fake-quantization of a `[rows, cols]` tensor per row (fakequant's `scope=token`,
+/// narrow range, ties to even), in f32 op by op as passes/fakequant documents it.
+fn fake_quant_rows(x: &[f64], cols: usize, bits: u32) -> Vec<f64> {
+    let q = (2f32.powi(bits as i32 - 1)) - 1.0;
+    x.chunks(cols)
+        .flat_map(|row| {
+            let row: Vec<f32> = row.iter().map(|&v| v as f32).collect();
+            let absmax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let s = absmax / q;
+            let s = if s > 0.0 { s } else { 1.0 };
+            row.into_iter().map(move |v| ((v / s).round_ties_even().clamp(-q, q) * s) as f64).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn fakequant_in_the_environment_computes_the_host_fake_quantized_model() {
+    let dir = tempfile::tempdir().unwrap();
+    for path in ["run", "run_slots"] {
+        let out = example("run_paths")
+            .arg(path)
+            .env("RLX_OPSCOPE", "fakequant{bits=3}")
+            .env("RLX_OPSCOPE_OUT", dir.path().join(format!("{path}.csv")))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{path}: {}", String::from_utf8_lossy(&out.stderr));
+        let outs = printed_outputs(&out.stdout);
+        assert_eq!(outs.len(), host::STEPS);
+        let mut changed = false;
+        for (s, got) in outs.iter().enumerate() {
+            // Both matmuls' activations fake-quantized per token to 3 bits (Q = 3); weights kept.
+            let xq = fake_quant_rows(&host::x(s), host::K, 3);
+            let h = host::relu(&host::add_bias(&host::matmul(&xq, &host::w1(), host::B, host::K, host::H), &host::b1()));
+            let hq = fake_quant_rows(&h, host::H, 3);
+            let want = host::add_bias(&host::matmul(&hq, &host::w2(), host::B, host::H, host::N), &host::b2());
+            assert_eq!(got.len(), want.len());
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                // f32 kernels against f64 sums of the same f32 codes: a few ulps.
+                assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{path}: step {s} y[{i}]: rlx {a}, host {b}");
+            }
+            changed |= got != &host::step(s).y;
+        }
+        assert!(changed, "{path}: 3-bit activations change the outputs");
+    }
+}

@@ -440,7 +440,8 @@ fn fused_cases() -> Vec<Fused> {
 ///   `Sq < Sk`;
 /// - a logit soft-cap of 2 together with a padded key mask, a causal mask and an additive bias
 ///   (RLX caps on `[B,H,S,D]` only, after masking: there masked keys keep mass, see
-///   [`RLX_MASK_FILL`]).
+///   [`RLX_MASK_FILL`]);
+/// - an additive bias of `finfo(float32).min` on padding keys.
 fn feature_cases() -> Vec<Fused> {
     let mut cases = Vec::new();
     for (i, layout) in [Layout::Rank3, Layout::Bshd, Layout::Bhsd].into_iter().enumerate() {
@@ -463,9 +464,13 @@ fn feature_cases() -> Vec<Fused> {
     let bias: Vec<f32> = (0..g.b * g.h * g.sq * g.sk)
         .map(|i| if (i / (g.h * g.sq * g.sk)) == 1 && i % g.sk >= 3 { -10000.0 } else { 0.0 })
         .collect();
-    let mut f = fused("softcap_bias_Bhsd", g, Mask::Bias(bias), None, 190);
+    let mut f = fused("softcap_bias_Bhsd", g, Mask::Bias(bias.clone()), None, 190);
     f.softcap = Some(2.0);
     cases.push(f);
+    // The same padding as a `finfo(float32).min` bias (Hugging Face's additive mask).
+    let finfo: Vec<f32> = bias.iter().map(|&x| if x < 0.0 { f32::MIN } else { 0.0 }).collect();
+    cases.push(fused("bias_finfo_min_Bhsd", g, Mask::Bias(finfo.clone()), None, 195));
+    cases.push(fused("bias_finfo_min_Rank3", geom(Layout::Rank3), Mask::Bias(finfo), None, 197));
     cases
 }
 

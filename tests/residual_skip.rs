@@ -104,6 +104,7 @@ fn block_influence_matches_the_host() {
         assert!((s["ratio"][0] - (ff / xx).sqrt()).abs() < 1e-5, "block.{i} ratio {} vs {}", s["ratio"][0], (ff / xx).sqrt());
         let mean = cos.iter().sum::<f64>() / R as f64;
         assert!((s["cos"][0] - mean).abs() < 1e-5, "block.{i} cos");
+        assert_eq!(s["cos_row"].len(), cos.len(), "block.{i} cos_row length");
         for (a, b) in s["cos_row"].iter().zip(&cos) {
             assert!((a - b).abs() < 1e-5);
         }
@@ -146,6 +147,7 @@ fn skip_after_fusion_keeps_the_norm() {
     assert!(rlx_ir::verify::verify_all(&g).is_empty());
     let want = run_graph(&stack(&[true, false], true), &d);
     let got = run_graph(&g, &d);
+    assert_eq!(got[0].len(), want[0].len(), "output length");
     for (a, b) in got[0].iter().zip(&want[0]) {
         assert!((a - b).abs() < 1e-5, "{a} vs {b}");
     }

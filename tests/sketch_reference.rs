@@ -50,6 +50,43 @@ fn nan_and_infinities_are_counted_not_absorbed() {
     assert_matches_reference(&rows, SITE, "lhs", &r, 1e-5);
 }
 
+/// A NaN at a sampled `elemsig` index: with k = 4 over the 128 elements of `x[8,16]` the
+/// samples are the flat indices floor(j * 128 / 4) = 0, 32, 64, 96. Element 32 is NaN and 64 is
+/// +Inf: sample 1 is not recorded (a recording never carries a NaN; `nan_count` counts it),
+/// sample 2 is recorded as +Inf, and samples 0 and 3 are the exact elements. The NaN row of `x`
+/// (row 2) makes row 2 of `out[8,4]` NaN, which holds `out`'s sample 1 (flat 8 of 32); the
+/// +Inf in row 4 makes row 4 of `out` infinite (sample 2, flat 16).
+#[test]
+fn nan_at_a_sampled_elemsig_index_is_not_recorded() {
+    let mut x = randn(8 * 16, 17);
+    x[32] = f32::NAN;
+    x[64] = f32::INFINITY;
+    let w = randn(16 * 4, 18);
+    let g = matmul_2d(8, 16, 4);
+    let (outs, sink) = run_tapped("matmul{hist_bins=8,elemsig=4}", &g, &[("w", &w)], &[("x", &x)]);
+    let rows = sink.rows();
+    assert!(rows.iter().all(|r| !r.value.is_nan()), "a recorded value is NaN");
+    let sig = |role: &str| -> Vec<(u64, f32)> {
+        let mut v: Vec<(u64, f32)> = rows
+            .iter()
+            .filter(|r| &*r.site == SITE && &*r.role == role && &*r.stat == "elemsig")
+            .map(|r| (r.idx, r.value))
+            .collect();
+        v.sort_by_key(|p| p.0);
+        v
+    };
+    // Written out from the fixture, not from the shared reference.
+    assert_eq!(sig("lhs"), vec![(0, x[0]), (2, f32::INFINITY), (3, x[96])]);
+    assert!(outs[0][8..12].iter().all(|v| v.is_nan()), "out row 2 is NaN");
+    assert!(outs[0][16].is_infinite() && outs[0][0].is_finite() && outs[0][24].is_finite());
+    assert_eq!(sig("out"), vec![(0, outs[0][0]), (2, outs[0][16]), (3, outs[0][24])]);
+    let r = reference(&x, &[8, 16], 8, 4);
+    assert_eq!((r.nan, r.posinf), (1.0, 1.0));
+    assert!(r.elemsig[1].is_nan());
+    assert_matches_reference(&rows, SITE, "lhs", &r, 1e-5);
+    assert_matches_reference(&rows, SITE, "out", &reference(&outs[0], &[8, 4], 8, 4), 1e-5);
+}
+
 #[test]
 fn all_zeros() {
     let x = vec![0f32; 6 * 10];

@@ -374,6 +374,7 @@ print(json.dumps(out))
         assert_eq!((num(&got["lo"]), num(&got["hi"])), (num(&want["lo"]), num(&want["hi"])));
         let (g, w) = (nums(&got["counts"]), nums(&want["counts"]));
         let total: f64 = w.iter().sum();
+        assert_eq!(g.len(), w.len(), "re-binned counts {g:?} vs numpy {w:?}: length");
         for (a, b) in g.iter().zip(&w) {
             assert!((a - b).abs() <= 1e-9 * total, "re-binned counts {g:?} vs numpy {w:?}");
         }
@@ -571,6 +572,7 @@ fn per_head_plots_are_bars_on_a_zero_baseline() {
         let bottom = |b: &&str| attr(b, "y") + attr(b, "height");
         assert!(bars.iter().all(|b| (bottom(b) - bottom(&bars[0])).abs() <= 1.0));
         let v = nums(&s["probes"][stat]);
+        assert_eq!(v.len(), bars.len(), "{stat}: a value per bar");
         let (hmax, vmax) = (bars.iter().map(|b| attr(b, "height")).fold(0.0, f64::max), v.iter().copied().fold(0.0, f64::max));
         for (b, x) in bars.iter().zip(&v) {
             assert!((attr(b, "height") - x / vmax * hmax).abs() <= 2.0, "{stat}: height {} for {x}", attr(b, "height"));

@@ -64,6 +64,8 @@ pub struct Reference {
     pub pos_sumsq: Vec<f64>,
     pub row_absmax: Vec<f64>,
     pub adj_sumsq: f64,
+    /// The `k` sampled elements `x[floor(j * numel / k)]`, NaN included (a NaN sample is not
+    /// recorded: [`assert_matches_reference`] expects its index to be absent).
     pub elemsig: Vec<f64>,
 }
 
@@ -235,15 +237,23 @@ pub fn assert_matches_reference(rows: &[Row], site: &str, role: &str, r: &Refere
     vec_eq("chan_maxabs", &r.chan_maxabs);
     vec_eq("pos_sumsq", &r.pos_sumsq);
     vec_eq("row_absmax", &r.row_absmax);
-    let sig = s.get("elemsig").cloned().unwrap_or_default();
-    assert_eq!(sig.len(), r.elemsig.len(), "{site}/{role} elemsig length");
-    for (g, w) in sig.iter().zip(&r.elemsig) {
-        assert!(g == w || (g.is_nan() && w.is_nan()), "{site}/{role} elemsig: got {g}, want {w}");
+    // elemsig by index: sample j is element floor(j * numel / k); a sampled element that is NaN
+    // is not recorded (README, Sketches: a recording never carries a NaN), so its index is absent
+    // and the others keep theirs. Values are the tensor's own f32 elements: compared exactly.
+    let mut sig: Vec<(u64, f64)> = rows
+        .iter()
+        .filter(|x| &*x.site == site && &*x.role == role && x.step == 0 && &*x.stat == "elemsig")
+        .map(|x| (x.idx, x.value as f64))
+        .collect();
+    sig.sort_by_key(|p| p.0);
+    let want_sig: Vec<(u64, f64)> =
+        r.elemsig.iter().enumerate().filter(|(_, w)| !w.is_nan()).map(|(j, w)| (j as u64, *w)).collect();
+    assert_eq!(sig.len(), want_sig.len(), "{site}/{role} elemsig: got {sig:?}, want {want_sig:?}");
+    for ((gi, g), (wi, w)) in sig.iter().zip(&want_sig) {
+        assert!(gi == wi && g == w, "{site}/{role} elemsig: got [{gi}] = {g}, want [{wi}] = {w}");
     }
     for (name, vals) in &s {
-        if name != "elemsig" {
-            assert!(vals.iter().all(|v| !v.is_nan()), "{site}/{role} {name} holds NaN");
-        }
+        assert!(vals.iter().all(|v| !v.is_nan()), "{site}/{role} {name} holds NaN");
     }
 }
 

@@ -336,6 +336,7 @@ fn calibrate(a: CalibrateArgs) -> Result<()> {
         (MethodArg::Entropy, None) => CalibrationMethod::Entropy,
     };
     let options = CalibrationOptions { symmetric: a.symmetric, ..CalibrationOptions::new(method) };
+    options.validate().map_err(|e| anyhow::anyhow!("--percentile: {e}"))?;
     let series = opscope::mine::load(&a.recording)?;
     let table = opscope::mine::calibrate_all(&series, &options);
     if !table.failed.is_empty() {

@@ -268,3 +268,17 @@ fn mine_text_names_sites_short_lists_a_shared_input_once_and_the_rules_that_coul
     assert!(text.contains("per_token_int8: needs sumsq, row_absmax"), "{text}");
     assert!(!text.contains("note: low rank"), "the low-rank note only where a probe verdict is: {text}");
 }
+
+#[test]
+fn a_percentile_out_of_range_is_one_error_before_the_recording_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = opscope()
+        .args(["calibrate", "never-read.csv", "--method", "percentile", "--percentile", "150", "--out"])
+        .arg(dir.path().join("t.json"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim(), "opscope: --percentile: percentile must be in [0, 100] (got 150)");
+    assert!(!dir.path().join("t.json").exists());
+}

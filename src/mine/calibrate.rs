@@ -134,6 +134,22 @@ impl CalibrationOptions {
             quantized_bins: 128,
         }
     }
+
+    /// Check the options alone, before any series is read.
+    ///
+    /// Errors: [`CalibrationError::Options`] for fewer than 2 quantized bins or a percentile
+    /// outside [0, 100].
+    pub fn validate(&self) -> Result<(), CalibrationError> {
+        if self.quantized_bins < 2 {
+            return Err(CalibrationError::Options(format!("quantized bins must be at least 2 (got {})", self.quantized_bins)));
+        }
+        if let CalibrationMethod::Percentile(p) = self.method {
+            if !(0.0..=100.0).contains(&p) {
+                return Err(CalibrationError::Options(format!("percentile must be in [0, 100] (got {p})")));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The integer grid a range is mapped to.
@@ -561,14 +577,7 @@ fn entropy_range(h: &Histogram, qbins: usize) -> Result<(f64, f64), CalibrationE
 ///
 /// Errors: see [`CalibrationError`]; each names the fix.
 pub fn calibrate(key: &SeriesKey, s: &Series, o: &CalibrationOptions) -> Result<TensorCalibration, CalibrationError> {
-    if o.quantized_bins < 2 {
-        return Err(CalibrationError::Options(format!("quantized bins must be at least 2 (got {})", o.quantized_bins)));
-    }
-    if let CalibrationMethod::Percentile(p) = o.method {
-        if !(0.0..=100.0).contains(&p) {
-            return Err(CalibrationError::Options(format!("percentile must be in [0, 100] (got {p})")));
-        }
-    }
+    o.validate()?;
     let has = |st: Stat| s.runs.iter().any(|r| r.has(st));
     if !has(tensor::MIN) && !has(tensor::MAX) && !has(tensor::HIST) {
         return Err(CalibrationError::NotATensor);

@@ -100,24 +100,34 @@ pub struct RunHistograms {
     pub runs: Vec<(usize, Vec<f64>)>,
 }
 
-/// Every run's value histogram on one common range (what a histogram-over-runs view draws),
-/// with `bins` bins (default: the most bins any run has); their sum is [`merged_histogram`].
-/// `None` when no run carries a histogram.
-pub fn histograms_by_run(s: &Series, bins: Option<usize>) -> Option<RunHistograms> {
-    let runs: Vec<(usize, f64, f64, &[f32], f64)> = s
-        .runs
+/// One run's histogram: (index in [`Series::runs`], lo, hi, counts, `hist_outside`).
+type RunHist<'a> = (usize, f64, f64, &'a [f32], f64);
+
+/// The runs of `s` that carry a histogram.
+fn run_hists(s: &Series) -> Vec<RunHist<'_>> {
+    s.runs
         .iter()
         .enumerate()
         .filter_map(|(i, r)| run_hist(r).map(|(lo, hi, h)| (i, lo, hi, h, r.scalar(tensor::HIST_OUTSIDE).unwrap_or(0.0))))
-        .collect();
-    let first = runs.first()?;
+        .collect()
+}
+
+/// The common range of `runs` (`[min lo, max hi]`), its bin count (`bins`, default the most bins
+/// any run has) and whether every run already has exactly that range and bin count.
+fn common_range(runs: &[RunHist<'_>], bins: Option<usize>) -> (f64, f64, usize, bool) {
     let n = bins.unwrap_or_else(|| runs.iter().map(|r| r.3.len()).max().unwrap_or(1)).max(1);
-    let exact = runs.iter().all(|r| r.1 == first.1 && r.2 == first.2 && r.3.len() == n);
     let lo = runs.iter().map(|r| r.1).fold(f64::INFINITY, f64::min);
     let hi = runs.iter().map(|r| r.2).fold(f64::NEG_INFINITY, f64::max);
+    let exact = runs.iter().all(|r| r.1 == lo && r.2 == hi && r.3.len() == n);
+    (lo, hi, n, exact)
+}
+
+/// `runs` on the range `[lo, hi]` with `n` bins: summed as they are when `exact`, else each
+/// re-binned by overlap.
+fn on_range(runs: &[RunHist<'_>], (lo, hi, n, exact): (f64, f64, usize, bool)) -> RunHistograms {
     let mut counts = vec![0.0; n];
     let mut per_run = Vec::with_capacity(runs.len());
-    for &(i, rlo, rhi, h, _) in &runs {
+    for &(i, rlo, rhi, h, _) in runs {
         let mut c = vec![0.0; n];
         if exact {
             for (o, &x) in c.iter_mut().zip(h) {
@@ -131,7 +141,7 @@ pub fn histograms_by_run(s: &Series, bins: Option<usize>) -> Option<RunHistogram
         }
         per_run.push((i, c));
     }
-    Some(RunHistograms {
+    RunHistograms {
         merged: MergedHistogram {
             lo,
             hi,
@@ -141,7 +151,18 @@ pub fn histograms_by_run(s: &Series, bins: Option<usize>) -> Option<RunHistogram
             exact,
         },
         runs: per_run,
-    })
+    }
+}
+
+/// Every run's value histogram on one common range (what a histogram-over-runs view draws),
+/// with `bins` bins (default: the most bins any run has); their sum is [`merged_histogram`].
+/// `None` when no run carries a histogram.
+pub fn histograms_by_run(s: &Series, bins: Option<usize>) -> Option<RunHistograms> {
+    let runs = run_hists(s);
+    if runs.is_empty() {
+        return None;
+    }
+    Some(on_range(&runs, common_range(&runs, bins)))
 }
 
 /// The value histograms of several series, each merged over its runs, all on one common range:
@@ -151,48 +172,13 @@ pub fn histograms_by_run(s: &Series, bins: Option<usize>) -> Option<RunHistogram
 /// every run of every series already has that range and bin count the counts are exact sums and
 /// each result's [`MergedHistogram::exact`] is true. `None` when any series has no histogram.
 pub fn merged_histograms(series: &[&Series], bins: Option<usize>) -> Option<Vec<MergedHistogram>> {
-    type RunHist<'a> = (f64, f64, &'a [f32], f64);
-    let per: Vec<Vec<RunHist<'_>>> = series
-        .iter()
-        .map(|s| {
-            s.runs
-                .iter()
-                .filter_map(|r| run_hist(r).map(|(lo, hi, h)| (lo, hi, h, r.scalar(tensor::HIST_OUTSIDE).unwrap_or(0.0))))
-                .collect()
-        })
-        .collect();
+    let per: Vec<Vec<RunHist<'_>>> = series.iter().map(|s| run_hists(s)).collect();
     if per.iter().any(|runs| runs.is_empty()) {
         return None;
     }
-    let all = || per.iter().flatten();
-    let n = bins.unwrap_or_else(|| all().map(|r| r.2.len()).max().unwrap_or(1)).max(1);
-    let lo = all().map(|r| r.0).fold(f64::INFINITY, f64::min);
-    let hi = all().map(|r| r.1).fold(f64::NEG_INFINITY, f64::max);
-    let exact = all().all(|r| r.0 == lo && r.1 == hi && r.2.len() == n);
-    Some(
-        per.iter()
-            .map(|runs| {
-                let mut counts = vec![0.0; n];
-                for &(rlo, rhi, h, _) in runs {
-                    if exact {
-                        for (o, &c) in counts.iter_mut().zip(h) {
-                            *o += c as f64;
-                        }
-                    } else {
-                        rebin(h, rlo, rhi, lo, hi, &mut counts);
-                    }
-                }
-                MergedHistogram {
-                    lo,
-                    hi,
-                    counts,
-                    outside: runs.iter().map(|r| r.3).sum(),
-                    runs: runs.len(),
-                    exact,
-                }
-            })
-            .collect(),
-    )
+    let all: Vec<RunHist<'_>> = per.iter().flatten().copied().collect();
+    let range = common_range(&all, bins);
+    Some(per.iter().map(|runs| on_range(runs, range).merged).collect())
 }
 
 #[cfg(test)]

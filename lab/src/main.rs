@@ -455,7 +455,7 @@ fn sweep(a: SweepArgs) -> Result<()> {
     );
     if a.check {
         let verdicts = opscope::mine::mine(&opscope::mine::series_from_rows(&memory.rows()));
-        let check = opscope_lab::sweep::check(&truth, &verdicts);
+        let check = opscope_lab::sweep::check(&truth, &verdicts, opscope_lab::sweep::expected);
         print!("{}", check.table());
         if !check.perfect() {
             anyhow::bail!("{} departures from the ground truth:\n{}", check.errors.len(), check.errors.join("\n"));

@@ -5,6 +5,7 @@
 mod common;
 use common::*;
 use opscope_lab::sweep::{run, Planted, SHAPES, SEQUENCE_STEPS};
+use opscope::mine::Kind;
 use opscope::{MemorySink, Pipeline};
 
 fn one(s: &std::collections::BTreeMap<String, Vec<f64>>, k: &str) -> f64 {
@@ -69,13 +70,82 @@ fn planted_structures_show_in_the_recording() {
     }
 }
 
+/// The test's own judge, written apart from `opscope_lab::sweep::expected`: for each planted
+/// structure, the verdicts it must get and the secondary verdicts it implies, with the reason.
+/// Any other cell of the confusion matrix fails the check.
+fn implied(p: Planted) -> (&'static [Kind], &'static [Kind]) {
+    use opscope::mine::kinds::*;
+    match p {
+        // The null: nothing may fire.
+        Planted::Gaussian => (&[], &[]),
+        // Fresh draws from one distribution: a static scale holds.
+        Planted::Stationary => (&[STATIONARY], &[]),
+        // Bounded support, flat histogram: 16 levels cover it.
+        Planted::Uniform => (&[INT4], &[]),
+        // 90% zeros: channels that happen to hold fewer nonzeros get a smaller absmax.
+        Planted::Sparse => (&[SPARSE_GEMM], &[PER_CHANNEL_INT8]),
+        // Half the values are zero in every group; same channel argument as sparse.
+        Planted::TwoFour => (&[TWO_FOUR_PROBE], &[PER_CHANNEL_INT8]),
+        // Rows are mixtures of 4 vectors: row energies and channel ranges both vary widely.
+        Planted::LowRank => (&[LOW_RANK_PROBE], &[PER_CHANNEL_INT8, PER_TOKEN_INT8]),
+        // Outlier channels set the per-tensor scale (per-channel is the textbook fix); rows
+        // differ in outlier magnitude, so per-token scales can pay too.
+        Planted::ChannelOutliers => (&[CHANNEL_OUTLIERS, PER_CHANNEL_INT8], &[PER_TOKEN_INT8]),
+        // Rows and channels without an outlier get a scale of their own.
+        Planted::ScatteredOutliers => (&[SCATTERED_OUTLIERS], &[PER_CHANNEL_INT8, PER_TOKEN_INT8]),
+        // A 0.5 grid: a lookup table over the few levels.
+        Planted::Quantized => (&[LUT], &[]),
+        // A slow random walk per channel: near-constant channels, so per-channel scales fit.
+        Planted::CoherentRows => (&[DELTA_COMPUTE], &[PER_CHANNEL_INT8]),
+        // A moving mean moves the range a static scale must cover.
+        Planted::Drifting => (&[DRIFTING], &[SCALE_DRIFT]),
+        Planted::Repeat => (&[EXACT_REPEAT], &[]),
+    }
+}
+
 #[test]
 fn the_miner_finds_every_planted_structure_and_nothing_in_the_null() {
+    // The seeds the thresholds were set on (and the CLI's `--check` default): a regression pin.
     let seeds: Vec<u64> = (0..48).collect();
     let sink = MemorySink::default();
     let truth = run(&Pipeline::parse("matmul{roles=[lhs,rhs]}").unwrap(), &seeds, Box::new(sink.clone())).unwrap();
     let verdicts = opscope::mine::mine(&opscope::mine::series_from_rows(&sink.rows()));
-    let check = opscope_lab::sweep::check(&truth, &verdicts);
+    let check = opscope_lab::sweep::check(&truth, &verdicts, implied);
     println!("{}", check.table());
     assert!(check.perfect(), "{}\n{}", check.table(), check.errors.join("\n"));
+}
+
+/// Seeds the miner's thresholds were never tuned on.
+const HELD_OUT: std::ops::Range<u64> = 1000..1048;
+
+#[test]
+fn held_out_seeds_keep_the_nulls_clean_and_miss_at_most_one_site_in_a_hundred() {
+    // Out of sample, a classifier on sketches has an error rate: 1% scattered outliers in a
+    // 4x16x64 tensor (41 values over 64 channels) can hit more than half the channels, and then
+    // the median channel is an outlier channel too (measured: 1 site of 144, seed 1014). The
+    // nulls (the Gaussian activation and every Gaussian weight) must stay exactly clean.
+    let seeds: Vec<u64> = HELD_OUT.collect();
+    let sink = MemorySink::default();
+    let truth = run(&Pipeline::parse("matmul{roles=[lhs,rhs]}").unwrap(), &seeds, Box::new(sink.clone())).unwrap();
+    let verdicts = opscope::mine::mine(&opscope::mine::series_from_rows(&sink.rows()));
+    let check = opscope_lab::sweep::check(&truth, &verdicts, implied);
+    println!("{}", check.table());
+    for (row, sites) in &check.sites {
+        let tag = format!("({row}):");
+        let wrong: std::collections::BTreeSet<&str> =
+            check.errors.iter().filter(|e| e.contains(&tag)).map(|e| e.split(' ').next().unwrap()).collect();
+        let limit = if row == "gaussian" || row == "weight_null" { 0 } else { sites / 100 };
+        assert!(wrong.len() <= limit, "{row}: {} of {sites} sites misjudged (limit {limit}):\n{}", wrong.len(), check.errors.join("\n"));
+    }
+}
+
+#[test]
+fn the_cli_check_judges_by_the_same_table() {
+    // `opscope sweep --check` must not pass a sweep this test would fail, nor the reverse.
+    let set = |k: &[Kind]| k.iter().copied().collect::<std::collections::BTreeSet<_>>();
+    for p in Planted::ALL {
+        let (r, a) = opscope_lab::sweep::expected(p);
+        let (tr, ta) = implied(p);
+        assert_eq!((set(r), set(a)), (set(tr), set(ta)), "{p:?}");
+    }
 }

@@ -1,17 +1,31 @@
-//! Cost of the full `matmul` sketch set on a chain MLP, measured side by side in one run:
-//! x[64,256] -> (matmul [256,256] -> relu) x L for L = 16, 64, 128.
+//! Tap cost on a chain MLP, as a user runs it: x[64,256] -> (matmul [256,256] -> relu) x L,
+//! recorded to a real Parquet file, tapped and untapped runs interleaved in one process.
 //!
-//! Prints, per L: untapped and tapped compile time, run time (median of N runs), their ratios,
-//! and the peak heap in use during compile + runs (a counting allocator), with its ratio.
-//! `cargo bench` runs it; `cargo bench -- --quick` uses fewer runs.
+//! Data: He-scaled Gaussian weights (std sqrt(2/256), variance-preserving through ReLU) and a
+//! N(0,1) input multiplied by a data scale. The chain is positively homogeneous (no bias), so
+//! every activation carries the same scale: 1 (normal data), 1e-10 (x^4 below f32's normal
+//! range), 1e-21 (x^2 below it) and 1e25 (x^2 above f32's range). Before timing, the bench
+//! asserts that the output has no subnormal value and that its RMS over the input's is within
+//! [1e-2, 1e2]: the untapped run itself computes on normal numbers.
+//!
+//! Printed per L and scale: untapped run time (median), the tapped/untapped ratio of medians for
+//! the full `matmul` sketch set and for `matmul{stats=[max]}`, and the extra microseconds per
+//! site per run. Runs are interleaved pairs (untapped, tapped) after a warm-up of each.
+//! Then compile times (first compile of each graph) with the exponent of tapped compile time in
+//! L, and peak memory (RSS high-water mark and peak heap) of one child process per variant.
+//!
+//! `cargo bench --bench chain_mlp --features parquet` runs it; `-- --quick` uses fewer layers and runs.
 
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 mod common;
 
-use opscope::{Error, Manifest, Pipeline, Row, Sink};
+use opscope::Pipeline;
 use peak_alloc::PeakAlloc;
-use rlx_ir::Graph;
+use rand::SeedableRng;
+use rand_distr::{Distribution, Normal};
 use rlx_runtime::{Device, Session};
 
 #[global_allocator]
@@ -19,27 +33,20 @@ static PEAK: PeakAlloc = PeakAlloc;
 
 const M: usize = 64;
 const D: usize = 256;
+const SCALES: [f32; 4] = [1.0, 1e-10, 1e-21, 1e25];
 
-/// Counts rows and drops them: the bench measures tapping and recording, not row storage.
-struct CountingSink(usize);
-
-impl Sink for CountingSink {
-    fn manifest(&mut self, _: &Manifest) -> Result<(), Error> {
-        Ok(())
-    }
-    fn write(&mut self, rows: &[Row]) -> Result<(), Error> {
-        self.0 += rows.len();
-        Ok(())
-    }
-    fn finish(&mut self) -> Result<(), Error> {
-        Ok(())
-    }
+fn weights(layers: usize) -> Vec<Vec<f32>> {
+    (0..layers).map(|l| common::weight(D, l)).collect()
 }
 
-struct Measured {
-    compile: Duration,
-    run: Duration,
-    peak_mb: f32,
+fn input(scale: f32) -> Vec<f32> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let n = Normal::new(0.0f32, 1.0).unwrap();
+    (0..M * D).map(|_| n.sample(&mut rng) * scale).collect()
+}
+
+fn rms(v: &[f32]) -> f64 {
+    (v.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>() / v.len() as f64).sqrt()
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -47,75 +54,166 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-/// Compile and run `g` `runs` times; `tap` wraps the whole thing in an opscope scope.
-/// A fresh graph name per measurement.
-fn measure(g: &Graph, weights: &[Vec<f32>], x: &[f32], runs: usize, tap: Option<&Pipeline>) -> Measured {
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let mut g = g.clone();
-    g.name = format!("{}_{}", g.name, NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-    let body = || {
-        let t = Instant::now();
-        let mut c = Session::new(Device::Cpu).compile(g.clone());
-        let compile = t.elapsed();
-        for (l, w) in weights.iter().enumerate() {
-            c.set_param(&format!("w{l}"), w);
+fn compile(layers: usize, w: &[Vec<f32>], name: &str) -> (rlx_runtime::CompiledGraph, Duration) {
+    let mut g = common::chain(M, D, layers);
+    g.name = name.to_string();
+    let t = Instant::now();
+    let mut c = Session::new(Device::Cpu).compile(g);
+    let took = t.elapsed();
+    for (l, wl) in w.iter().enumerate() {
+        c.set_param(&format!("w{l}"), wl);
+    }
+    (c, took)
+}
+
+/// One timing cell: (untapped median, tapped median, untapped compile, tapped compile).
+fn cell(layers: usize, w: &[Vec<f32>], x: &[f32], pipeline: &Pipeline, pairs: usize, out: &Path, tag: &str) -> (Duration, Duration, Duration, Duration) {
+    let (mut plain, plain_compile) = compile(layers, w, &format!("plain_{tag}"));
+    let y = plain.run(&[("x", x)]);
+    let y = &y[0];
+    let sub = y.iter().filter(|v| v.is_subnormal()).count();
+    let ratio = rms(y) / rms(x);
+    assert!(sub == 0 && (1e-2..1e2).contains(&ratio), "L={layers} {tag}: {sub} subnormal outputs, output/input RMS {ratio}: the data is not normal");
+    let sink = opscope::recording::open(out).expect("parquet sink");
+    let r = opscope::scope(pipeline, sink, || {
+        let (mut tapped, tapped_compile) = compile(layers, w, &format!("tapped_{tag}"));
+        std::hint::black_box(tapped.run(&[("x", x)]));
+        std::hint::black_box(plain.run(&[("x", x)]));
+        let mut a = Vec::with_capacity(pairs);
+        let mut b = Vec::with_capacity(pairs);
+        for _ in 0..pairs {
+            let t = Instant::now();
+            std::hint::black_box(plain.run(&[("x", x)]));
+            a.push(t.elapsed());
+            let t = Instant::now();
+            std::hint::black_box(tapped.run(&[("x", x)]));
+            b.push(t.elapsed());
         }
-        c.run(&[("x", x)]); // warm-up
-        let times: Vec<Duration> = (0..runs)
-            .map(|_| {
-                let t = Instant::now();
-                std::hint::black_box(c.run(&[("x", x)]));
-                t.elapsed()
-            })
-            .collect();
-        (compile, median(times))
-    };
-    PEAK.reset_peak_usage();
+        (median(a), median(b), plain_compile, tapped_compile)
+    });
+    r.expect("recording")
+}
+
+/// Drops rows (separates the tap's own memory from the recorder's).
+struct DropSink;
+
+impl opscope::Sink for DropSink {
+    fn manifest(&mut self, _: &opscope::Manifest) -> Result<(), opscope::Error> {
+        Ok(())
+    }
+    fn write(&mut self, _: &[opscope::Row]) -> Result<(), opscope::Error> {
+        Ok(())
+    }
+    fn finish(&mut self) -> Result<(), opscope::Error> {
+        Ok(())
+    }
+}
+
+/// Child process: compile one variant and run it `runs` times, print "rss_kb heap_bytes".
+fn child(layers: usize, mode: &str, runs: usize, out: &Path) {
+    let (tapped, null_sink) = (mode != "plain", mode == "dropped");
+    let w = weights(layers);
+    let x = input(1.0);
     let base = PEAK.current_usage();
-    let (compile, run) = match tap {
-        None => body(),
-        Some(p) => opscope::scope(p, Box::new(CountingSink(0)), body).expect("recording"),
+    let run_peak = std::cell::Cell::new(0usize);
+    let first_peak = std::cell::Cell::new(0usize);
+    let body = || {
+        let (mut c, _) = compile(layers, &w, "mem");
+        std::hint::black_box(c.run(&[("x", &x)]));
+        // The steady state: peak heap over the later runs, compile's transients excluded.
+        first_peak.set(PEAK.peak_usage());
+        PEAK.reset_peak_usage();
+        let start = PEAK.current_usage();
+        for _ in 1..runs {
+            std::hint::black_box(c.run(&[("x", &x)]));
+        }
+        run_peak.set(PEAK.peak_usage().saturating_sub(start));
     };
-    let peak_mb = (PEAK.peak_usage().saturating_sub(base)) as f32 / (1024.0 * 1024.0);
-    Measured { compile, run, peak_mb }
+    if null_sink {
+        opscope::scope(&Pipeline::parse("matmul").unwrap(), Box::new(DropSink), body).expect("recording");
+    } else if tapped {
+        let sink = opscope::recording::open(out).expect("parquet sink");
+        opscope::scope(&Pipeline::parse("matmul").unwrap(), sink, body).expect("recording");
+    } else {
+        body();
+    }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let hwm = status.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)).unwrap_or("0");
+    let peak = first_peak.get().max(PEAK.peak_usage());
+    println!("{hwm} {} {}", peak.saturating_sub(base), run_peak.get());
+}
+
+fn memory(layers: usize, tapped: bool, runs: usize, dir: &Path) -> (f64, f64) {
+    let exe = std::env::current_exe().expect("bench executable");
+    let out = dir.join(format!("mem{layers}_{tapped}.parquet"));
+    let o = Command::new(exe)
+        .args(["--child", &layers.to_string(), if tapped { "tapped" } else { "plain" }, &runs.to_string()])
+        .arg(&out)
+        .output()
+        .expect("spawn child");
+    assert!(o.status.success(), "child failed: {}", String::from_utf8_lossy(&o.stderr));
+    let s = String::from_utf8_lossy(&o.stdout);
+    let v: Vec<f64> = s.split_whitespace().filter_map(|t| t.parse().ok()).collect();
+    (v[0] / 1024.0, v[1] / (1024.0 * 1024.0))
 }
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    let pipeline = Pipeline::parse(&std::env::var("BENCH_PIPELINE").unwrap_or("matmul".into())).unwrap();
-    println!("chain MLP x[{M},{D}] -> (matmul [{D},{D}] -> relu) x L; pipeline '{pipeline}' (every sketch, lhs+rhs+out)");
-    println!(
-        "{:>4} {:>5} | {:>10} {:>10} {:>6} | {:>10} {:>10} {:>6} | {:>8} {:>8} {:>6}",
-        "L", "sites", "compile", "tapped", "ratio", "run", "tapped", "ratio", "peak MB", "tapped", "ratio"
-    );
-    for layers in [16usize, 64, 128] {
-        let g = common::chain(M, D, layers);
-        let weights: Vec<Vec<f32>> = (0..layers).map(|l| common::weight(D, l)).collect();
-        let x: Vec<f32> = (0..M * D).map(|i| ((i % 13) as f32 - 6.0) / 6.0).collect();
-        let runs = if quick { 5 } else { (2000 / layers).max(15) };
-        // Interleave to share machine noise: untapped, tapped, untapped, tapped.
-        let a1 = measure(&g, &weights, &x, runs, None);
-        let b1 = measure(&g, &weights, &x, runs, Some(&pipeline));
-        let a2 = measure(&g, &weights, &x, runs, None);
-        let b2 = measure(&g, &weights, &x, runs, Some(&pipeline));
-        // Compile time from the first compile of each graph only: RLX may serve a repeated
-        // structure from a compile cache. Run time: the better of two medians.
-        let a = Measured { compile: a1.compile, run: a1.run.min(a2.run), peak_mb: a1.peak_mb.max(a2.peak_mb) };
-        let b = Measured { compile: b1.compile, run: b1.run.min(b2.run), peak_mb: b1.peak_mb.max(b2.peak_mb) };
-        let ms = |d: Duration| format!("{:.2}ms", d.as_secs_f64() * 1e3);
-        println!(
-            "{:>4} {:>5} | {:>10} {:>10} {:>5.2}x | {:>10} {:>10} {:>5.2}x | {:>8.1} {:>8.1} {:>5.2}x",
-            layers,
-            layers,
-            ms(a.compile),
-            ms(b.compile),
-            b.compile.as_secs_f64() / a.compile.as_secs_f64(),
-            ms(a.run),
-            ms(b.run),
-            b.run.as_secs_f64() / a.run.as_secs_f64(),
-            a.peak_mb,
-            b.peak_mb,
-            b.peak_mb / a.peak_mb
-        );
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--child") {
+        child(args[i + 1].parse().unwrap(), &args[i + 2], args[i + 3].parse().unwrap(), Path::new(&args[i + 4]));
+        return;
+    }
+    let quick = args.iter().any(|a| a == "--quick");
+    let depths: &[usize] = if quick { &[16, 64] } else { &[16, 64, 128, 256] };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let full = Pipeline::parse("matmul").unwrap();
+    let max = Pipeline::parse("matmul{stats=[max]}").unwrap();
+    println!("chain MLP x[{M},{D}] -> (matmul [{D},{D}] -> relu) x L, He-scaled weights, N(0,1) input x scale;");
+    println!("recorded to Parquet; ratio = tapped/untapped median of interleaved runs; us/site = extra time per site per run");
+    println!("{:>4} {:>7} | {:>10} | {:>7} {:>8} | {:>11} {:>8}", "L", "scale", "untapped", "matmul", "us/site", "stats=[max]", "us/site");
+    let mut compiles = Vec::new();
+    for &layers in depths {
+        let w = weights(layers);
+        let pairs = if quick { 5 } else { (1200 / layers).clamp(9, 41) };
+        for scale in SCALES {
+            let x = input(scale);
+            let tag = format!("{layers}_{scale:e}");
+            let (pa, pb, ca, cb) = cell(layers, &w, &x, &full, pairs, &dir.path().join(format!("full_{tag}.parquet")), &format!("full_{tag}"));
+            let (ma, mb, _, _) = cell(layers, &w, &x, &max, pairs, &dir.path().join(format!("max_{tag}.parquet")), &format!("max_{tag}"));
+            if scale == 1.0 {
+                compiles.push((layers, ca, cb));
+            }
+            let per_site = |a: Duration, b: Duration| (b.as_secs_f64() - a.as_secs_f64()) * 1e6 / layers as f64;
+            println!(
+                "{:>4} {:>7} | {:>8.2}ms | {:>6.2}x {:>8.1} | {:>10.2}x {:>8.1}",
+                layers,
+                format!("{scale:e}"),
+                pa.as_secs_f64() * 1e3,
+                pb.as_secs_f64() / pa.as_secs_f64(),
+                per_site(pa, pb),
+                mb.as_secs_f64() / ma.as_secs_f64(),
+                per_site(ma, mb)
+            );
+        }
+    }
+    println!("\ncompile (first compile of each graph, scale 1):");
+    println!("{:>4} | {:>9} {:>9} {:>6}", "L", "untapped", "tapped", "ratio");
+    for (l, a, b) in &compiles {
+        println!("{:>4} | {:>7.2}ms {:>7.2}ms {:>5.2}x", l, a.as_secs_f64() * 1e3, b.as_secs_f64() * 1e3, b.as_secs_f64() / a.as_secs_f64());
+    }
+    if compiles.len() >= 2 {
+        // Least-squares slope of log(tapped compile) on log(L).
+        let pts: Vec<(f64, f64)> = compiles.iter().map(|(l, _, b)| ((*l as f64).ln(), b.as_secs_f64().ln())).collect();
+        let n = pts.len() as f64;
+        let (mx, my) = (pts.iter().map(|p| p.0).sum::<f64>() / n, pts.iter().map(|p| p.1).sum::<f64>() / n);
+        let slope = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum::<f64>() / pts.iter().map(|p| (p.0 - mx).powi(2)).sum::<f64>();
+        println!("tapped compile time ~ L^{slope:.2} over L = {}..{}", compiles[0].0, compiles[compiles.len() - 1].0);
+    }
+    println!("\npeak memory, one child process per variant (full `matmul` set, Parquet sink, 10 runs):");
+    println!("{:>4} | {:>9} {:>9} {:>6} | {:>9} {:>9} {:>6}", "L", "RSS MB", "tapped", "ratio", "heap MB", "tapped", "ratio");
+    for &layers in depths {
+        let (ra, ha) = memory(layers, false, 10, dir.path());
+        let (rb, hb) = memory(layers, true, 10, dir.path());
+        println!("{:>4} | {:>9.1} {:>9.1} {:>5.2}x | {:>9.1} {:>9.1} {:>5.2}x", layers, ra, rb, rb / ra, ha, hb, hb / ha);
     }
 }

@@ -364,25 +364,67 @@ impl Rewrite {
     }
 
     /// Finish: the rewritten graph and its manifest. After an actuation the graph is rebuilt
-    /// in topological order without dead nodes, and node ids in the manifest are renumbered.
+    /// in topological order without dead nodes. Then every node only the tap outputs need (the
+    /// sketches and what feeds them alone) is moved to just after the last node it reads, so
+    /// RLX (which runs nodes in index order) computes a sketch while its tensor is still in
+    /// cache and frees the tensor at its last real use, instead of keeping every tapped tensor
+    /// alive to the end of the run. Node ids in the manifest are renumbered.
     pub fn finish(mut self) -> (Graph, Manifest) {
-        if !self.restructured {
-            return (self.graph, self.manifest);
-        }
-        let (graph, map) = rebuild(&self.graph);
+        let user_outputs = self.manifest.user_outputs;
+        let (graph, first) = if self.restructured {
+            let (g, m) = rebuild(&self.graph);
+            (g, Some(m))
+        } else {
+            (self.graph, None)
+        };
+        let (graph, second) = place_early(&graph, user_outputs);
+        let to_new = |old: u32| -> u32 {
+            let mid = match &first {
+                Some(m) => match m.get(&old) {
+                    Some(&v) => v,
+                    None => return u32::MAX,
+                },
+                None => old,
+            };
+            second[mid as usize]
+        };
         let m = &mut self.manifest;
-        let dead = u32::MAX;
         for s in &mut m.sites {
-            s.node = map.get(&s.node).copied().unwrap_or(dead);
+            s.node = to_new(s.node);
         }
         for o in &mut m.outputs {
-            o.tensor = map.get(&o.tensor).copied().unwrap_or(dead);
+            o.tensor = to_new(o.tensor);
         }
         for a in &mut m.actuations {
-            a.node = map.get(&a.node).copied().unwrap_or(dead);
+            a.node = to_new(a.node);
         }
         (graph, self.manifest)
     }
+}
+
+/// `g` with every node that only the tap outputs need (not reachable from the first
+/// `user_outputs` outputs) placed right after the last node it reads; the other nodes keep
+/// their relative order. Returns the graph and the map old index -> new index.
+fn place_early(g: &Graph, user_outputs: usize) -> (Graph, Vec<u32>) {
+    let live = reachable(g, user_outputs);
+    // Sort key: (position among the caller's nodes after which the node runs, tie-break).
+    // A caller's node i keeps (i, 0); a tap-only node goes after its latest input's position,
+    // ordered among its peers by index (inputs are created before their users, so a
+    // tap-only chain keeps its order).
+    let mut key: Vec<(i64, u32)> = Vec::with_capacity(g.len());
+    for n in g.nodes() {
+        let i = n.id.0 as usize;
+        let k = if live[i] { (i as i64, 0) } else { (n.inputs.iter().map(|p| key[p.0 as usize].0).max().unwrap_or(-1), 1 + n.id.0) };
+        key.push(k);
+    }
+    let mut order: Vec<NodeId> = g.nodes().iter().map(|n| n.id).collect();
+    order.sort_by_key(|id| key[id.0 as usize]);
+    let (out, map) = emit(g, &order);
+    let mut to_new = vec![0u32; g.len()];
+    for (old, new) in map {
+        to_new[old as usize] = new;
+    }
+    (out, to_new)
 }
 
 /// Nodes reachable from the first `user_outputs` outputs (inputs and parameters always count).
@@ -437,9 +479,16 @@ fn rebuild(g: &Graph) -> (Graph, HashMap<u32, u32>) {
             }
         }
     }
+    let (out, map) = emit(g, &order);
+    (out, map)
+}
+
+/// The nodes of `g` listed in `order` (a topological order), as a new graph with the same
+/// outputs, names, variables and symbolic attributes. Returns the graph and old id -> new id.
+fn emit(g: &Graph, order: &[NodeId]) -> (Graph, HashMap<u32, u32>) {
     let mut map: HashMap<u32, u32> = HashMap::new();
     let mut out = Graph::new(&g.name);
-    for old in &order {
+    for old in order {
         let n = g.node(*old);
         let inputs = n.inputs.iter().map(|i| NodeId(map[&i.0])).collect();
         let id = out.add_node(n.op.clone(), inputs, n.shape.clone());

@@ -17,7 +17,12 @@ pub fn chain(m: usize, d: usize, layers: usize) -> Graph {
     g
 }
 
-/// A fixed, reproducible weight for layer `l`.
+/// A reproducible He-scaled weight for layer `l`: N(0, 2/d) (He et al., 2015), which keeps the
+/// activations' scale through a ReLU layer, so a deep chain computes on normal numbers.
 pub fn weight(d: usize, l: usize) -> Vec<f32> {
-    (0..d * d).map(|i| (((i * 31 + l * 17) % 97) as f32 - 48.0) / (48.0 * 16.0)).collect()
+    use rand::SeedableRng;
+    use rand_distr::{Distribution, Normal};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1000 + l as u64);
+    let he = Normal::new(0.0f32, (2.0 / d as f32).sqrt()).expect("normal");
+    (0..d * d).map(|_| he.sample(&mut rng)).collect()
 }

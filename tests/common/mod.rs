@@ -341,6 +341,17 @@ pub fn render(g: &Graph, m: &opscope::Manifest) -> String {
 
 /// Assert the snapshot `name` (in `snapshots/`) of a rewritten graph and its manifest; the graph
 /// must also pass RLX's verifier.
+/// The rewritten graph `out` gives the caller `g`'s outputs first: the same count of leading
+/// outputs, each the same op, shape and name (node ids change: sketches are placed right after
+/// the node they read).
+pub fn assert_caller_outputs_first(g: &Graph, out: &Graph) {
+    assert!(out.outputs.len() >= g.outputs.len(), "caller's outputs kept");
+    for (a, b) in g.outputs.iter().zip(&out.outputs) {
+        let (a, b) = (g.node(*a), out.node(*b));
+        assert_eq!((format!("{:?}", a.op), &a.shape, &a.name), (format!("{:?}", b.op), &b.shape, &b.name), "caller's outputs first");
+    }
+}
+
 pub fn snapshot(name: &str, g: &Graph, m: &opscope::Manifest) {
     let errors = rlx_ir::verify::verify_all(g);
     assert!(errors.is_empty(), "{name}: verifier: {errors:?}");

@@ -70,8 +70,8 @@ pub use sketch::{SketchSpec, Stat};
 /// version opscope collects (`opscope::inventory::submit! { PassRegistration(&MyTap) }`).
 pub use inventory;
 
-/// At load time: link every pass file (see [`passes::link`]) and, when `RLX_OPSCOPE` is set,
-/// install the environment mode's tapping backend.
+/// At load time: link every pass file (see [`passes::link`]) and register the environment
+/// mode's CPU backend (it reads `RLX_OPSCOPE` at the first compile; see [`activate::env`]).
 #[ctor::ctor]
 fn opscope_load() {
     passes::link();

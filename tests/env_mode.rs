@@ -409,3 +409,31 @@ fn fakequant_in_the_environment_computes_the_host_fake_quantized_model() {
         assert!(changed, "{path}: 3-bit activations change the outputs");
     }
 }
+
+// ---- examples/env_override: RLX's code-side settings (rlx_ir::env::scoped) ----
+
+#[test]
+fn rlx_env_scoped_in_code_turns_opscope_on_at_the_first_compile() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("scoped.csv");
+    // Nothing in the process environment: the example sets the variables in code.
+    let out = example("env_override").env_remove("RLX_OPSCOPE").env_remove("RLX_OPSCOPE_OUT").arg(&rec).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let printed = printed_outputs(&out.stdout);
+    assert_eq!(printed.len(), 2, "two steps printed");
+    let rows = read_csv_rows(&rec);
+    let sites: std::collections::BTreeSet<&str> = rows.iter().map(|r| &*r.site).collect();
+    assert_eq!(sites.len(), 1, "one matmul site: {sites:?}");
+    let site = *sites.iter().next().unwrap();
+    // The site's output is the fused matmul+bias+gelu kernel's, which is what the program printed.
+    for (step, y) in printed.iter().enumerate() {
+        assert_sketch(&rows, step as u64, site, "out", y);
+    }
+
+    // Set only after the first compile: the decision was already taken, nothing is recorded.
+    let late = dir.path().join("late.csv");
+    let out = example("env_override").env_remove("RLX_OPSCOPE").arg(&late).arg("--late").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(printed_outputs(&out.stdout), printed, "same outputs");
+    assert!(!late.exists(), "nothing recorded when set after the first compile");
+}

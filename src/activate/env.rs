@@ -1,8 +1,12 @@
-//! The environment mode: `RLX_OPSCOPE=<pipeline>` in any program that links opscope installs,
-//! at load time, a wrapper of the CPU backend that taps every compile and strips the tap
-//! outputs from every run. The variables are read once, when the program loads; the pipeline
-//! is parsed at the first compile (the pass registry is filled by load-time constructors too,
-//! in no guaranteed order).
+//! The environment mode: `RLX_OPSCOPE=<pipeline>` in any program that links opscope taps every
+//! CPU compile and strips the tap outputs from every run.
+//!
+//! At load time opscope registers a CPU backend that forwards to RLX's own. The variables are
+//! read at the first compile, through `rlx_ir::env` (so RLX's code-side overrides,
+//! `rlx_ir::env::set` and `rlx_ir::env::scoped`, work as they do for RLX's own `RLX_*`
+//! settings), and the decision then holds for the process. While `RLX_OPSCOPE` is unset or
+//! empty at that compile, every compile goes straight to RLX's CPU backend with the caller's
+//! module untouched and the executable is RLX's own (no wrapper at run time).
 
 use std::sync::{Arc, OnceLock};
 
@@ -25,23 +29,24 @@ pub(super) struct EnvState {
     pub(super) stage: Stage,
 }
 
-/// The three variables as read once at load time.
+/// The three variables as read at the first compile.
 struct EnvVars {
     pipeline: String,
     out: Option<String>,
     stage: Option<String>,
 }
 
-/// `RLX_OPSCOPE` and its companions, read once; `None` when `RLX_OPSCOPE` is unset or empty
-/// (opscope is then inert).
+/// `RLX_OPSCOPE` and its companions through `rlx_ir::env::var` (process environment plus RLX's
+/// code-side overrides), read once, at the first call (the first compile); `None` when
+/// `RLX_OPSCOPE` is unset or empty (opscope is then inert).
 fn vars() -> Option<&'static EnvVars> {
     static VARS: OnceLock<Option<EnvVars>> = OnceLock::new();
     VARS.get_or_init(|| {
-        let pipeline = std::env::var(ENV_PIPELINE).ok().filter(|t| !t.trim().is_empty())?;
+        let pipeline = rlx_ir::env::var(ENV_PIPELINE).filter(|t| !t.trim().is_empty())?;
         Some(EnvVars {
             pipeline,
-            out: std::env::var(ENV_OUT).ok(),
-            stage: std::env::var(ENV_STAGE).ok(),
+            out: rlx_ir::env::var(ENV_OUT),
+            stage: rlx_ir::env::var(ENV_STAGE),
         })
     })
     .as_ref()
@@ -68,18 +73,12 @@ pub(super) fn env_state() -> Option<&'static Result<EnvState, String>> {
     }))
 }
 
-/// Activate from the environment: if `RLX_OPSCOPE` is set, install the tapping CPU backend.
-/// Runs at load time in any program that links opscope (`use opscope as _;`); calling it again
-/// is harmless. Returns whether opscope is active.
-pub fn init() -> bool {
-    static DONE: OnceLock<bool> = OnceLock::new();
-    *DONE.get_or_init(|| {
-        if vars().is_none() {
-            return false;
-        }
-        rlx_runtime::register_backend(rlx_runtime::Device::Cpu, || Box::new(backend::TappingCpu));
-        true
-    })
+/// Install the environment mode's CPU backend (it forwards to RLX's and decides at the first
+/// compile whether to tap; see the module docs). Runs at load time in any program that links
+/// opscope (`use opscope as _;`); calling it again is harmless.
+pub fn init() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| rlx_runtime::register_backend(rlx_runtime::Device::Cpu, || Box::new(backend::TappingCpu)));
 }
 
 /// Finish the environment recording (rename it into place, write the sidecar). Runs at exit;
@@ -169,6 +168,10 @@ mod backend {
             device: rlx_runtime::Device,
             options: &CompileOptions,
         ) -> Result<Box<dyn ExecutableGraph>, rlx_ir::hir::LowerError> {
+            // Off: RLX's own compile of the caller's module, and RLX's own executable.
+            if env_state().is_none() {
+                return CpuBackend.compile_module(module, device, options);
+            }
             let Some(graph) = module.as_graph().cloned() else {
                 return CpuBackend.compile_module(module, device, options);
             };

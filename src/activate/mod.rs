@@ -1,6 +1,6 @@
 //! Activation: a scope around unchanged code ([`Scope`], built on `rlx_runtime::taps`), the
-//! environment (`RLX_OPSCOPE`, through a wrapper of the CPU backend installed at load time:
-//! [`env`]), or direct ([`Pipeline::apply`]). All three rewrite through [`rewrite`].
+//! environment (`RLX_OPSCOPE`, read at the first compile by a CPU backend registered at load
+//! time: [`env`]), or direct ([`Pipeline::apply`]). All three rewrite through [`rewrite`].
 
 pub mod env;
 mod scope;

@@ -786,17 +786,7 @@ fn fused_attention_from_a_merged_qkv_projection() {
     for (b, s) in [(2usize, 40usize), (2, 8)] {
         let (h, d) = (2usize, 4usize);
         let e = h * d;
-        let mut gr = Graph::new("qkv_attn");
-        let x = gr.input("x", f32s(&[b, s, e]));
-        let w = gr.param("w_qkv", f32s(&[e, 3 * e]));
-        let wo = gr.param("w_o", f32s(&[e, e]));
-        let m = gr.input("mask", f32s(&[b, s]));
-        let qkv = gr.matmul(x, w, f32s(&[b, s, 3 * e]));
-        let part = |gr: &mut Graph, i: usize| gr.add_node(rlx_ir::Op::Narrow { axis: 2, start: i * e, len: e }, vec![qkv], f32s(&[b, s, e]));
-        let (q, k, v) = (part(&mut gr, 0), part(&mut gr, 1), part(&mut gr, 2));
-        let o = gr.attention(q, k, v, m, h, d, f32s(&[b, s, e]));
-        let y = gr.matmul(o, wo, f32s(&[b, s, e]));
-        gr.set_outputs(vec![y]);
+        let gr = common::qkv_attention_graph(b, s, h, d);
 
         let xs = randn(b * s * e, 40);
         let ws: Vec<f32> = randn(e * 3 * e, 41).iter().map(|v| v * 0.7).collect();

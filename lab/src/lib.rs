@@ -1,7 +1,7 @@
 //! The opscope lab: what the `opscope` CLI runs on top of the plugin. A real ONNX encoder over
 //! real text ([`model`]), the measurements that use the actuation passes ([`measure`]), the
 //! comparison of two recordings ([`diff`]), the planted-structure sweep that is the miner's ground truth ([`sweep`]), the HTML report
-//! ([`report`]) and the per-site summary a recording prints ([`summary`]). A program that only
+//! ([`report`]), node-by-node parity of a compiled program ([`parity`]) and the per-site summary a recording prints ([`summary`]). A program that only
 //! wants the tap links `opscope` and none of this (no tokenizer, ONNX importer or plotter).
 
 #![warn(missing_docs)]
@@ -11,6 +11,7 @@ pub mod measure;
 pub mod model;
 pub mod npz;
 pub mod output;
+pub mod parity;
 pub mod report;
 pub mod summary;
 pub mod sweep;

@@ -49,6 +49,58 @@ enum Cmd {
     /// List the sites a pipeline finds in an ONNX model, without running it: the names to use in
     /// `sites=[..]` (as `record` prints them; the full ONNX names work too), op, roles, shape.
     Sites(SitesArgs),
+    /// Check an ONNX encoder as RLX compiles it against the same graph run op by op, on one batch
+    /// of text: per output the max difference and ULPs; if an output diverges, the first node
+    /// that does (each node exposed alone, in execution order).
+    Parity(ParityArgs),
+}
+
+#[derive(clap::Args)]
+struct ParityArgs {
+    /// ONNX model.
+    #[arg(long)]
+    onnx: PathBuf,
+    /// tokenizer.json.
+    #[arg(long)]
+    tokenizer: PathBuf,
+    /// Text file; the first `--batch` entries (fortune format, or one per line) are used.
+    #[arg(long)]
+    text: PathBuf,
+    /// Sentences in the batch.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=256))]
+    batch: u32,
+    /// Tokens per sentence.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(2..=512))]
+    seq: u32,
+    /// Relative tolerance (times the reference tensor's max |x|).
+    #[arg(long, default_value_t = 1e-4)]
+    rtol: f64,
+    /// Absolute tolerance.
+    #[arg(long, default_value_t = 1e-6)]
+    atol: f64,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parity(a: ParityArgs) -> Result<()> {
+    if !(a.rtol >= 0.0 && a.atol >= 0.0 && a.rtol.is_finite() && a.atol.is_finite()) {
+        anyhow::bail!("--rtol and --atol must be finite and >= 0 (got {} and {})", a.rtol, a.atol);
+    }
+    let text = std::fs::read_to_string(&a.text).with_context(|| format!("reading {}", a.text.display()))?;
+    let entries: Vec<String> = split_entries(&text).into_iter().take(a.batch as usize).collect();
+    if entries.len() < a.batch as usize {
+        anyhow::bail!("{} holds {} entries, --batch asks for {}", a.text.display(), entries.len(), a.batch);
+    }
+    let model = opscope_lab::model::OnnxEncoder::load(&a.onnx, a.batch as usize, a.seq as usize)?;
+    let enc = opscope_lab::model::TextEncoder::load(&a.tokenizer, a.seq as usize)?.encode(&entries)?;
+    let report = opscope_lab::parity::check(&model.parity_input(&enc)?, opscope_lab::parity::Tolerance { rtol: a.rtol, atol: a.atol })?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", opscope_lab::parity::render(&report));
+    }
+    Ok(())
 }
 
 #[derive(clap::Args)]
@@ -644,6 +696,7 @@ fn main() -> ExitCode {
         Cmd::Diff(a) => diff(a),
         Cmd::Measure(a) => measure(a),
         Cmd::Sites(a) => sites(a),
+        Cmd::Parity(a) => parity(a),
         Cmd::Calibrate(a) => calibrate(a),
     };
     match res {

@@ -266,6 +266,26 @@ impl OnnxEncoder {
         c
     }
 
+    /// The graph, its weights and one batch's inputs as typed buffers, for a node-by-node
+    /// parity check compiled with the options [`OnnxEncoder::compile`] uses.
+    ///
+    /// Errors: the batch does not fit the graph's `[batch, seq]`.
+    pub fn parity_input(&self, enc: &Encoded) -> Result<crate::parity::ParityInput> {
+        if enc.ids.len() != self.batch * self.seq {
+            bail!("batch holds {} ids, graph expects {}x{}", enc.ids.len(), self.batch, self.seq);
+        }
+        let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let mut params: Vec<(String, (Vec<u8>, DType))> = self.params.iter().map(|(n, d)| (n.clone(), (f32_bytes(d), DType::F32))).collect();
+        let shape: Vec<u8> = [self.batch as i64, self.seq as i64].iter().flat_map(|v| v.to_le_bytes()).collect();
+        params.push(("__onnx_runtime__/input_ids_shape".into(), (shape, DType::I64)));
+        let inputs = self
+            .feeds
+            .iter()
+            .map(|f| Ok((f.name.clone(), (f.bytes(enc, self.seq)?, f.dtype))))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(crate::parity::ParityInput { graph: self.graph.clone(), params, inputs, options: CompileOptions::default() })
+    }
+
     /// Run one batch; returns the model's outputs as (little-endian bytes, dtype), in graph
     /// output order (see [`decode`]).
     pub fn run(&self, compiled: &mut CompiledGraph, enc: &Encoded) -> Result<Vec<(Vec<u8>, DType)>> {

@@ -377,3 +377,25 @@ pub fn fixture_bias_gelu() -> Graph {
     g.set_outputs(vec![a]);
     g
 }
+
+/// An attention fed by one merged QKV projection sliced with `Narrow` (the form RLX's CPU backend
+/// fuses at the thunk level): `y = attention(narrow_q, narrow_k, narrow_v, mask) @ w_o` with
+/// `qkv = x @ w_qkv`. Inputs `x[b,s,h*d]`, `mask[b,s]`; params `w_qkv[e,3e]`, `w_o[e,e]`.
+/// RLX 0.2.19 computes it wrong above 64 tokens (the QKV buffer is reused while the attention
+/// still reads it in place).
+pub fn qkv_attention_graph(b: usize, s: usize, h: usize, d: usize) -> Graph {
+    let f = |dims: &[usize]| Shape::new(dims, DType::F32);
+    let e = h * d;
+    let mut gr = Graph::new("qkv_attn");
+    let x = gr.input("x", f(&[b, s, e]));
+    let w = gr.param("w_qkv", f(&[e, 3 * e]));
+    let wo = gr.param("w_o", f(&[e, e]));
+    let m = gr.input("mask", f(&[b, s]));
+    let qkv = gr.matmul(x, w, f(&[b, s, 3 * e]));
+    let part = |gr: &mut Graph, i: usize| gr.add_node(rlx_ir::Op::Narrow { axis: 2, start: i * e, len: e }, vec![qkv], f(&[b, s, e]));
+    let (q, k, v) = (part(&mut gr, 0), part(&mut gr, 1), part(&mut gr, 2));
+    let o = gr.attention(q, k, v, m, h, d, f(&[b, s, e]));
+    let y = gr.matmul(o, wo, f(&[b, s, e]));
+    gr.set_outputs(vec![y]);
+    gr
+}

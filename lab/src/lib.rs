@@ -14,4 +14,5 @@ pub mod output;
 pub mod report;
 pub mod summary;
 pub mod sweep;
+pub mod timing;
 pub mod verdicts;

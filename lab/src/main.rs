@@ -49,6 +49,103 @@ enum Cmd {
     /// List the sites a pipeline finds in an ONNX model, without running it: the names to use in
     /// `sites=[..]` (as `record` prints them; the full ONNX names work too), op, roles, shape.
     Sites(SitesArgs),
+    /// Time the model under two pipelines, interleaved (ABBA pairs after a warm-up, as many as
+    /// the time budget allows): the ratio of median run times A/B with a percentile-bootstrap
+    /// confidence interval, outliers dropped by Tukey's outer fences (criterion's severe
+    /// outliers). `--a matmul --b ''` is the cost of the matmul taps against the untapped model.
+    Ab(AbArgs),
+}
+
+#[derive(clap::Args)]
+struct AbArgs {
+    #[command(flatten)]
+    corpus: Corpus,
+    /// Pipeline of program A; '' is the untapped model.
+    #[arg(long)]
+    a: String,
+    /// Pipeline of program B; '' is the untapped model.
+    #[arg(long)]
+    b: String,
+    /// Which program the taps observe (`deployed` or `source`).
+    #[arg(long, default_value = "deployed")]
+    stage: opscope::activate::Stage,
+    /// Warm-up, in ms, alternating A and B before measuring.
+    #[arg(long, default_value_t = 1000)]
+    warmup_ms: u64,
+    /// Time budget of the measured pairs, in ms; sets the sample count.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
+    budget_ms: u64,
+    /// Fewest measured pairs, whatever the budget.
+    #[arg(long, default_value_t = 10)]
+    min_pairs: usize,
+    /// Confidence level of the interval.
+    #[arg(long, default_value_t = 0.95)]
+    confidence: f64,
+    /// Bootstrap resamples.
+    #[arg(long, default_value_t = 10_000)]
+    resamples: usize,
+    /// Seed of the bootstrap generator.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Also write the comparison as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Overwrite `--json` even when it is an input or an existing file that is not JSON.
+    #[arg(long)]
+    force: bool,
+}
+
+/// Batches `ab` cycles through (pair i runs batch i mod this on both sides).
+const AB_BATCHES: usize = 16;
+
+fn ab(a: AbArgs) -> Result<()> {
+    let c = &a.corpus;
+    if let Some(path) = &a.json {
+        opscope_lab::output::check(path, &c.inputs(), Output::Json, a.force)?;
+    }
+    let parse = |text: &str, side: &str| -> Result<Option<Pipeline>> {
+        if text.trim().is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Pipeline::parse(text).with_context(|| format!("--{side}"))?))
+    };
+    let (pa, pb) = (parse(&a.a, "a")?, parse(&a.b, "b")?);
+    let opts = opscope_lab::timing::AbOptions {
+        warmup: std::time::Duration::from_millis(a.warmup_ms),
+        budget: std::time::Duration::from_millis(a.budget_ms),
+        min_pairs: a.min_pairs,
+        max_pairs: 1_000_000.max(a.min_pairs),
+        resamples: a.resamples,
+        confidence: a.confidence,
+        seed: a.seed,
+    };
+    opts.validate()?;
+    let (tok, _) = c.text_files()?;
+    let mut entries = c.entries()?;
+    let batch = (c.batch as usize).min(entries.len());
+    entries.truncate((entries.len() / batch).min(AB_BATCHES) * batch);
+    let text = opscope_lab::model::TextEncoder::load(tok, c.seq as usize)?;
+    let batches = entries.chunks(batch).map(|b| text.encode(b)).collect::<Result<Vec<_>>>()?;
+    let model = opscope_lab::model::OnnxEncoder::load(&c.onnx, batch, c.seq as usize)?;
+    let bar = ProgressBar::new_spinner();
+    bar.set_message(format!("timing A '{}' against B '{}'", a.a, a.b));
+    let r = opscope_lab::timing::ab_pipelines(&model, &batches, pa.as_ref(), pb.as_ref(), a.stage, &opts);
+    bar.finish_and_clear();
+    let r = r?;
+    if let Some(path) = &a.json {
+        let doc = serde_json::json!({ "onnx": c.onnx, "a": a.a, "b": a.b, "batch": batch, "seq": c.seq, "batches": batches.len(), "report": r });
+        let body = serde_json::to_vec_pretty(&doc).context("encoding the comparison")?;
+        opscope::recording::write_atomic(path, &body)?;
+    }
+    let name = |p: &str| if p.trim().is_empty() { "untapped".to_string() } else { format!("'{p}'") };
+    let mut out = format!("A = {}, B = {} ({} x {} tokens, {} batches cycled)\n{}\n", name(&a.a), name(&a.b), batch, c.seq, batches.len(), r.line());
+    let o = |x: &opscope_lab::timing::Outliers| format!("{} low / {} high severe (dropped), {} low / {} high mild (kept)", x.low_severe, x.high_severe, x.low_mild, x.high_mild);
+    out.push_str(&format!("outliers A: {}\noutliers B: {}\n", o(&r.outliers_a), o(&r.outliers_b)));
+    out.push_str(&format!(
+        "{}\n",
+        if r.differs() { format!("A and B differ at {:.0}% confidence", r.confidence * 100.0) } else { format!("no difference at {:.0}% confidence", r.confidence * 100.0) }
+    ));
+    emit(&out)
 }
 
 #[derive(clap::Args)]
@@ -645,6 +742,7 @@ fn main() -> ExitCode {
         Cmd::Measure(a) => measure(a),
         Cmd::Sites(a) => sites(a),
         Cmd::Calibrate(a) => calibrate(a),
+        Cmd::Ab(a) => ab(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -31,6 +31,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
+use crate::model::{Encoded, OnnxEncoder};
+
 /// Fewest warm-up pairs, whatever [`AbOptions::warmup`] is: the first run of a compiled RLX
 /// program pays its lazy set-up, the second is the first representative one.
 pub const MIN_WARMUP_PAIRS: usize = 2;
@@ -342,6 +344,103 @@ pub fn ab(mut a: impl FnMut() -> Result<()>, mut b: impl FnMut() -> Result<()>, 
         Ok(t.elapsed())
     };
     ab_timed(|| timed(&mut a), || timed(&mut b), opts)
+}
+
+/// A sink that keeps nothing: [`ab_pipelines`] times the taps (sketch kernels, read-back and row
+/// building) without the cost of a file, which depends on the disk and not on the program.
+struct Discard;
+
+impl opscope::Sink for Discard {
+    fn manifest(&mut self, _: &opscope::Manifest) -> Result<(), opscope::Error> {
+        Ok(())
+    }
+    fn write(&mut self, rows: &[opscope::Row]) -> Result<(), opscope::Error> {
+        std::hint::black_box(rows);
+        Ok(())
+    }
+    fn finish(&mut self) -> Result<(), opscope::Error> {
+        Ok(())
+    }
+}
+
+/// One program of [`ab_pipelines`]: the model compiled inside a recording scope of `pipeline`
+/// (`None`: untapped, no scope), on its own worker thread (scopes are per thread, and RLX reports a
+/// run's tap outputs to the scope current at run time). Each message `i` runs batch `i` once and
+/// answers the time of that run alone, measured on the worker (the hand-off is not counted).
+fn worker(
+    model: &OnnxEncoder,
+    batches: &[Encoded],
+    pipeline: Option<&opscope::Pipeline>,
+    stage: opscope::activate::Stage,
+    go: std::sync::mpsc::Receiver<usize>,
+    done: std::sync::mpsc::SyncSender<Result<Duration>>,
+) -> Result<()> {
+    let serve = || {
+        let session = rlx_runtime::Session::new(rlx_runtime::Device::Cpu);
+        let mut compiled = model.compile(&session);
+        while let Ok(i) = go.recv() {
+            let t = Instant::now();
+            let r = model.run(&mut compiled, &batches[i % batches.len()]).map(|outs| {
+                let e = t.elapsed();
+                std::hint::black_box(outs);
+                e
+            });
+            if done.send(r).is_err() {
+                break;
+            }
+        }
+    };
+    match pipeline {
+        None => serve(),
+        Some(p) => {
+            let (_, recorded) = opscope::Scope::new(p, Box::new(Discard)).stage(stage).run(serve);
+            recorded.map_err(|e| anyhow::anyhow!("recording '{p}': {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Time the same model under two pipelines (`None`: untapped), interleaved (see the module doc):
+/// sample `i` of A and of B both run batch `i mod batches.len()`, so a pair shares its input. A
+/// tapped program's rows go to a sink that discards them: the time is that of the deployed program
+/// with its sketch kernels and row building, not of writing a file.
+///
+/// Errors: no batches; a run fails; the recording of a tapped program fails; as [`ab_timed`].
+pub fn ab_pipelines(
+    model: &OnnxEncoder,
+    batches: &[Encoded],
+    a: Option<&opscope::Pipeline>,
+    b: Option<&opscope::Pipeline>,
+    stage: opscope::activate::Stage,
+    opts: &AbOptions,
+) -> Result<AbReport> {
+    ensure!(!batches.is_empty(), "no batch to run: give the comparison at least one batch of input");
+    opts.validate()?;
+    std::thread::scope(|s| {
+        let (go_a, rx_a) = std::sync::mpsc::sync_channel::<usize>(0);
+        let (go_b, rx_b) = std::sync::mpsc::sync_channel::<usize>(0);
+        let (tx_ta, done_a) = std::sync::mpsc::sync_channel(0);
+        let (tx_tb, done_b) = std::sync::mpsc::sync_channel(0);
+        let wa = s.spawn(move || worker(model, batches, a, stage, rx_a, tx_ta));
+        let wb = s.spawn(move || worker(model, batches, b, stage, rx_b, tx_tb));
+        let call = |go: &std::sync::mpsc::SyncSender<usize>, done: &std::sync::mpsc::Receiver<Result<Duration>>, i: &mut usize, side: &str| -> Result<Duration> {
+            let lost = || anyhow::anyhow!("program {side} stopped (its worker ended)");
+            go.send(*i).map_err(|_| lost())?;
+            *i += 1;
+            done.recv().map_err(|_| lost())?
+        };
+        let (mut ia, mut ib) = (0usize, 0usize);
+        let report = ab_timed(|| call(&go_a, &done_a, &mut ia, "A"), || call(&go_b, &done_b, &mut ib, "B"), opts);
+        drop((go_a, go_b, done_a, done_b));
+        let join = |w: std::thread::ScopedJoinHandle<'_, Result<()>>, side: &str| -> Result<()> {
+            w.join().map_err(|_| anyhow::anyhow!("program {side} panicked"))?.map_err(|e| e.context(format!("program {side}")))
+        };
+        let (ja, jb) = (join(wa, "A"), join(wb, "B"));
+        // A worker's own error explains a lost hand-off better than the hand-off does.
+        ja?;
+        jb?;
+        report
+    })
 }
 
 #[cfg(test)]

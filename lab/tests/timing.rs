@@ -108,3 +108,58 @@ fn the_budget_sets_the_sample_count() {
     let err = ab(|| anyhow::bail!("A broke"), sleep, &opts).unwrap_err();
     assert_eq!(err.to_string(), "A broke");
 }
+
+fn opscope() -> std::process::Command {
+    std::process::Command::new(env!("CARGO_BIN_EXE_opscope"))
+}
+
+/// `opscope ab` on MiniLM: tapped (matmul) against untapped, JSON written; its numbers agree
+/// with each other (ratio = median A / median B, inside its interval).
+#[test]
+fn ab_cli_compares_tapped_with_untapped_and_writes_json() {
+    let _turn = turn();
+    let a = opscope_lab::model::MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("ab.json");
+    let out = opscope()
+        .arg("ab")
+        .args(["--onnx".as_ref(), a.onnx.as_os_str(), "--tokenizer".as_ref(), a.tokenizer.as_os_str(), "--text".as_ref(), a.text.as_os_str()])
+        .args(["--batch", "1", "--seq", "16", "--limit", "4", "--a", "matmul", "--b", "", "--warmup-ms", "50", "--budget-ms", "300"])
+        .args(["--resamples", "500", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("A = 'matmul', B = untapped (1 x 16 tokens, 4 batches cycled)"), "{stdout}");
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let r = &doc["report"];
+    let f = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k} in {doc}"));
+    assert_eq!((doc["a"].as_str(), doc["b"].as_str()), (Some("matmul"), Some("")));
+    assert!(f("kept") >= 10.0 && f("kept") <= f("pairs"), "{doc}");
+    assert!((f("ratio") - f("median_a") / f("median_b")).abs() < 1e-12, "{doc}");
+    assert!(f("ci_low") <= f("ratio") && f("ratio") <= f("ci_high"), "{doc}");
+    assert_eq!((f("confidence"), f("resamples")), (0.95, 500.0));
+    assert!(r["method"].as_str().unwrap().contains("percentile bootstrap over paired samples"), "{doc}");
+}
+
+/// Bad options are one clear line, before any model is read.
+#[test]
+fn ab_cli_rejects_bad_options_clearly() {
+    let run = |extra: &[&str]| {
+        let out = opscope()
+            .args(["ab", "--onnx", "missing.onnx", "--tokenizer", "t.json", "--text", "x.txt", "--b", ""])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let e = run(&["--a", "matmul", "--confidence", "95"]);
+    assert!(e.contains("confidence 95 is not in (0, 1)"), "{e}");
+    let e = run(&["--a", "matmul", "--resamples", "10"]);
+    assert!(e.contains("resamples 10 is below 100"), "{e}");
+    let e = run(&["--a", "bogus"]);
+    assert!(e.contains("--a") && e.contains("unknown pass 'bogus'"), "{e}");
+    assert!(!e.contains("panicked"));
+}

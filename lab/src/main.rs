@@ -54,6 +54,84 @@ enum Cmd {
     /// confidence interval, outliers dropped by Tukey's outer fences (criterion's severe
     /// outliers). `--a matmul --b ''` is the cost of the matmul taps against the untapped model.
     Ab(AbArgs),
+    /// Repeated blocks of an ONNX model's program (transformer layers, FFNs, norm motifs): found
+    /// by Weisfeiler-Lehman colours, grown as disjoint occurrences, each confirmed isomorphic
+    /// (petgraph VF2); ranked by the ops they cover. Without running the model.
+    Blocks(BlocksArgs),
+}
+
+#[derive(clap::Args)]
+struct BlocksArgs {
+    /// ONNX model.
+    #[arg(long)]
+    onnx: PathBuf,
+    /// Sentences per batch the model is imported for.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    batch: u32,
+    /// Tokens per sentence.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(2..=512))]
+    seq: u32,
+    /// Which program to search: `deployed` (after RLX's fusion, what runs) or `source`.
+    #[arg(long, default_value = "deployed")]
+    stage: opscope::activate::Stage,
+    /// Weisfeiler-Lehman rounds (the radius anchors must look alike over).
+    #[arg(long, default_value_t = 3)]
+    wl_rounds: usize,
+    /// Fewest ops per occurrence.
+    #[arg(long, default_value_t = 2)]
+    min_ops: usize,
+    /// Rows of the table (0: all); JSON always holds every block.
+    #[arg(long, default_value_t = 20)]
+    top: usize,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn blocks(a: BlocksArgs) -> Result<()> {
+    let enc = opscope_lab::model::OnnxEncoder::load(&a.onnx, a.batch as usize, a.seq as usize)?;
+    let graph = match a.stage {
+        opscope::activate::Stage::Deployed => opscope::activate::fuse(&enc.graph, rlx_runtime::Device::Cpu, &rlx_runtime::CompileOptions::default()),
+        _ => enc.graph.clone(),
+    };
+    let stage = match a.stage {
+        opscope::activate::Stage::Deployed => "deployed",
+        _ => "source",
+    };
+    let opts = opscope::analysis::BlockOptions { wl_rounds: a.wl_rounds, min_ops: a.min_ops };
+    let found = opscope::analysis::repeated_blocks(&graph, &opts).with_context(|| format!("{}", a.onnx.display()))?;
+    // People read occurrences by the site name of their first op (the ONNX names, recovered
+    // through fusion from the weights), e.g. `layer.1/attention/self/query/MatMul`.
+    let (names, _) = opscope::analysis::site_names(&graph, Some(&enc.graph));
+    let is_op = |v: &u32| !matches!(graph.nodes()[*v as usize].op, rlx_ir::Op::Input { .. } | rlx_ir::Op::Param { .. } | rlx_ir::Op::Constant { .. });
+    let first_sites: Vec<Vec<String>> = found
+        .iter()
+        .map(|b| b.occurrences.iter().map(|o| o.iter().find(|v| is_op(v)).and_then(|v| names.get(v)).cloned().unwrap_or_default()).collect())
+        .collect();
+    if a.json {
+        let doc = serde_json::json!({ "onnx": a.onnx, "stage": stage, "graph": graph.name, "nodes": graph.nodes().len(), "blocks": found, "first_sites": first_sites });
+        return emit(&(serde_json::to_string_pretty(&doc).context("JSON")? + "\n"));
+    }
+    let mut out = format!("{} repeated block(s) in the {} program of {} ({} nodes), by ops covered\n", found.len(), stage, a.onnx.display(), graph.nodes().len());
+    out.push_str("rank  ops  x  covered  chain  ops of one occurrence; site of each occurrence's first op\n");
+    let shown = if a.top == 0 { found.len() } else { a.top.min(found.len()) };
+    for (i, (b, sites)) in found.iter().zip(&first_sites).take(shown).enumerate() {
+        let ops: Vec<String> = b.op_counts.iter().map(|(k, v)| if *v > 1 { format!("{v}x{k}") } else { k.clone() }).collect();
+        out.push_str(&format!(
+            "{:>4}  {:>3}  {:<2} {:>7}  {:<5}  {}; {}\n",
+            i + 1,
+            b.ops,
+            b.occurrences.len(),
+            b.coverage(),
+            if b.chain { "yes" } else { "no" },
+            ops.join(" "),
+            sites.join(" | ")
+        ));
+    }
+    if shown < found.len() {
+        out.push_str(&format!("({} more; --top 0 shows all, --json gives node ids)\n", found.len() - shown));
+    }
+    emit(&out)
 }
 
 #[derive(clap::Args)]
@@ -743,6 +821,7 @@ fn main() -> ExitCode {
         Cmd::Sites(a) => sites(a),
         Cmd::Calibrate(a) => calibrate(a),
         Cmd::Ab(a) => ab(a),
+        Cmd::Blocks(a) => blocks(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -66,8 +66,6 @@ pub struct Block {
     /// Width 1: the ops form one linear chain (each op feeds at most one op of the occurrence
     /// and is fed by at most one).
     pub chain: bool,
-    /// The first named node of each occurrence (graph node names), for people.
-    pub first_names: Vec<Option<String>>,
 }
 
 /// Why [`repeated_blocks`] cannot run.
@@ -278,18 +276,17 @@ impl Ctx<'_> {
             let outs = self.users[v as usize].iter().filter(|(u, _)| set.contains(u)).count();
             ins <= 1 && outs <= 1
         });
-        let first_names = occurrences.iter().map(|o| o.iter().find_map(|v| self.g.nodes()[*v as usize].name.clone())).collect();
-        Block { ops: ops.len(), nodes: first.len(), occurrences, op_names, op_counts, chain, first_names }
+        Block { ops: ops.len(), nodes: first.len(), occurrences, op_names, op_counts, chain }
     }
 }
 
 /// The repeated blocks of `g`, by the ops they cover ([`Block::coverage`]: ops per occurrence x
 /// occurrences; ties: more occurrences first). Every block's occurrences are pairwise disjoint
 /// and isomorphic (labels and operand slots). A block is left out when a higher-ranked block
-/// with at least as many occurrences and at least as many ops touches every one of its
-/// occurrences (the same repeat seen from other anchors, shifted, or a part of it); a block
-/// repeated MORE often inside another is kept (an FFN repeated 6 times inside a layer repeated
-/// 3 times), and so is a larger block built of a smaller, more frequent one.
+/// with at least as many occurrences holds more than half of each of its occurrences within one
+/// of its own (the same repeat seen from other anchors, shifted by a node, or a part of it); a
+/// block repeated MORE often inside another is kept (an FFN repeated 6 times inside a layer
+/// repeated 3 times), and so is a larger block built of several occurrences of a smaller one.
 ///
 /// Errors: the graph has no live node ([`BlocksError::Empty`]); `wl_rounds` above 16 or
 /// `min_ops` 0.
@@ -346,14 +343,23 @@ pub fn repeated_blocks(g: &Graph, opts: &BlockOptions) -> Result<Vec<Block>, Blo
     }
     // Rank by coverage, then keep a block only if no kept block dominates it.
     found.sort_by(|a, b| (b.coverage(), b.occurrences.len(), &a.occurrences).cmp(&(a.coverage(), a.occurrences.len(), &b.occurrences)));
-    let mut kept: Vec<(Block, HashSet<u32>)> = Vec::new();
+    let mut kept: Vec<(Block, HashMap<u32, usize>)> = Vec::new();
     for b in found {
-        let dominated = kept.iter().any(|(k, nodes)| {
-            b.occurrences.len() <= k.occurrences.len() && b.ops <= k.ops && b.occurrences.iter().all(|o| o.iter().any(|v| nodes.contains(v)))
+        let dominated = kept.iter().any(|(k, at)| {
+            b.occurrences.len() <= k.occurrences.len()
+                && b.occurrences.iter().all(|o| {
+                    let mut per: HashMap<usize, usize> = HashMap::new();
+                    for v in o {
+                        if let Some(&i) = at.get(v) {
+                            *per.entry(i).or_insert(0) += 1;
+                        }
+                    }
+                    2 * per.values().copied().max().unwrap_or(0) > o.len()
+                })
         });
         if !dominated {
-            let nodes = b.occurrences.iter().flatten().copied().collect();
-            kept.push((b, nodes));
+            let at = b.occurrences.iter().enumerate().flat_map(|(k, o)| o.iter().map(move |&v| (v, k))).collect();
+            kept.push((b, at));
         }
     }
     Ok(kept.into_iter().map(|(b, _)| b).collect())

@@ -108,22 +108,26 @@ fn blocks(a: BlocksArgs) -> Result<()> {
         .iter()
         .map(|b| b.occurrences.iter().map(|o| o.iter().find(|v| is_op(v)).and_then(|v| names.get(v)).cloned().unwrap_or_default()).collect())
         .collect();
+    // What RLX fused inside each block (deployed program only: the source program is unfused).
+    let fusion: Vec<Option<opscope::analysis::BlockFusion>> =
+        found.iter().map(|b| (stage == "deployed").then(|| opscope::analysis::block_fusion(b, &enc.graph, &graph))).collect();
     if a.json {
-        let doc = serde_json::json!({ "onnx": a.onnx, "stage": stage, "graph": graph.name, "nodes": graph.nodes().len(), "blocks": found, "first_sites": first_sites });
+        let doc = serde_json::json!({ "onnx": a.onnx, "stage": stage, "rlx_fusion": fusion, "graph": graph.name, "nodes": graph.nodes().len(), "blocks": found, "first_sites": first_sites });
         return emit(&(serde_json::to_string_pretty(&doc).context("JSON")? + "\n"));
     }
     let mut out = format!("{} repeated block(s) in the {} program of {} ({} nodes), by ops covered\n", found.len(), stage, a.onnx.display(), graph.nodes().len());
-    out.push_str("rank  ops  x  covered  chain  ops of one occurrence; site of each occurrence's first op\n");
+    out.push_str("rank  ops  x  covered  chain  unfused  ops of one occurrence; site of each occurrence's first op\n");
     let shown = if a.top == 0 { found.len() } else { a.top.min(found.len()) };
-    for (i, (b, sites)) in found.iter().zip(&first_sites).take(shown).enumerate() {
+    for (i, ((b, sites), f)) in found.iter().zip(&first_sites).zip(&fusion).take(shown).enumerate() {
         let ops: Vec<String> = b.op_counts.iter().map(|(k, v)| if *v > 1 { format!("{v}x{k}") } else { k.clone() }).collect();
         out.push_str(&format!(
-            "{:>4}  {:>3}  {:<2} {:>7}  {:<5}  {}; {}\n",
+            "{:>4}  {:>3}  {:<2} {:>7}  {:<5}  {:>7}  {}; {}\n",
             i + 1,
             b.ops,
             b.occurrences.len(),
             b.coverage(),
             if b.chain { "yes" } else { "no" },
+            f.as_ref().map_or("-".to_string(), |f| f.unfused_ops.to_string()),
             ops.join(" "),
             sites.join(" | ")
         ));
@@ -131,6 +135,7 @@ fn blocks(a: BlocksArgs) -> Result<()> {
     if shown < found.len() {
         out.push_str(&format!("({} more; --top 0 shows all, --json gives node ids)\n", found.len() - shown));
     }
+    out.push_str("unfused: ops of one occurrence that are not RLX fused kernels (fused_*, *region*); a repeat with many is a candidate for a fused kernel; --json lists RLX's missed fusions per block\n");
     emit(&out)
 }
 

@@ -70,6 +70,12 @@ fn blocks_cli_prints_json() {
     assert_eq!(doc["stage"], "deployed");
     let sites = doc["first_sites"][0].as_array().unwrap();
     assert_eq!(sites.len(), 3);
+    // RLX fuses the two residual adds + LayerNorms of a layer; the rest of its ops are unfused.
+    let f = &doc["rlx_fusion"][0];
+    assert_eq!(f["fused"], serde_json::json!({"fused_residual_ln": 2}), "{f}");
+    let ops = top["ops"].as_u64().unwrap();
+    assert_eq!(f["unfused_ops"].as_u64().unwrap(), ops - 2, "{f}");
+    assert!(f["missed"].is_array());
     let bad = Command::new(env!("CARGO_BIN_EXE_opscope")).args(["blocks", "--onnx", "missing.onnx"]).output().unwrap();
     assert!(!bad.status.success());
     let err = String::from_utf8_lossy(&bad.stderr);

@@ -365,6 +365,36 @@ pub fn repeated_blocks(g: &Graph, opts: &BlockOptions) -> Result<Vec<Block>, Blo
     Ok(kept.into_iter().map(|(b, _)| b).collect())
 }
 
+/// What RLX's fusion did inside a block (rlx-fusion's `FusionReport::analyze(source, deployed)`),
+/// per occurrence of the block in the deployed graph.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BlockFusion {
+    /// Ops of one occurrence that are RLX fused kernels (op names starting `fused_` or holding
+    /// `region`), by name.
+    pub fused: BTreeMap<String, usize>,
+    /// Ops of one occurrence that are not fused kernels.
+    pub unfused_ops: usize,
+    /// Fusions RLX recognised but missed inside the first occurrence: `pattern: reason`.
+    pub missed: Vec<String>,
+}
+
+/// [`BlockFusion`] of `block`, found in `deployed` (the graph RLX's fusion made of `source`).
+pub fn block_fusion(block: &Block, source: &Graph, deployed: &Graph) -> BlockFusion {
+    let report = rlx_fusion::FusionReport::analyze(source, deployed);
+    let first: HashSet<u32> = block.occurrences[0].iter().copied().collect();
+    let mut fused = BTreeMap::new();
+    let mut unfused_ops = 0;
+    for n in &block.op_names {
+        if n.starts_with("fused_") || n.contains("region") {
+            *fused.entry(n.clone()).or_insert(0) += 1;
+        } else {
+            unfused_ops += 1;
+        }
+    }
+    let missed = report.missed.iter().filter(|m| first.contains(&m.node.0)).map(|m| format!("{}: {:?}", m.pattern, m.reason)).collect();
+    BlockFusion { fused, unfused_ops, missed }
+}
+
 impl Block {
     /// Ops the block covers: ops per occurrence x occurrences (the ranking key).
     pub fn coverage(&self) -> usize {

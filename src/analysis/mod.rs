@@ -8,7 +8,7 @@ mod residual;
 
 use rlx_ir::{Dim, Shape};
 
-pub use blocks::{node_label, repeated_blocks, users_of, wl_colours, Block, BlockOptions, BlocksError};
+pub use blocks::{block_fusion, node_label, repeated_blocks, BlockFusion, users_of, wl_colours, Block, BlockOptions, BlocksError};
 pub use elided::backend_elided;
 pub use naming::{family, op_name, site_names};
 pub use residual::{residual_blocks, ResidualBlock};

@@ -15,4 +15,5 @@ pub mod parity;
 pub mod report;
 pub mod summary;
 pub mod sweep;
+pub mod timing;
 pub mod verdicts;

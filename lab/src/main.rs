@@ -53,7 +53,45 @@ enum Cmd {
     /// of text: per output the max difference and ULPs; if an output diverges, the first node
     /// that does (each node exposed alone, in execution order).
     Parity(ParityArgs),
+    /// Time the model under two pipelines, interleaved (ABBA pairs after a warm-up, as many as
+    /// the time budget allows): the ratio of median run times A/B with a percentile-bootstrap
+    /// confidence interval, outliers dropped by Tukey's outer fences (criterion's severe
+    /// outliers). `--a matmul --b ''` is the cost of the matmul taps against the untapped model.
+    Ab(AbArgs),
+    /// Repeated blocks of an ONNX model's program (transformer layers, FFNs, norm motifs): found
+    /// by Weisfeiler-Lehman colours, grown as disjoint occurrences, each confirmed isomorphic
+    /// (petgraph VF2); ranked by the ops they cover. Without running the model.
+    Blocks(BlocksArgs),
 }
+
+#[derive(clap::Args)]
+struct BlocksArgs {
+    /// ONNX model.
+    #[arg(long)]
+    onnx: PathBuf,
+    /// Sentences per batch the model is imported for.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    batch: u32,
+    /// Tokens per sentence.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(2..=512))]
+    seq: u32,
+    /// Which program to search: `deployed` (after RLX's fusion, what runs) or `source`.
+    #[arg(long, default_value = "deployed")]
+    stage: opscope::activate::Stage,
+    /// Weisfeiler-Lehman rounds (the radius anchors must look alike over).
+    #[arg(long, default_value_t = 3)]
+    wl_rounds: usize,
+    /// Fewest ops per occurrence.
+    #[arg(long, default_value_t = 2)]
+    min_ops: usize,
+    /// Rows of the table (0: all); JSON always holds every block.
+    #[arg(long, default_value_t = 20)]
+    top: usize,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
 
 #[derive(clap::Args)]
 struct ParityArgs {
@@ -101,6 +139,149 @@ fn parity(a: ParityArgs) -> Result<()> {
         print!("{}", opscope_lab::parity::render(&report));
     }
     Ok(())
+}
+
+fn blocks(a: BlocksArgs) -> Result<()> {
+    let enc = opscope_lab::model::OnnxEncoder::load(&a.onnx, a.batch as usize, a.seq as usize)?;
+    let graph = match a.stage {
+        opscope::activate::Stage::Deployed => opscope::activate::fuse(&enc.graph, rlx_runtime::Device::Cpu, &rlx_runtime::CompileOptions::default()),
+        _ => enc.graph.clone(),
+    };
+    let stage = match a.stage {
+        opscope::activate::Stage::Deployed => "deployed",
+        _ => "source",
+    };
+    let opts = opscope::analysis::BlockOptions { wl_rounds: a.wl_rounds, min_ops: a.min_ops };
+    let found = opscope::analysis::repeated_blocks(&graph, &opts).with_context(|| format!("{}", a.onnx.display()))?;
+    // People read occurrences by the site name of their first op (the ONNX names, recovered
+    // through fusion from the weights), e.g. `layer.1/attention/self/query/MatMul`.
+    let (names, _) = opscope::analysis::site_names(&graph, Some(&enc.graph));
+    let is_op = |v: &u32| !matches!(graph.nodes()[*v as usize].op, rlx_ir::Op::Input { .. } | rlx_ir::Op::Param { .. } | rlx_ir::Op::Constant { .. });
+    let first_sites: Vec<Vec<String>> = found
+        .iter()
+        .map(|b| b.occurrences.iter().map(|o| o.iter().find(|v| is_op(v)).and_then(|v| names.get(v)).cloned().unwrap_or_default()).collect())
+        .collect();
+    // What RLX fused inside each block (deployed program only: the source program is unfused).
+    let fusion: Vec<Option<opscope::analysis::BlockFusion>> =
+        found.iter().map(|b| (stage == "deployed").then(|| opscope::analysis::block_fusion(b, &enc.graph, &graph))).collect();
+    if a.json {
+        let doc = serde_json::json!({ "onnx": a.onnx, "stage": stage, "rlx_fusion": fusion, "graph": graph.name, "nodes": graph.nodes().len(), "blocks": found, "first_sites": first_sites });
+        return emit(&(serde_json::to_string_pretty(&doc).context("JSON")? + "\n"));
+    }
+    let mut out = format!("{} repeated block(s) in the {} program of {} ({} nodes), by ops covered\n", found.len(), stage, a.onnx.display(), graph.nodes().len());
+    out.push_str("rank  ops  x  covered  chain  unfused  ops of one occurrence; site of each occurrence's first op\n");
+    let shown = if a.top == 0 { found.len() } else { a.top.min(found.len()) };
+    for (i, ((b, sites), f)) in found.iter().zip(&first_sites).zip(&fusion).take(shown).enumerate() {
+        let ops: Vec<String> = b.op_counts.iter().map(|(k, v)| if *v > 1 { format!("{v}x{k}") } else { k.clone() }).collect();
+        out.push_str(&format!(
+            "{:>4}  {:>3}  {:<2} {:>7}  {:<5}  {:>7}  {}; {}\n",
+            i + 1,
+            b.ops,
+            b.occurrences.len(),
+            b.coverage(),
+            if b.chain { "yes" } else { "no" },
+            f.as_ref().map_or("-".to_string(), |f| f.unfused_ops.to_string()),
+            ops.join(" "),
+            sites.join(" | ")
+        ));
+    }
+    if shown < found.len() {
+        out.push_str(&format!("({} more; --top 0 shows all, --json gives node ids)\n", found.len() - shown));
+    }
+    out.push_str("unfused: ops of one occurrence that are not RLX fused kernels (fused_*, *region*); a repeat with many is a candidate for a fused kernel; --json lists RLX's missed fusions per block\n");
+    emit(&out)
+}
+
+#[derive(clap::Args)]
+struct AbArgs {
+    #[command(flatten)]
+    corpus: Corpus,
+    /// Pipeline of program A; '' is the untapped model.
+    #[arg(long)]
+    a: String,
+    /// Pipeline of program B; '' is the untapped model.
+    #[arg(long)]
+    b: String,
+    /// Which program the taps observe (`deployed` or `source`).
+    #[arg(long, default_value = "deployed")]
+    stage: opscope::activate::Stage,
+    /// Warm-up, in ms, alternating A and B before measuring.
+    #[arg(long, default_value_t = 1000)]
+    warmup_ms: u64,
+    /// Time budget of the measured pairs, in ms; sets the sample count.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
+    budget_ms: u64,
+    /// Fewest measured pairs, whatever the budget.
+    #[arg(long, default_value_t = 10)]
+    min_pairs: usize,
+    /// Confidence level of the interval.
+    #[arg(long, default_value_t = 0.95)]
+    confidence: f64,
+    /// Bootstrap resamples.
+    #[arg(long, default_value_t = 10_000)]
+    resamples: usize,
+    /// Seed of the bootstrap generator.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Also write the comparison as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Overwrite `--json` even when it is an input or an existing file that is not JSON.
+    #[arg(long)]
+    force: bool,
+}
+
+/// Batches `ab` cycles through (pair i runs batch i mod this on both sides).
+const AB_BATCHES: usize = 16;
+
+fn ab(a: AbArgs) -> Result<()> {
+    let c = &a.corpus;
+    if let Some(path) = &a.json {
+        opscope_lab::output::check(path, &c.inputs(), Output::Json, a.force)?;
+    }
+    let parse = |text: &str, side: &str| -> Result<Option<Pipeline>> {
+        if text.trim().is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Pipeline::parse(text).with_context(|| format!("--{side}"))?))
+    };
+    let (pa, pb) = (parse(&a.a, "a")?, parse(&a.b, "b")?);
+    let opts = opscope_lab::timing::AbOptions {
+        warmup: std::time::Duration::from_millis(a.warmup_ms),
+        budget: std::time::Duration::from_millis(a.budget_ms),
+        min_pairs: a.min_pairs,
+        max_pairs: 1_000_000.max(a.min_pairs),
+        resamples: a.resamples,
+        confidence: a.confidence,
+        seed: a.seed,
+    };
+    opts.validate()?;
+    let (tok, _) = c.text_files()?;
+    let mut entries = c.entries()?;
+    let batch = (c.batch as usize).min(entries.len());
+    entries.truncate((entries.len() / batch).min(AB_BATCHES) * batch);
+    let text = opscope_lab::model::TextEncoder::load(tok, c.seq as usize)?;
+    let batches = entries.chunks(batch).map(|b| text.encode(b)).collect::<Result<Vec<_>>>()?;
+    let model = opscope_lab::model::OnnxEncoder::load(&c.onnx, batch, c.seq as usize)?;
+    let bar = ProgressBar::new_spinner();
+    bar.set_message(format!("timing A '{}' against B '{}'", a.a, a.b));
+    let r = opscope_lab::timing::ab_pipelines(&model, &batches, pa.as_ref(), pb.as_ref(), a.stage, &opts);
+    bar.finish_and_clear();
+    let r = r?;
+    if let Some(path) = &a.json {
+        let doc = serde_json::json!({ "onnx": c.onnx, "a": a.a, "b": a.b, "batch": batch, "seq": c.seq, "batches": batches.len(), "report": r });
+        let body = serde_json::to_vec_pretty(&doc).context("encoding the comparison")?;
+        opscope::recording::write_atomic(path, &body)?;
+    }
+    let name = |p: &str| if p.trim().is_empty() { "untapped".to_string() } else { format!("'{p}'") };
+    let mut out = format!("A = {}, B = {} ({} x {} tokens, {} batches cycled)\n{}\n", name(&a.a), name(&a.b), batch, c.seq, batches.len(), r.line());
+    let o = |x: &opscope_lab::timing::Outliers| format!("{} low / {} high severe (dropped), {} low / {} high mild (kept)", x.low_severe, x.high_severe, x.low_mild, x.high_mild);
+    out.push_str(&format!("outliers A: {}\noutliers B: {}\n", o(&r.outliers_a), o(&r.outliers_b)));
+    out.push_str(&format!(
+        "{}\n",
+        if r.differs() { format!("A and B differ at {:.0}% confidence", r.confidence * 100.0) } else { format!("no difference at {:.0}% confidence", r.confidence * 100.0) }
+    ));
+    emit(&out)
 }
 
 #[derive(clap::Args)]
@@ -698,6 +879,8 @@ fn main() -> ExitCode {
         Cmd::Sites(a) => sites(a),
         Cmd::Parity(a) => parity(a),
         Cmd::Calibrate(a) => calibrate(a),
+        Cmd::Ab(a) => ab(a),
+        Cmd::Blocks(a) => blocks(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

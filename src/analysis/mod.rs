@@ -1,12 +1,14 @@
 //! Graph analyses several passes share, each with one home (as rustc keeps shared analyses in
-//! `rustc_mir_dataflow`): site naming, residual blocks, tensors the backend elides, shapes.
+//! `rustc_mir_dataflow`): site naming, residual blocks, tensors the backend elides, shapes, repeated blocks.
 
+mod blocks;
 mod elided;
 mod naming;
 mod residual;
 
 use rlx_ir::{Dim, Shape};
 
+pub use blocks::{block_fusion, node_label, repeated_blocks, BlockFusion, users_of, wl_colours, Block, BlockOptions, BlocksError};
 pub use elided::backend_elided;
 pub use naming::{family, op_name, site_names};
 pub use residual::{residual_blocks, ResidualBlock};

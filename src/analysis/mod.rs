@@ -1,6 +1,8 @@
 //! Graph analyses several passes share, each with one home (as rustc keeps shared analyses in
-//! `rustc_mir_dataflow`): site naming, residual blocks, tensors the backend elides, shapes.
+//! `rustc_mir_dataflow`): site naming, residual blocks, tensors the backend elides, shapes, and
+//! the cost of each node ([`cost`]: FLOPs, bytes, GEMM shapes, roofline class).
 
+pub mod cost;
 mod elided;
 mod naming;
 mod residual;

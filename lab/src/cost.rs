@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use rlx_ir::op::Activation;
+use rlx_ir::op::{Activation, BinaryOp};
 use rlx_ir::{DType, Graph, Shape};
 use rlx_runtime::{CompileOptions, Device, Session};
 use serde::Serialize;
@@ -34,8 +34,10 @@ pub struct MachineProbe {
     pub machine: Machine,
     /// Ridge point, FLOP/byte.
     pub ridge: f64,
-    /// The copy probe (memory bandwidth).
+    /// The fastest of the streaming probes: its rate is the memory bandwidth.
     pub copy: Probe,
+    /// Every streaming probe ([`STREAM_KERNELS`]).
+    pub streams: Vec<Probe>,
     /// The GEMM probe (peak FLOP/s).
     pub gemm: Probe,
     /// Square size `n` of the GEMM probe (0 for a given machine).
@@ -56,9 +58,9 @@ pub struct ProbeOptions {
 
 impl Default for ProbeOptions {
     /// 256 MiB copies (input + output 512 MiB, above this machine class's 300 MiB L3), 1024^3
-    /// GEMMs, 5 repetitions.
+    /// GEMMs, 7 repetitions.
     fn default() -> ProbeOptions {
-        ProbeOptions { copy_bytes: 256 << 20, gemm_n: 1024, reps: 5 }
+        ProbeOptions { copy_bytes: 256 << 20, gemm_n: 1024, reps: 7 }
     }
 }
 
@@ -67,9 +69,9 @@ pub const SHORT: usize = 1;
 /// See [`SHORT`].
 pub const LONG: usize = 5;
 
-/// Time one run of `graph` (after a warm-up run), compiled without fusion so that each probe op
-/// is its own kernel. The graph's one input is named `x`.
-fn time_run(graph: Graph, params: &[(&str, &[f32])], input: &[f32]) -> Result<f64> {
+/// Compile `graph` for timing: without fusion so that each probe op is its own kernel; its one
+/// input is named `x`. Runs it once (warm-up: the arena's pages are touched, caches filled).
+fn compile_for_timing(graph: Graph, params: &[(&str, &[f32])], input: &[f32]) -> Result<rlx_runtime::CompiledGraph> {
     let session = Session::new(Device::Cpu);
     let mut opts = CompileOptions::default();
     opts.fusion_opts.skip_fusion = true;
@@ -77,15 +79,19 @@ fn time_run(graph: Graph, params: &[(&str, &[f32])], input: &[f32]) -> Result<f6
     for (name, data) in params {
         c.set_param(name, data);
     }
-    let out = c.run(&[("x", input)]);
-    if out.is_empty() {
+    if c.run(&[("x", input)]).is_empty() {
         bail!("probe graph returned no output");
     }
+    Ok(c)
+}
+
+/// Seconds of one run.
+fn time_run(c: &mut rlx_runtime::CompiledGraph, input: &[f32]) -> f64 {
     let t = Instant::now();
     let out = c.run(&[("x", input)]);
     let dt = t.elapsed().as_secs_f64();
     std::hint::black_box(out);
-    Ok(dt)
+    dt
 }
 
 /// The time of one op of a chain, measured differentially.
@@ -100,18 +106,20 @@ pub struct OpTiming {
 }
 
 /// Time one op through RLX on the CPU: `chain(L)` builds a graph of `L` copies of the op in a
-/// chain (one input `x`, parameters `params`); runs of [`SHORT`] and [`LONG`] ops alternate `reps`
-/// times, fusion off, and the per-op time is the difference of the best (shortest) runs over the
+/// chain (one input `x`, parameters `params`); both chains are compiled once (fusion off) and
+/// run once to warm up, then runs of [`SHORT`] and [`LONG`] ops alternate `reps` times, and the per-op time is the difference of the best (shortest) runs over the
 /// op count difference. Best-of as STREAM reports it (McCalpin): the fastest run is the one least
 /// disturbed by other work on the machine; the difference cancels what every run pays once
 /// (copying the input in and the output out, dispatch).
 ///
 /// Errors: a compile or run fails, or the per-op time is not positive (too noisy: more `reps`).
 pub fn time_per_op(reps: usize, chain: impl Fn(usize) -> Graph, params: &[(&str, &[f32])], input: &[f32]) -> Result<OpTiming> {
+    let mut cs = compile_for_timing(chain(SHORT), params, input)?;
+    let mut cl = compile_for_timing(chain(LONG), params, input)?;
     let (mut short, mut long) = (Vec::new(), Vec::new());
     for _ in 0..reps.max(1) {
-        short.push(time_run(chain(SHORT), params, input)?);
-        long.push(time_run(chain(LONG), params, input)?);
+        short.push(time_run(&mut cs, input));
+        long.push(time_run(&mut cl, input));
     }
     let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
     let per_op = (min(&long) - min(&short)) / (LONG - SHORT) as f64;
@@ -124,22 +132,40 @@ pub fn time_per_op(reps: usize, chain: impl Fn(usize) -> Graph, params: &[(&str,
     Ok(OpTiming { short, long, per_op })
 }
 
-/// A chain of `l` elementwise `neg` over `len` f32 values: the copy probe (one read and one write
-/// per element).
-pub fn copy_chain(len: usize, l: usize) -> Graph {
+/// The streaming kernels of the bandwidth probe: elementwise ops with one read and one write
+/// per element.
+pub const STREAM_KERNELS: [&str; 4] = ["neg", "relu", "mul_scalar", "add_self"];
+
+/// A chain of `l` ops of streaming kernel `kind` ([`STREAM_KERNELS`]) over `len` f32 values: one
+/// input `x`; `mul_scalar` multiplies by a `[1]` parameter `one`, `add_self` is `x + x` (one read:
+/// both operands are the same tensor).
+///
+/// Errors: an unknown kind.
+pub fn stream_chain(kind: &str, len: usize, l: usize) -> Result<Graph> {
     let s = Shape::new(&[len], DType::F32);
-    let mut g = Graph::new(format!("opscope_copy_probe_{l}"));
+    let mut g = Graph::new(format!("opscope_stream_probe_{kind}_{l}"));
     let mut cur = g.input("x", s.clone());
+    let one = (kind == "mul_scalar").then(|| g.param("one", Shape::new(&[1], DType::F32)));
     for _ in 0..l {
-        cur = g.activation(Activation::Neg, cur, s.clone());
+        cur = match (kind, one) {
+            ("neg", _) => g.activation(Activation::Neg, cur, s.clone()),
+            ("relu", _) => g.activation(Activation::Relu, cur, s.clone()),
+            ("mul_scalar", Some(p)) => g.binary(BinaryOp::Mul, cur, p, s.clone()),
+            ("add_self", _) => g.binary(BinaryOp::Add, cur, cur, s.clone()),
+            _ => bail!("unknown streaming kernel '{kind}'; known: {}", STREAM_KERNELS.join(", ")),
+        };
     }
     g.set_outputs(vec![cur]);
-    g
+    Ok(g)
 }
 
 /// Measure the roofline's two roofs through RLX on the CPU, in this process:
-/// - memory bandwidth from a copy probe: a chain of elementwise `neg` over `copy_bytes` of f32
-///   (one read and one write per element, STREAM's "copy" traffic; McCalpin, STREAM benchmark);
+/// - memory bandwidth from copy probes: chains of streaming kernels ([`STREAM_KERNELS`]) over
+///   `copy_bytes` of f32, one read and one write per element (STREAM's "copy" traffic; McCalpin,
+///   STREAM benchmark); the bandwidth is the fastest kernel's, as the Empirical Roofline Toolkit
+///   (Lo et al., Berkeley Lab, 2014) takes the best of its kernels: RLX's unary kernels are
+///   measured here several times slower than its binary ones on the same bytes, and a roof is
+///   what the memory system allows, not what one kernel reaches;
 /// - peak FLOP/s from a chain of `[n,n] x [n,n]` f32 GEMMs (`2n^3` FLOPs each) against weights
 ///   scaled by `1/sqrt(n)` (activations stay O(1), far from subnormals).
 ///
@@ -152,8 +178,17 @@ pub fn probe_machine(o: &ProbeOptions) -> Result<MachineProbe> {
     }
     let len = o.copy_bytes / 4;
     let x: Vec<f32> = (0..len).map(|i| (i % 251) as f32 * 0.01 + 1.0).collect();
-    let copy = time_per_op(o.reps, |l| copy_chain(len, l), &[], &x)?;
+    let one = [1.0f32];
     let copy_work = 2 * (len as u64) * 4;
+    let mut streams = Vec::new();
+    for kind in STREAM_KERNELS {
+        stream_chain(kind, len, 1)?;
+        let params: Vec<(&str, &[f32])> = if kind == "mul_scalar" { vec![("one", &one)] } else { vec![] };
+        let t = time_per_op(o.reps, |l| stream_chain(kind, len, l).expect("checked above"), &params, &x)?;
+        let rate = copy_work as f64 / t.per_op;
+        streams.push(Probe { op: format!("{kind} over [{len}] f32"), work: copy_work, timing: Some(t), rate });
+    }
+    let copy = streams.iter().max_by(|a, b| a.rate.total_cmp(&b.rate)).cloned().expect("four kernels");
 
     let n = o.gemm_n;
     let xg: Vec<f32> = (0..n * n).map(|i| ((i * 7919 % 1009) as f32 / 1009.0) - 0.5).collect();
@@ -173,11 +208,12 @@ pub fn probe_machine(o: &ProbeOptions) -> Result<MachineProbe> {
     let gemm = time_per_op(o.reps, gemm_graph, &[("w", &w)], &xg)?;
     let gemm_work = 2 * (n as u64).pow(3);
 
-    let machine = Machine { peak_flops: gemm_work as f64 / gemm.per_op, bandwidth: copy_work as f64 / copy.per_op };
+    let machine = Machine { peak_flops: gemm_work as f64 / gemm.per_op, bandwidth: copy.rate };
     Ok(MachineProbe {
         machine,
         ridge: machine.ridge(),
-        copy: Probe { op: format!("neg over [{len}] f32"), work: copy_work, timing: Some(copy), rate: machine.bandwidth },
+        copy,
+        streams,
         gemm: Probe { op: format!("matmul [{n},{n}]x[{n},{n}] f32"), work: gemm_work, timing: Some(gemm), rate: machine.peak_flops },
         gemm_n: n,
     })
@@ -320,6 +356,10 @@ impl CostReport {
             m.gemm.op,
             m.ridge
         );
+        if !m.streams.is_empty() {
+            let rates: Vec<String> = m.streams.iter().map(|p| format!("{} {:.2}", p.op.split(' ').next().unwrap_or(""), p.rate / 1e9)).collect();
+            s.push_str(&format!("streaming kernels (GB/s; the fastest is the bandwidth roof): {}\n", rates.join(", ")));
+        }
         let t = &self.totals;
         s.push_str(&format!(
             "per forward: {:.3} GFLOP ({:.3} GFLOP in GEMMs), {:.2} MB moved (weights {:.2}, activations {:.2}, inputs {:.3}, outputs {:.3}), roofline time bound {:.3} ms\n",
@@ -397,7 +437,7 @@ impl MachineProbe {
     /// A machine given by its roofs, without probing (for tests and what-if reports).
     pub fn given(machine: Machine) -> MachineProbe {
         let p = |op: &str, rate: f64| Probe { op: op.into(), work: 0, timing: None, rate };
-        MachineProbe { machine, ridge: machine.ridge(), copy: p("given", machine.bandwidth), gemm: p("given", machine.peak_flops), gemm_n: 0 }
+        MachineProbe { machine, ridge: machine.ridge(), copy: p("given", machine.bandwidth), streams: vec![], gemm: p("given", machine.peak_flops), gemm_n: 0 }
     }
 }
 

@@ -20,7 +20,7 @@
 //! - Data movement (reshape, transpose, narrow, concat, gather, cast, ...) is 0 FLOPs; ops this
 //!   module does not model (convolutions, scans, ...) have unknown FLOPs (`None`) and are listed
 //!   as such, never counted as 0.
-//! - Bytes moved = every input read once plus the output written once, at the tensor's dtype
+//! - Bytes moved = every distinct input read once plus the output written once, at the tensor's dtype
 //!   width (`DType::size_bytes`: f16 2, int8 1). A gather, narrow or slice reads only the part
 //!   it outputs. A reshape or stop-gradient is a view (0 bytes). A `DequantMatMul`'s packed
 //!   weight counts at the width its `QuantScheme` stores (GGUF blocks at block bytes per block
@@ -404,8 +404,13 @@ pub fn graph_cost(graph: &Graph, source: Option<&Graph>, bindings: &Bindings) ->
                 }
             }
             _ => {
+                // A tensor read twice by one op (`x * x`) moves once.
+                let mut seen: Vec<NodeId> = Vec::with_capacity(n.inputs.len());
                 for &i in &n.inputs {
-                    bytes.add(class(i), size(i));
+                    if !seen.contains(&i) {
+                        seen.push(i);
+                        bytes.add(class(i), size(i));
+                    }
                 }
             }
         }

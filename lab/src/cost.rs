@@ -132,13 +132,22 @@ pub fn time_per_op(reps: usize, chain: impl Fn(usize) -> Graph, params: &[(&str,
     Ok(OpTiming { short, long, per_op })
 }
 
-/// The streaming kernels of the bandwidth probe: elementwise ops with one read and one write
-/// per element.
-pub const STREAM_KERNELS: [&str; 4] = ["neg", "relu", "mul_scalar", "add_self"];
+/// The streaming kernels of the bandwidth probe: elementwise ops with one read and one write per
+/// element (8 bytes per f32 element), and STREAM's "add" (two reads, one write: 12 bytes).
+pub const STREAM_KERNELS: [&str; 5] = ["neg", "relu", "mul_scalar", "add_self", "add"];
+
+/// Bytes one element of streaming kernel `kind` moves (f32).
+fn stream_bytes_per_element(kind: &str) -> u64 {
+    if kind == "add" {
+        12
+    } else {
+        8
+    }
+}
 
 /// A chain of `l` ops of streaming kernel `kind` ([`STREAM_KERNELS`]) over `len` f32 values: one
 /// input `x`; `mul_scalar` multiplies by a `[1]` parameter `one`, `add_self` is `x + x` (one read:
-/// both operands are the same tensor).
+/// both operands are the same tensor), `add` is `x + p` with a parameter `p` of `len` values.
 ///
 /// Errors: an unknown kind.
 pub fn stream_chain(kind: &str, len: usize, l: usize) -> Result<Graph> {
@@ -146,8 +155,10 @@ pub fn stream_chain(kind: &str, len: usize, l: usize) -> Result<Graph> {
     let mut g = Graph::new(format!("opscope_stream_probe_{kind}_{l}"));
     let mut cur = g.input("x", s.clone());
     let one = (kind == "mul_scalar").then(|| g.param("one", Shape::new(&[1], DType::F32)));
+    let p = (kind == "add").then(|| g.param("p", s.clone()));
     for _ in 0..l {
-        cur = match (kind, one) {
+        cur = match (kind, one.or(p)) {
+            ("add", Some(p)) => g.binary(BinaryOp::Add, cur, p, s.clone()),
             ("neg", _) => g.activation(Activation::Neg, cur, s.clone()),
             ("relu", _) => g.activation(Activation::Relu, cur, s.clone()),
             ("mul_scalar", Some(p)) => g.binary(BinaryOp::Mul, cur, p, s.clone()),
@@ -160,9 +171,9 @@ pub fn stream_chain(kind: &str, len: usize, l: usize) -> Result<Graph> {
 }
 
 /// Measure the roofline's two roofs through RLX on the CPU, in this process:
-/// - memory bandwidth from copy probes: chains of streaming kernels ([`STREAM_KERNELS`]) over
-///   `copy_bytes` of f32, one read and one write per element (STREAM's "copy" traffic; McCalpin,
-///   STREAM benchmark); the bandwidth is the fastest kernel's, as the Empirical Roofline Toolkit
+/// - memory bandwidth from streaming probes: chains of streaming kernels ([`STREAM_KERNELS`])
+///   over `copy_bytes` of f32 (STREAM's "copy"/"scale" traffic, one read and one write per
+///   element, and its "add"; McCalpin, STREAM benchmark); the bandwidth is the fastest kernel's, as the Empirical Roofline Toolkit
 ///   (Lo et al., Berkeley Lab, 2014) takes the best of its kernels: RLX's unary kernels are
 ///   measured here several times slower than its binary ones on the same bytes, and a roof is
 ///   what the memory system allows, not what one kernel reaches;
@@ -179,11 +190,15 @@ pub fn probe_machine(o: &ProbeOptions) -> Result<MachineProbe> {
     let len = o.copy_bytes / 4;
     let x: Vec<f32> = (0..len).map(|i| (i % 251) as f32 * 0.01 + 1.0).collect();
     let one = [1.0f32];
-    let copy_work = 2 * (len as u64) * 4;
     let mut streams = Vec::new();
     for kind in STREAM_KERNELS {
         stream_chain(kind, len, 1)?;
-        let params: Vec<(&str, &[f32])> = if kind == "mul_scalar" { vec![("one", &one)] } else { vec![] };
+        let copy_work = stream_bytes_per_element(kind) * len as u64;
+        let params: Vec<(&str, &[f32])> = match kind {
+            "mul_scalar" => vec![("one", &one)],
+            "add" => vec![("p", &x)],
+            _ => vec![],
+        };
         let t = time_per_op(o.reps, |l| stream_chain(kind, len, l).expect("checked above"), &params, &x)?;
         let rate = copy_work as f64 / t.per_op;
         streams.push(Probe { op: format!("{kind} over [{len}] f32"), work: copy_work, timing: Some(t), rate });

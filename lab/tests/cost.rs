@@ -3,7 +3,7 @@
 //! - its GEMM-shape histogram equals the one `scripts/gemm_shapes_reference.py` derives with the
 //!   `onnx` package from the model's MatMul initializers and shape inference (Q/K/V merged);
 //! - physics: large memory-bound ops, each timed through RLX, do not move bytes faster than the
-//!   copy probe measured in the same process;
+//!   bandwidth the streaming probes measured in the same process;
 //! - the JSON report of a small fixture graph is pinned (insta);
 //! - an empty graph and an unbound symbolic dim are clear errors.
 //!
@@ -115,20 +115,21 @@ fn chain(kind: &str, rows: usize, cols: usize, l: usize) -> Graph {
 }
 
 /// Physics: an op classed memory-bound cannot move bytes faster than the memory system, so its
-/// achieved bandwidth (bytes this module counts / its time measured through RLX) is at most the
-/// copy bandwidth measured by the probe in the same process, up to timing noise (25%, on a
-/// machine shared with other jobs). Each op is timed in isolation on 256 MiB tensors (larger
+/// achieved bandwidth (bytes `analysis::cost` counts / its time measured through RLX) is at most
+/// the bandwidth roof the streaming probes measured in the same process, up to timing noise (25%,
+/// on a machine shared with other jobs). `add` is also one of the probes (STREAM's add, its bytes
+/// counted by the probe); here its bytes come from the cost module's count of the graph. Each op is timed in isolation on 256 MiB tensors (larger
 /// than this machine's L3, like the probe's), as a chain timed differentially, because RLX has no
 /// per-op timing API; the claim is checked on these isolated ops, not on each op of MiniLM (whose
 /// tensors are cache-resident, where the DRAM roof does not bound them).
 #[test]
-fn memory_bound_ops_do_not_beat_the_copy_bandwidth() {
+fn memory_bound_ops_do_not_beat_the_measured_bandwidth() {
     let probe = probe_machine(&ProbeOptions::default()).unwrap();
     let bw = probe.machine.bandwidth;
     for p in &probe.streams {
         eprintln!("stream {}: {:.2} GB/s", p.op, p.rate / 1e9);
     }
-    eprintln!("copy {:.2} GB/s, GEMM {:.2} GFLOP/s, ridge {:.2} FLOP/byte", bw / 1e9, probe.machine.peak_flops / 1e9, probe.ridge);
+    eprintln!("bandwidth {:.2} GB/s, GEMM {:.2} GFLOP/s, ridge {:.2} FLOP/byte", bw / 1e9, probe.machine.peak_flops / 1e9, probe.ridge);
     assert!(probe.ridge > 1.0, "a CPU's ridge point is well above 1 FLOP/byte: {}", probe.ridge);
     let n = 8192; // 8192 x 8192 f32 = 256 MiB
     let x: Vec<f32> = (0..n * n).map(|i| (i % 97) as f32 * 0.01).collect();
@@ -142,7 +143,7 @@ fn memory_bound_ops_do_not_beat_the_copy_bandwidth() {
         let t = time_per_op(7, |l| chain(kind, n, n, l), &params, &x).unwrap();
         let achieved = op.bytes.total() as f64 / t.per_op;
         eprintln!("{kind}: {} bytes in {:.4} s = {:.2} GB/s", op.bytes.total(), t.per_op, achieved / 1e9);
-        assert!(achieved <= 1.25 * bw, "{kind}: achieved {:.2} GB/s > copy {:.2} GB/s", achieved / 1e9, bw / 1e9);
+        assert!(achieved <= 1.25 * bw, "{kind}: achieved {:.2} GB/s > measured bandwidth {:.2} GB/s", achieved / 1e9, bw / 1e9);
     }
 }
 

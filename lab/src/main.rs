@@ -94,7 +94,9 @@ fn cost(a: CostArgs) -> Result<()> {
         .nodes()
         .iter()
         .filter_map(|n| match &n.op {
-            rlx_ir::Op::Input { name } if n.shape.rank() == 2 => Some((name.as_str(), &shape[..])),
+            // Only symbolic inputs need binding (the importer fixes `[batch, seq]`; a model's
+            // `[1, seq]` position ids stay as declared).
+            rlx_ir::Op::Input { name } if n.shape.rank() == 2 && n.shape.dims().iter().any(|d| !d.is_static()) => Some((name.as_str(), &shape[..])),
             _ => None,
         })
         .collect();

@@ -53,6 +53,10 @@ enum Cmd {
     /// of text: per output the max difference and ULPs; if an output diverges, the first node
     /// that does (each node exposed alone, in execution order).
     Parity(ParityArgs),
+    /// Cost of the deployed (fused) graph: per op kind and top sites, FLOPs, bytes moved,
+    /// arithmetic intensity and roofline class against a ridge point measured in this process
+    /// (copy bandwidth and GEMM peak through RLX on the CPU); the GEMM shapes RLX runs.
+    Cost(CostArgs),
     /// Time the model under two pipelines, interleaved (ABBA pairs after a warm-up, as many as
     /// the time budget allows): the ratio of median run times A/B with a percentile-bootstrap
     /// confidence interval, outliers dropped by Tukey's outer fences (criterion's severe
@@ -92,6 +96,69 @@ struct BlocksArgs {
     json: bool,
 }
 
+
+
+#[derive(clap::Args)]
+struct CostArgs {
+    #[command(flatten)]
+    corpus: Corpus,
+    /// Also write the report as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Overwrite `--json` even when it is an input or an existing file that is not JSON.
+    #[arg(long)]
+    force: bool,
+    /// Sites listed (by their roofline time bound).
+    #[arg(long, default_value_t = 15)]
+    top: usize,
+    /// MiB of the copy probe's tensor (input and output each; make the pair exceed the
+    /// last-level cache to measure DRAM bandwidth).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=8192))]
+    probe_mib: u32,
+    /// Square size n of the GEMM probe ([n,n] x [n,n]).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(16..=8192))]
+    probe_gemm: u32,
+}
+
+fn cost(a: CostArgs) -> Result<()> {
+    let c = &a.corpus;
+    if let Some(path) = &a.json {
+        opscope_lab::output::check(path, &c.inputs(), Output::Json, a.force)?;
+    }
+    let entries = c.entries()?;
+    let (batch, seq) = (c.batch as usize, c.seq as usize);
+    // The tokenizer must load for the corpus to be runnable; its ids do not change the cost.
+    opscope_lab::model::TextEncoder::load(c.text_files()?.0, seq)?;
+    let full = batch.min(entries.len());
+    let enc = opscope_lab::model::OnnxEncoder::load(&c.onnx, full, seq)?;
+    let shape = [full, seq];
+    let inputs: Vec<(&str, &[usize])> = enc
+        .graph
+        .nodes()
+        .iter()
+        .filter_map(|n| match &n.op {
+            // Only symbolic inputs need binding (the importer fixes `[batch, seq]`; a model's
+            // `[1, seq]` position ids stay as declared).
+            rlx_ir::Op::Input { name } if n.shape.rank() == 2 && n.shape.dims().iter().any(|d| !d.is_static()) => Some((name.as_str(), &shape[..])),
+            _ => None,
+        })
+        .collect();
+    let (fused, graph_cost) = opscope_lab::cost::deployed_cost(&enc.graph, &inputs)?;
+    let bar = ProgressBar::new_spinner();
+    bar.set_message("probing copy bandwidth and GEMM peak");
+    let machine = opscope_lab::cost::probe_machine(&opscope_lab::cost::ProbeOptions {
+        copy_bytes: (a.probe_mib as usize) << 20,
+        gemm_n: a.probe_gemm as usize,
+        ..Default::default()
+    })?;
+    bar.finish_and_clear();
+    let report = opscope_lab::cost::CostReport::new(&graph_cost, machine, entries.len().div_ceil(batch), a.top).with_rlx_estimate(&fused);
+    if let Some(path) = &a.json {
+        let body = serde_json::to_vec_pretty(&report).context("encoding the cost report")?;
+        opscope::recording::write_atomic(path, &body)?;
+    }
+    emit(&report.text())
+}
 
 #[derive(clap::Args)]
 struct ParityArgs {
@@ -878,6 +945,7 @@ fn main() -> ExitCode {
         Cmd::Measure(a) => measure(a),
         Cmd::Sites(a) => sites(a),
         Cmd::Parity(a) => parity(a),
+        Cmd::Cost(a) => cost(a),
         Cmd::Calibrate(a) => calibrate(a),
         Cmd::Ab(a) => ab(a),
         Cmd::Blocks(a) => blocks(a),

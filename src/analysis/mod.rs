@@ -1,7 +1,9 @@
 //! Graph analyses several passes share, each with one home (as rustc keeps shared analyses in
-//! `rustc_mir_dataflow`): site naming, residual blocks, tensors the backend elides, shapes, repeated blocks.
+//! `rustc_mir_dataflow`): site naming, residual blocks, tensors the backend elides, shapes,
+//! repeated blocks, and the cost of each node ([`cost`]: FLOPs, bytes, GEMM shapes, roofline class).
 
 mod blocks;
+pub mod cost;
 mod elided;
 mod naming;
 mod residual;

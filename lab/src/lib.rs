@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 pub mod diff;
+pub mod llama;
 pub mod measure;
 pub mod model;
 pub mod npz;

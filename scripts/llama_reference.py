@@ -19,7 +19,8 @@ Usage: llama_reference.py --gguf MODEL --input REQ.json --out OUT.npz
 REQ: {"texts": [...], "seq": S, "sites": ["blk.0.attn_q", ...]}
 OUT.npz: ids_<i> (token ids of text i), logits ([N*S, vocab] float32 for the N texts, each
 right-padded with EOS to S tokens), and per site <site>.max, <site>.min, <site>.sumsq (float64
-scalars over the whole [N*S, n] projection output).
+scalars over the rows of the [N*S, n] projection output that hold real tokens, padding left out
+as opscope's taps leave it out).
 """
 import argparse
 import json
@@ -189,8 +190,9 @@ def rotate_half(x):
     return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
 
 
-def forward(r, w, ids, sites):
-    """ids [B, S] -> logits [B*S, vocab] (float64), and the projection outputs named in `sites`."""
+def forward(r, w, ids, sites, valid):
+    """ids [B, S] -> logits [B*S, vocab] (float64), and the projection outputs named in `sites`,
+    their rows restricted to `valid` (a boolean [B*S]: real tokens, not padding)."""
     L = int(field(r, "llama.block_count"))
     H = int(field(r, "llama.attention.head_count"))
     KV = int(field(r, "llama.attention.head_count_kv"))
@@ -209,7 +211,7 @@ def forward(r, w, ids, sites):
     taps = {}
 
     def lin(x, name, site):
-        y = x @ w[name + ".weight"].astype(np.float64).T if not isinstance(name, np.ndarray) else x @ name.T
+        y = x @ w[name + ".weight"].astype(np.float64).T
         if site in sites:
             taps[site] = y
         return y
@@ -243,11 +245,12 @@ def forward(r, w, ids, sites):
         g = lin(h, p + ".ffn_gate", p + ".ffn_gate")
         u = lin(h, p + ".ffn_up", p + ".ffn_up")
         x = x + lin(g / (1 + np.exp(-g)) * u, p + ".ffn_down", p + ".ffn_down")
+    taps = {k: v[valid] for k, v in taps.items()}
     h = rms_norm(x, w["output_norm.weight"], eps)
     head = w["output.weight"] if "output.weight" in w else w["token_embd.weight"]
     logits = h @ head.astype(np.float64).T
     if "output" in sites:
-        taps["output"] = logits
+        taps["output"] = logits[valid]
     return logits, taps
 
 
@@ -263,15 +266,16 @@ def main():
     eos = int(field(r, "tokenizer.ggml.eos_token_id"))
     seq = req["seq"]
     out = {}
-    rows = []
+    rows, valid = [], []
     for i, t in enumerate(req["texts"]):
         ids = tok.encode(t)
         out[f"ids_{i}"] = np.array(ids, dtype=np.int64)
         ids = ids[:seq]
         rows.append(ids + [eos] * (seq - len(ids)))
+        valid += [True] * len(ids) + [False] * (seq - len(ids))
     if req.get("forward", True):
         w = load_weights(r)
-        logits, taps = forward(r, w, np.array(rows, dtype=np.int64), set(req.get("sites", [])))
+        logits, taps = forward(r, w, np.array(rows, dtype=np.int64), set(req.get("sites", [])), np.array(valid))
         out["logits"] = logits.astype(np.float32)
         for site, y in taps.items():
             out[site + ".max"] = np.float64(y.max())

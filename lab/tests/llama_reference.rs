@@ -10,7 +10,7 @@
 mod common;
 use common::*;
 use opscope::{MemorySink, Pipeline};
-use opscope_lab::llama::job::{argmax, LlamaJob, Perplexity};
+use opscope_lab::llama::job::{argmax, LlamaJob};
 use opscope_lab::model::split_entries;
 use std::path::{Path, PathBuf};
 
@@ -136,11 +136,4 @@ fn logits_and_sketches_match_numpy_on_fortunes() {
         assert!(op.starts_with("dequant"), "{site} is a DequantMatMul site, recorded as op {op:?}");
     }
 
-    // Perplexity of these 4 entries is finite and of the model's order (tens on plain English).
-    let mut ppl = Perplexity::default();
-    for (row, s) in job.seqs.iter().enumerate() {
-        ppl.add(&tapped[row * seq * vocab..(row + 1) * seq * vocab], vocab, s);
-    }
-    eprintln!("perplexity over {} predictions: {:.2}", ppl.tokens, ppl.value());
-    assert!(ppl.value() > 2.0 && ppl.value() < 200.0, "perplexity {}", ppl.value());
 }

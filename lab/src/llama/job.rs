@@ -135,7 +135,9 @@ impl LlamaJob {
     /// `rows` sequences): ids right-padded with EOS to `seq`.
     pub fn prefill(&self, c: &mut CompiledGraph, rows: &[Vec<u32>], kv: bool) -> Result<Prefill> {
         let mut ids = Vec::with_capacity(rows.len() * self.seq);
+        let mut mask = Vec::with_capacity(rows.len() * self.seq);
         for r in rows {
+            mask.extend((0..self.seq).map(|t| if t < r.len() { 1f32 } else { 0f32 }));
             if r.len() > self.seq {
                 bail!("a sequence of {} tokens is longer than --seq {}", r.len(), self.seq);
             }
@@ -144,13 +146,14 @@ impl LlamaJob {
         }
         let positions: Vec<usize> = (0..self.seq).collect();
         let (cos, sin) = self.model.config.rope_tables(&positions);
-        let (idb, cb, sb) = (i64_bytes(&ids), f32_bytes(&cos), f32_bytes(&sin));
-        let outs = c.run_typed(&[("input_ids", &idb, DType::I64), ("rope_cos", &cb, DType::F32), ("rope_sin", &sb, DType::F32)]);
-        let want = 1 + if kv { 2 * self.model.config.layers } else { 0 };
+        let (idb, cb, sb, mb) = (i64_bytes(&ids), f32_bytes(&cos), f32_bytes(&sin), f32_bytes(&mask));
+        let inputs: Vec<(&str, &[u8], DType)> = vec![("input_ids", &idb, DType::I64), ("rope_cos", &cb, DType::F32), ("rope_sin", &sb, DType::F32), ("attention_mask", &mb, DType::F32)];
+        let outs = c.run_typed(&inputs);
+        let want = 2 + if kv { 2 * self.model.config.layers } else { 0 };
         if outs.len() != want || outs.iter().any(|(_, d)| *d != DType::F32) {
             bail!("the prefill graph returned {} outputs, expected {want} f32 outputs", outs.len());
         }
-        let mut it = outs.into_iter().map(|(b, _)| f32_values(&b));
+        let mut it = outs[..want - 1].iter().map(|(b, _)| f32_values(b));
         let logits = it.next().unwrap_or_default();
         let mut kvs = Vec::new();
         while let (Some(k), Some(v)) = (it.next(), it.next()) {

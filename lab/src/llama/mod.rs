@@ -322,9 +322,13 @@ impl LlamaModel {
     /// The prefill graph for `batch` sequences of `seq` tokens.
     ///
     /// Inputs: `input_ids` I64 `[batch*seq]` (row-major `[batch, seq]`), `rope_cos` and
-    /// `rope_sin` F32 `[seq, rope_dims/2]` ([`LlamaConfig::rope_tables`] of `0..seq`).
+    /// `rope_sin` F32 `[seq, rope_dims/2]` ([`LlamaConfig::rope_tables`] of `0..seq`), and
+    /// `attention_mask` F32 `[batch*seq]` (1 on tokens, 0 on padding). The model itself needs no
+    /// mask (causal attention keeps right padding out of real positions); opscope's taps read
+    /// it, by its Hugging Face name, to leave padding rows out of their statistics.
     /// Outputs: `logits` F32 `[batch*seq, vocab]`, then per block `k` and `v` F32
-    /// `[batch, kv_heads, seq, head_dim]` (after RoPE: the KV cache) when `kv_outputs`.
+    /// `[batch, kv_heads, seq, head_dim]` (after RoPE: the KV cache) when `kv_outputs`, then
+    /// `attention_mask` itself.
     ///
     /// Causal attention makes right padding harmless: position `t`'s logits depend only on
     /// tokens `0..=t`.
@@ -334,6 +338,7 @@ impl LlamaModel {
         let ids = b.g.input("input_ids", Shape::new(&[batch * seq], DType::I64));
         let cos = b.g.input("rope_cos", Shape::new(&[seq, c.rope_dims / 2], DType::F32));
         let sin = b.g.input("rope_sin", Shape::new(&[seq, c.rope_dims / 2], DType::F32));
+        let mask = b.g.input("attention_mask", Shape::new(&[batch * seq], DType::F32));
         let (logits, kvs) = b.forward(ids, cos, sin, batch, seq, None);
         let mut outs = vec![logits];
         if kv_outputs {
@@ -342,6 +347,9 @@ impl LlamaModel {
                 outs.push(v);
             }
         }
+        // Returned as the last output so that fusion's dead-code elimination keeps the input for
+        // the taps (RLX drops an input no output depends on).
+        outs.push(mask);
         b.g.set_outputs(outs);
         b.g
     }

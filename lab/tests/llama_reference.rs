@@ -137,3 +137,40 @@ fn logits_and_sketches_match_numpy_on_fortunes() {
     }
 
 }
+
+/// KV-cache decode (a fixed-shape decode graph fed the cache, one token per run) continues each
+/// sequence with the same greedy tokens as a full prefill over the sequence and its
+/// continuation (a different graph, no cache); every decode step is a step of the recording.
+#[test]
+fn kv_cache_decode_matches_full_prefill_and_records_each_step() {
+    let (gguf, text) = assets();
+    let (batch, seq, decode) = (2usize, 16usize, 6usize);
+    let entries: Vec<String> = split_entries(&std::fs::read_to_string(&text).unwrap()).into_iter().skip(4).take(batch).collect();
+    let job = LlamaJob::new(&gguf, &entries, batch, seq, decode).unwrap();
+    let sink = MemorySink::default();
+    let mut got = Vec::new();
+    job.run(&Pipeline::parse("matmul").unwrap(), opscope::activate::Stage::Deployed, Box::new(sink.clone()), |rows, _, cont| {
+        got.extend(rows.iter().cloned().zip(cont.iter().cloned()));
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(got.len(), batch);
+    let lens: Vec<usize> = got.iter().map(|(p, _)| p.len()).collect();
+    let session = rlx_runtime::Session::new(rlx_runtime::Device::Cpu);
+    let vocab = job.model.config.vocab;
+    for (prompt, cont) in &got {
+        assert_eq!(cont.len(), decode);
+        let full: Vec<u32> = prompt.iter().chain(&cont[..decode - 1]).copied().collect();
+        let n = full.len();
+        let g = job.model.prefill_graph(1, n, false);
+        let logits = job.model.prefill(&mut job.model.compile(&session, &g), &[full.clone()], n, job.tokenizer.eos, false).unwrap().logits;
+        let want: Vec<u32> = (prompt.len() - 1..n).map(|t| argmax(&logits[t * vocab..(t + 1) * vocab]) as u32).collect();
+        assert_eq!(cont, &want, "greedy continuation of {:?}", job.tokenizer.decode(prompt).unwrap());
+    }
+    eprintln!("prompt lengths {lens:?}; continuations {:?}", got.iter().map(|(_, c)| job.tokenizer.decode(c).unwrap()).collect::<Vec<_>>());
+    assert!(lens[0] != lens[1] || lens[0] < seq, "the batch should hold sequences of different lengths or padding");
+    let rows = sink.rows();
+    let decode_steps: std::collections::BTreeSet<u64> = rows.iter().filter(|r| r.graph.contains("_decode_")).map(|r| r.step).collect();
+    assert_eq!(decode_steps, (0..decode as u64 - 1).collect(), "each decode run is one step of the decode compile");
+    assert!(rows.iter().any(|r| r.graph.contains("_prefill_") && r.step == 0), "the prefill is step 0 of its compile");
+}

@@ -132,34 +132,9 @@ impl LlamaJob {
     }
 
     /// Run one prefill batch on `c` (compiled from [`LlamaModel::prefill_graph`] for
-    /// `rows` sequences): ids right-padded with EOS to `seq`.
+    /// `rows.len()` sequences of `seq` tokens): ids right-padded with EOS to `seq`.
     pub fn prefill(&self, c: &mut CompiledGraph, rows: &[Vec<u32>], kv: bool) -> Result<Prefill> {
-        let mut ids = Vec::with_capacity(rows.len() * self.seq);
-        let mut mask = Vec::with_capacity(rows.len() * self.seq);
-        for r in rows {
-            mask.extend((0..self.seq).map(|t| if t < r.len() { 1f32 } else { 0f32 }));
-            if r.len() > self.seq {
-                bail!("a sequence of {} tokens is longer than --seq {}", r.len(), self.seq);
-            }
-            ids.extend_from_slice(r);
-            ids.extend(std::iter::repeat(self.tokenizer.eos).take(self.seq - r.len()));
-        }
-        let positions: Vec<usize> = (0..self.seq).collect();
-        let (cos, sin) = self.model.config.rope_tables(&positions);
-        let (idb, cb, sb, mb) = (i64_bytes(&ids), f32_bytes(&cos), f32_bytes(&sin), f32_bytes(&mask));
-        let inputs: Vec<(&str, &[u8], DType)> = vec![("input_ids", &idb, DType::I64), ("rope_cos", &cb, DType::F32), ("rope_sin", &sb, DType::F32), ("attention_mask", &mb, DType::F32)];
-        let outs = c.run_typed(&inputs);
-        let want = 2 + if kv { 2 * self.model.config.layers } else { 0 };
-        if outs.len() != want || outs.iter().any(|(_, d)| *d != DType::F32) {
-            bail!("the prefill graph returned {} outputs, expected {want} f32 outputs", outs.len());
-        }
-        let mut it = outs[..want - 1].iter().map(|(b, _)| f32_values(b));
-        let logits = it.next().unwrap_or_default();
-        let mut kvs = Vec::new();
-        while let (Some(k), Some(v)) = (it.next(), it.next()) {
-            kvs.push((k, v));
-        }
-        Ok(Prefill { logits, kv: kvs })
+        self.model.prefill(c, rows, self.seq, self.tokenizer.eos, kv)
     }
 
     /// Run every batch with `pipeline` active at `stage`, recording to `sink`. Per batch: the
@@ -287,4 +262,41 @@ impl LlamaJob {
         }
         Ok(out)
     }
+}
+
+impl LlamaModel {
+    /// Run one prefill batch on `c` (compiled from [`LlamaModel::prefill_graph`] for
+    /// `rows.len()` sequences of `seq` tokens, with `kv` outputs or not): ids right-padded with
+    /// `pad` to `seq`.
+    ///
+    /// Errors: a row longer than `seq`, or outputs other than the graph's.
+    pub fn prefill(&self, c: &mut CompiledGraph, rows: &[Vec<u32>], seq: usize, pad: u32, kv: bool) -> Result<Prefill> {
+        let mut ids = Vec::with_capacity(rows.len() * seq);
+        let mut mask = Vec::with_capacity(rows.len() * seq);
+        for r in rows {
+            mask.extend((0..seq).map(|t| if t < r.len() { 1f32 } else { 0f32 }));
+            if r.len() > seq {
+                bail!("a sequence of {} tokens is longer than --seq {}", r.len(), seq);
+            }
+            ids.extend_from_slice(r);
+            ids.extend(std::iter::repeat(pad).take(seq - r.len()));
+        }
+        let positions: Vec<usize> = (0..seq).collect();
+        let (cos, sin) = self.config.rope_tables(&positions);
+        let (idb, cb, sb, mb) = (i64_bytes(&ids), f32_bytes(&cos), f32_bytes(&sin), f32_bytes(&mask));
+        let inputs: Vec<(&str, &[u8], DType)> = vec![("input_ids", &idb, DType::I64), ("rope_cos", &cb, DType::F32), ("rope_sin", &sb, DType::F32), ("attention_mask", &mb, DType::F32)];
+        let outs = c.run_typed(&inputs);
+        let want = 2 + if kv { 2 * self.config.layers } else { 0 };
+        if outs.len() != want || outs.iter().any(|(_, d)| *d != DType::F32) {
+            bail!("the prefill graph returned {} outputs, expected {want} f32 outputs", outs.len());
+        }
+        let mut it = outs[..want - 1].iter().map(|(b, _)| f32_values(b));
+        let logits = it.next().unwrap_or_default();
+        let mut kvs = Vec::new();
+        while let (Some(k), Some(v)) = (it.next(), it.next()) {
+            kvs.push((k, v));
+        }
+        Ok(Prefill { logits, kv: kvs })
+    }
+
 }

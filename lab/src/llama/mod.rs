@@ -269,19 +269,20 @@ impl LlamaModel {
     fn load_weights(&mut self) -> Result<()> {
         let c = self.config.clone();
         let (d, kv) = (c.dim, c.kv_heads * c.head_dim);
-        self.push_f32("token_embd", "token_embd.weight", &[d, c.vocab])?;
+        self.push_f32("token_embd.weight", "token_embd.weight", &[d, c.vocab])?;
         for l in 0..c.layers {
             let p = format!("blk.{l}");
-            self.push_f32(&format!("{p}.attn_norm"), &format!("{p}.attn_norm.weight"), &[d])?;
-            self.push_f32(&format!("{p}.ffn_norm"), &format!("{p}.ffn_norm.weight"), &[d])?;
+            self.push_f32(&format!("{p}.attn_norm.weight"), &format!("{p}.attn_norm.weight"), &[d])?;
+            self.push_f32(&format!("{p}.ffn_norm.weight"), &format!("{p}.ffn_norm.weight"), &[d])?;
             for (w, k, n) in [("attn_q", d, d), ("attn_k", d, kv), ("attn_v", d, kv), ("attn_output", d, d), ("ffn_gate", d, c.ffn_dim), ("ffn_up", d, c.ffn_dim), ("ffn_down", c.ffn_dim, d)] {
-                self.push_proj(&format!("{p}.{w}"), &format!("{p}.{w}.weight"), k, n)?;
+                self.push_proj(&format!("{p}.{w}.weight"), &format!("{p}.{w}.weight"), k, n)?;
             }
         }
-        self.push_f32("output_norm", "output_norm.weight", &[d])?;
+        self.push_f32("output_norm.weight", "output_norm.weight", &[d])?;
         self.weights.push((ZERO_BETA.into(), WeightData::F32(vec![0.0; d])));
         let head = if self.file.get("output.weight").is_some() { "output.weight" } else { "token_embd.weight" };
-        self.push_proj("output", head, d, c.vocab)?;
+        // Tied head: the packed embedding bytes bound a second time, as `output.weight`.
+        self.push_proj("output.weight", head, d, c.vocab)?;
         Ok(())
     }
 
@@ -411,8 +412,9 @@ impl<'a> Builder<'a> {
         id
     }
 
-    /// `x [rows, k] -> [rows, n]` through the projection `param`.
-    fn proj(&mut self, x: NodeId, param: &str, rows: usize, k: usize, n: usize) -> NodeId {
+    /// `x [rows, k] -> [rows, n]` through the projection `site` (weight `{site}.weight`).
+    fn proj(&mut self, x: NodeId, site: &str, rows: usize, k: usize, n: usize) -> NodeId {
+        let param = &format!("{site}.weight");
         let y = match self.m.proj_kind(param) {
             Proj::Packed(scheme) => {
                 let bytes = match self.m.weights.iter().find(|(p, _)| p == param) {
@@ -427,12 +429,13 @@ impl<'a> Builder<'a> {
                 self.g.matmul(x, w, f32s(&[rows, n]))
             }
         };
-        self.named(y, param.to_string())
+        self.named(y, site.to_string())
     }
 
-    fn rms_norm(&mut self, x: NodeId, param: &str, rows: usize) -> NodeId {
+    /// RMSNorm `site` (gain `{site}.weight`) over the last axis of `x [rows, dim]`.
+    fn rms_norm(&mut self, x: NodeId, site: &str, rows: usize) -> NodeId {
         let d = self.m.config.dim;
-        let gamma = self.g.param(param, f32s(&[d]));
+        let gamma = self.g.param(format!("{site}.weight"), f32s(&[d]));
         // RLX's RmsNorm takes `[x, gamma, beta]` (rlx-fusion's residual fusion reads input 2);
         // Llama has no bias: one shared zero vector.
         let beta = match self.g.param_id(ZERO_BETA) {
@@ -440,7 +443,7 @@ impl<'a> Builder<'a> {
             None => self.g.param(ZERO_BETA, f32s(&[d])),
         };
         let y = self.g.add_node(Op::RmsNorm { axis: -1, eps: self.m.config.rms_eps }, vec![x, gamma, beta], f32s(&[rows, d]));
-        self.named(y, param.to_string())
+        self.named(y, site.to_string())
     }
 
     fn reshape(&mut self, x: NodeId, dims: &[usize]) -> NodeId {
@@ -467,7 +470,7 @@ impl<'a> Builder<'a> {
         let c = self.m.config.clone();
         let rows = batch * seq;
         let (d, hd, kvw) = (c.dim, c.head_dim, c.kv_heads * c.head_dim);
-        let table = self.g.param("token_embd", f32s(&[c.vocab, d]));
+        let table = self.g.param("token_embd.weight", f32s(&[c.vocab, d]));
         let mut x = self.g.gather(table, ids, 0, f32s(&[rows, d]));
         x = self.named(x, "token_embd".into());
         let mut kvs = Vec::new();

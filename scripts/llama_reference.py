@@ -277,6 +277,16 @@ def main():
         w = load_weights(r)
         logits, taps = forward(r, w, np.array(rows, dtype=np.int64), set(req.get("sites", [])), np.array(valid))
         out["logits"] = logits.astype(np.float32)
+        # Perplexity: exp(mean NLL) of every next-token prediction inside a text (position t
+        # predicts token t+1; padding never predicts nor is predicted), in float64.
+        nll, n = 0.0, 0
+        for b, ids in enumerate(rows):
+            m = int(sum(valid[b * seq:(b + 1) * seq]))
+            z = logits[b * seq:b * seq + m - 1]
+            lse = np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1)) + z.max(-1)
+            nll += float((lse - z[np.arange(m - 1), ids[1:m]]).sum())
+            n += m - 1
+        out["perplexity"] = np.float64(np.exp(nll / n))
         for site, y in taps.items():
             out[site + ".max"] = np.float64(y.max())
             out[site + ".min"] = np.float64(y.min())

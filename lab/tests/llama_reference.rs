@@ -10,7 +10,7 @@
 mod common;
 use common::*;
 use opscope::{MemorySink, Pipeline};
-use opscope_lab::llama::job::{argmax, LlamaJob};
+use opscope_lab::llama::job::{argmax, LlamaJob, Perplexity};
 use opscope_lab::model::split_entries;
 use std::path::{Path, PathBuf};
 
@@ -135,6 +135,35 @@ fn logits_and_sketches_match_numpy_on_fortunes() {
         let op = rows.iter().find(|r| &*r.site == site).map(|r| r.op.to_string()).unwrap_or_default();
         assert!(op.starts_with("dequant"), "{site} is a DequantMatMul site, recorded as op {op:?}");
     }
+
+    // Perplexity of these entries: the library on RLX's logits, and `opscope record --gguf` end
+    // to end (its .model.json), against numpy's on its own logits.
+    let want_ppl = r["perplexity"].0[0];
+    let mut ppl = Perplexity::default();
+    for (row, s) in job.seqs.iter().enumerate() {
+        ppl.add(&tapped[row * seq * vocab..(row + 1) * seq * vocab], vocab, s);
+    }
+    assert!((ppl.value() - want_ppl).abs() <= 1e-4 * want_ppl, "perplexity: rlx {}, numpy {want_ppl}", ppl.value());
+    let dir = tempfile::tempdir().unwrap();
+    let (fortunes, out) = (dir.path().join("four.txt"), dir.path().join("rec.csv"));
+    std::fs::write(&fortunes, entries.join("\n%\n")).unwrap();
+    let st = std::process::Command::new(env!("CARGO_BIN_EXE_opscope"))
+        .args(["record", "--gguf"])
+        .arg(&gguf)
+        .arg("--text")
+        .arg(&fortunes)
+        .args(["--batch", "2", "--seq", &seq.to_string(), "--pipeline", "matmul{sites=[output]}", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "opscope record --gguf failed: {}", String::from_utf8_lossy(&st.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("rec.csv.model.json")).unwrap()).unwrap();
+    let cli_ppl = doc["perplexity"].as_f64().unwrap();
+    eprintln!("perplexity over {} predictions: rlx {:.4}, cli {cli_ppl:.4}, numpy {want_ppl:.4}", ppl.tokens, ppl.value());
+    assert!((cli_ppl - want_ppl).abs() <= 1e-4 * want_ppl, "perplexity: opscope record {cli_ppl}, numpy {want_ppl}");
+    assert_eq!(doc["predictions"].as_u64().unwrap() as usize, ppl.tokens);
+    let deq: Vec<&str> = doc["weights"].as_array().unwrap().iter().filter(|w| w["bound_as"] == "f32").map(|w| w["tensor"].as_str().unwrap()).collect();
+    assert!(deq.contains(&"token_embd.weight") && deq.iter().all(|t| *t == "token_embd.weight" || t.ends_with("norm.weight")), "dequantized: {deq:?}");
 
 }
 

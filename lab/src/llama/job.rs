@@ -128,7 +128,7 @@ impl LlamaJob {
 
     /// The prefill graph of a full batch (what a tap sees).
     pub fn graph(&self) -> Graph {
-        self.model.prefill_graph(self.batch.min(self.seqs.len()), self.seq, self.decode > 0)
+        self.model.prefill_graph(self.batch.min(self.seqs.len()), self.seq, self.decode > 1)
     }
 
     /// Run one prefill batch on `c` (compiled from [`LlamaModel::prefill_graph`] for
@@ -159,8 +159,8 @@ impl LlamaJob {
 
     /// [`LlamaJob::run`] without a scope (taps only if the caller opened one).
     pub fn run_untapped(&self, session: &Session, each: &mut impl FnMut(&[Vec<u32>], &[f32], &[Vec<u32>]) -> Result<()>) -> Result<()> {
-        let kv = self.decode > 0;
-        let full_rows = self.batch.min(self.seqs.len());
+        // The first continuation token comes from the prefill; the decode graph runs from the second.
+        let kv = self.decode > 1;
         let mut compiled: Vec<(usize, Graph, CompiledGraph, Option<(Graph, CompiledGraph)>)> = Vec::new();
         for chunk in self.seqs.chunks(self.batch) {
             if INTERRUPTED.load(Ordering::SeqCst) {
@@ -181,12 +181,18 @@ impl LlamaJob {
             let pre = self.prefill(c, chunk, kv)?;
             let cont = match d {
                 Some((_, dc)) => self.greedy(dc, chunk, &pre)?,
+                None if self.decode == 1 => chunk.iter().enumerate().map(|(i, r)| vec![self.last_argmax(&pre, i, r.len())]).collect(),
                 None => vec![Vec::new(); rows],
             };
             each(chunk, &pre.logits, &cont)?;
         }
-        let _ = full_rows;
         Ok(())
+    }
+
+    /// The argmax of the prefill logits at the last token of row `i` (of `len` tokens).
+    fn last_argmax(&self, pre: &Prefill, i: usize, len: usize) -> u32 {
+        let (at, vocab) = (i * self.seq + len - 1, self.model.config.vocab);
+        argmax(&pre.logits[at * vocab..(at + 1) * vocab]) as u32
     }
 
     /// `decode` greedy steps for the batch `rows` after its prefill: the first token is the
@@ -213,14 +219,7 @@ impl LlamaJob {
             })
             .collect();
         let mut valid: Vec<Vec<bool>> = rows.iter().map(|r| (0..cache).map(|i| i < r.len()).collect()).collect();
-        let mut next: Vec<u32> = rows
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let at = i * self.seq + r.len() - 1;
-                argmax(&pre.logits[at * vocab..(at + 1) * vocab]) as u32
-            })
-            .collect();
+        let mut next: Vec<u32> = rows.iter().enumerate().map(|(i, r)| self.last_argmax(pre, i, r.len())).collect();
         let mut out: Vec<Vec<u32>> = next.iter().map(|&t| vec![t]).collect();
         for step in 0..self.decode.saturating_sub(1) {
             let pos: Vec<usize> = rows.iter().map(|r| r.len() + step).collect();

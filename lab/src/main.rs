@@ -115,8 +115,8 @@ struct Corpus {
     #[arg(long, conflicts_with_all = ["onnx", "tokenizer", "inputs"])]
     gguf: Option<PathBuf>,
     /// With --gguf: greedy decode steps after each prefill (0: prefill only).
-    #[arg(long, default_value_t = 0, requires = "gguf", value_parser = clap::value_parser!(u32).range(0..=4096))]
-    decode: u32,
+    #[arg(long, requires = "gguf", value_parser = clap::value_parser!(u32).range(0..=4096))]
+    decode: Option<u32>,
     /// Hugging Face tokenizer.json.
     #[arg(long, required_unless_present_any = ["inputs", "gguf"])]
     tokenizer: Option<PathBuf>,
@@ -567,7 +567,7 @@ fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> R
     let side = model_sidecar(&a.out);
     opscope_lab::output::check(&side, &c.inputs(), Output::Json, a.force)?;
     let entries = c.entries()?;
-    let job = LlamaJob::new(gguf, &entries, c.batch as usize, c.seq as usize, c.decode as usize)?;
+    let job = LlamaJob::new(gguf, &entries, c.batch as usize, c.seq as usize, c.decode.unwrap_or(0) as usize)?;
     let options = rlx_runtime::CompileOptions::default();
     let (_, manifest) = opscope::activate::rewrite(pipeline, &job.graph(), a.stage, &options, 0)?;
     if manifest.sites.is_empty() {
@@ -679,6 +679,9 @@ fn record(a: RecordArgs) -> Result<()> {
     // A bad --out fails before the model is imported; the file is created once the inputs
     // have loaded, so a failed start never touches an earlier recording.
     let c = &a.corpus;
+    if c.decode.is_some() && c.gguf.is_none() {
+        anyhow::bail!("--decode needs --gguf: ONNX encoders have no decoding");
+    }
     opscope_lab::output::check(&a.out, &c.inputs(), Output::Recording, a.force)?;
     if let Some(npz) = &c.inputs {
         return record_npz(&a, &pipeline, npz);

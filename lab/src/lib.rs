@@ -8,6 +8,7 @@
 
 pub mod cost;
 pub mod diff;
+pub mod llama;
 pub mod measure;
 pub mod model;
 pub mod npz;

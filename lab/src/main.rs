@@ -406,10 +406,19 @@ fn sites(a: SitesArgs) -> Result<()> {
 struct Corpus {
     /// ONNX model (BERT-style encoder with inputs input_ids, attention_mask; for `measure`, its
     /// last output is the sentence embedding).
-    #[arg(long)]
-    onnx: PathBuf,
+    #[arg(long, required_unless_present = "gguf")]
+    onnx: Option<PathBuf>,
+    /// Instead of --onnx: a Llama-architecture GGUF decoder (e.g. SmolLM2-135M), its tokenizer
+    /// read from the file. `record` only: each batch is prefilled (one step of the prefill
+    /// compile), then decoded greedily for `--decode` tokens with a KV cache (each token one step
+    /// of the decode compile); prints the text's perplexity.
+    #[arg(long, conflicts_with_all = ["onnx", "tokenizer", "inputs"])]
+    gguf: Option<PathBuf>,
+    /// With --gguf: greedy decode steps after each prefill (0: prefill only).
+    #[arg(long, requires = "gguf", value_parser = clap::value_parser!(u32).range(0..=4096))]
+    decode: Option<u32>,
     /// Hugging Face tokenizer.json.
-    #[arg(long, required_unless_present = "inputs")]
+    #[arg(long, required_unless_present_any = ["inputs", "gguf"])]
     tokenizer: Option<PathBuf>,
     /// Text file: entries separated by lines holding only '%' (fortune format) or blank lines.
     #[arg(long, required_unless_present = "inputs")]
@@ -433,6 +442,11 @@ struct Corpus {
 }
 
 impl Corpus {
+    /// The ONNX model (required unless `--gguf` is given).
+    fn onnx(&self) -> Result<&PathBuf> {
+        self.onnx.as_ref().context("this command needs --onnx (--gguf works with `record` only)")
+    }
+
     /// The tokenizer and text files (required unless `--inputs` is given).
     fn text_files(&self) -> Result<(&PathBuf, &PathBuf)> {
         match (&self.tokenizer, &self.text) {
@@ -443,12 +457,12 @@ impl Corpus {
 
     /// Every file the command reads.
     fn inputs(&self) -> Vec<&std::path::Path> {
-        [Some(&self.onnx), self.tokenizer.as_ref(), self.text.as_ref(), self.inputs.as_ref()].into_iter().flatten().map(|p| p.as_path()).collect()
+        [self.onnx.as_ref(), self.gguf.as_ref(), self.tokenizer.as_ref(), self.text.as_ref(), self.inputs.as_ref()].into_iter().flatten().map(|p| p.as_path()).collect()
     }
 
     /// The text's entries, at most `--limit`. Errors if the file is unreadable or empty.
     fn entries(&self) -> Result<Vec<String>> {
-        let (_, path) = self.text_files()?;
+        let path = self.text.as_ref().context("this command needs --text")?;
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let mut entries = split_entries(&text);
         if let Some(n) = self.limit {
@@ -476,7 +490,7 @@ fn measure(a: MeasureArgs) -> Result<()> {
     if let Some(path) = &a.json {
         opscope_lab::output::check(path, &c.inputs(), Output::Json, a.force)?;
     }
-    let job = Job::new(&c.onnx, c.text_files()?.0, c.entries()?, c.batch as usize, c.seq as usize)?;
+    let job = Job::new(c.onnx()?, c.text_files()?.0, c.entries()?, c.batch as usize, c.seq as usize)?;
     let bar = ProgressBar::new_spinner();
     let m = opscope_lab::measure::measure(&job, |stage| bar.set_message(stage.to_string()))?;
     bar.finish_and_clear();
@@ -820,11 +834,12 @@ fn passes() {
 
 /// `record --inputs FILE.npz`: any ONNX model, its inputs from numpy arrays.
 fn record_npz(a: &RecordArgs, pipeline: &Pipeline, npz: &std::path::Path) -> Result<()> {
-    let job = opscope_lab::npz::NpzJob::load(&a.corpus.onnx, npz, a.corpus.axis)?;
+    let onnx = a.corpus.onnx()?;
+    let job = opscope_lab::npz::NpzJob::load(onnx, npz, a.corpus.axis)?;
     let options = rlx_runtime::CompileOptions::default();
     let (_, manifest) = opscope::activate::rewrite(pipeline, job.graph(), a.stage, &options, 0)?;
     if manifest.sites.is_empty() {
-        anyhow::bail!("nothing to record: the pipeline '{pipeline}' finds no site in {}", a.corpus.onnx.display());
+        anyhow::bail!("nothing to record: the pipeline '{pipeline}' finds no site in {}", onnx.display());
     }
     interrupt_on_ctrl_c()?;
     job.run(pipeline, a.stage, opscope::open_sink(&a.out)?)?;
@@ -833,6 +848,122 @@ fn record_npz(a: &RecordArgs, pipeline: &Pipeline, npz: &std::path::Path) -> Res
         std::process::exit(130);
     }
     println!("recorded {} batches of {} with '{pipeline}' to {} (+ .manifest.json)", job.batches(), npz.display(), a.out.display());
+    Ok(())
+}
+
+/// `<out>.model.json`: what `record --gguf` ran (beside the recording and its manifest).
+fn model_sidecar(out: &std::path::Path) -> PathBuf {
+    let mut s = out.as_os_str().to_owned();
+    s.push(".model.json");
+    PathBuf::from(s)
+}
+
+/// `record --gguf MODEL --text FILE`: a Llama GGUF decoder over text, prefill and greedy decode
+/// with a KV cache; prints the perplexity and the weights dequantized to f32, and writes both
+/// (with the hyperparameters) to `<out>.model.json`.
+fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> Result<()> {
+    use opscope_lab::llama::job::{LlamaJob, Perplexity};
+    let c = &a.corpus;
+    let side = model_sidecar(&a.out);
+    opscope_lab::output::check(&side, &c.inputs(), Output::Json, a.force)?;
+    let entries = c.entries()?;
+    let job = LlamaJob::new(gguf, &entries, c.batch as usize, c.seq as usize, c.decode.unwrap_or(0) as usize)?;
+    let options = rlx_runtime::CompileOptions::default();
+    let (_, manifest) = opscope::activate::rewrite(pipeline, &job.graph(), a.stage, &options, 0)?;
+    if manifest.sites.is_empty() {
+        anyhow::bail!("nothing to record: the pipeline '{pipeline}' finds no site in {}", gguf.display());
+    }
+    let cfg = &job.model.config;
+    println!(
+        "{}: Llama, {} blocks, d_model {}, {} heads ({} KV heads, head width {}), SwiGLU {}, vocabulary {}, RoPE base {}",
+        gguf.display(),
+        cfg.layers,
+        cfg.dim,
+        cfg.heads,
+        cfg.kv_heads,
+        cfg.head_dim,
+        cfg.ffn_dim,
+        cfg.vocab,
+        cfg.rope_base
+    );
+    let packed = job.model.notes.iter().filter(|n| n.bound_as == "packed").count();
+    let deq: Vec<String> = job.model.dequantized().iter().map(|n| format!("{} ({})", n.tensor, n.ggml_type)).collect();
+    println!("{packed} projections stay packed (DequantMatMul); dequantized to f32 on load: {}", if deq.len() > 4 { format!("{} and {} more (norm gains)", deq[..2].join(", "), deq.len() - 2) } else { deq.join(", ") });
+
+    let file = opscope::recording::open(&a.out)?;
+    let summary = SummarySink::default();
+    let sink = opscope::recording::Tee(vec![file, Box::new(summary.clone())]);
+    let bar = ProgressBar::new(job.seqs.len() as u64)
+        .with_style(ProgressStyle::with_template("{bar:40} {pos}/{len} sequences {elapsed} {msg}").context("progress template")?);
+    interrupt_on_ctrl_c()?;
+    let (seq, vocab) = (job.seq, cfg.vocab);
+    let mut ppl = Perplexity::default();
+    let mut samples: Vec<(String, String)> = Vec::new();
+    let res = job.run(pipeline, a.stage, Box::new(sink), |rows, logits, cont| {
+        for (i, r) in rows.iter().enumerate() {
+            ppl.add(&logits[i * seq * vocab..(i + 1) * seq * vocab], vocab, r);
+        }
+        if samples.len() < 3 {
+            if let (Some(r), Some(cn)) = (rows.first(), cont.first()) {
+                if !cn.is_empty() {
+                    samples.push((job.tokenizer.decode(r)?, job.tokenizer.decode(cn)?));
+                }
+            }
+        }
+        bar.inc(rows.len() as u64);
+        bar.set_message(format!("perplexity {:.2}", ppl.value()));
+        Ok(())
+    });
+    bar.finish();
+    res?;
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        eprintln!("opscope: interrupted: the rows recorded so far are in {}.partial", a.out.display());
+        std::process::exit(130);
+    }
+    emit(&summary.table())?;
+    for (p, cn) in &samples {
+        println!("greedy: {:?} -> {:?}", p, cn);
+    }
+    println!(
+        "perplexity {:.3} over {} next-token predictions in {} sequences (--seq {seq}; {} entries truncated; no BOS, as the GGUF asks)",
+        ppl.value(),
+        ppl.tokens,
+        job.seqs.len(),
+        job.truncated
+    );
+    #[derive(serde::Serialize)]
+    struct ModelDoc<'a> {
+        gguf: &'a std::path::Path,
+        config: &'a opscope_lab::llama::LlamaConfig,
+        weights: &'a [opscope_lab::llama::WeightNote],
+        perplexity: f64,
+        perplexity_nll_sum: f64,
+        predictions: usize,
+        sequences: usize,
+        truncated: usize,
+        seq: usize,
+        decode: usize,
+    }
+    let doc = ModelDoc {
+        gguf,
+        config: cfg,
+        weights: &job.model.notes,
+        perplexity: ppl.value(),
+        perplexity_nll_sum: ppl.nll,
+        predictions: ppl.tokens,
+        sequences: job.seqs.len(),
+        truncated: job.truncated,
+        seq,
+        decode: job.decode,
+    };
+    opscope::recording::write_atomic(&side, &serde_json::to_vec_pretty(&doc).context("model JSON")?)?;
+    println!(
+        "recorded {} sequences ({} per batch, {seq} tokens{}) with '{pipeline}' to {} (+ .manifest.json, .model.json)",
+        job.seqs.len(),
+        job.batch,
+        if job.decode > 0 { format!(", {} greedy decode steps", job.decode) } else { String::new() },
+        a.out.display()
+    );
     Ok(())
 }
 
@@ -848,12 +979,19 @@ fn record(a: RecordArgs) -> Result<()> {
     // A bad --out fails before the model is imported; the file is created once the inputs
     // have loaded, so a failed start never touches an earlier recording.
     let c = &a.corpus;
+    if c.decode.is_some() && c.gguf.is_none() {
+        anyhow::bail!("--decode needs --gguf: ONNX encoders have no decoding");
+    }
     opscope_lab::output::check(&a.out, &c.inputs(), Output::Recording, a.force)?;
     if let Some(npz) = &c.inputs {
         return record_npz(&a, &pipeline, npz);
     }
+    if let Some(gguf) = &c.gguf {
+        return record_gguf(&a, &pipeline, gguf);
+    }
     let entries = c.entries()?;
-    let job = Job::new(&c.onnx, c.text_files()?.0, entries, batch, seq)?;
+    let onnx = c.onnx()?;
+    let job = Job::new(onnx, c.text_files()?.0, entries, batch, seq)?;
     // Dry run on the program that will be observed: a pipeline that does not fit the model
     // (skip of a block that does not exist) fails here, before any file is written, and taps
     // that find nothing are named.
@@ -872,8 +1010,8 @@ fn record(a: RecordArgs) -> Result<()> {
             let hint = if near.is_empty() { String::new() } else { format!("; closest sites: {}", near.join(", ")) };
             format!(
                 "pass {i} '{text}' found no site in {} (it looks for: {doc}){hint}; `opscope sites --onnx {} --pipeline {}` lists them",
-                a.corpus.onnx.display(),
-                a.corpus.onnx.display(),
+                onnx.display(),
+                onnx.display(),
                 instance.pass.name()
             )
         })
@@ -914,7 +1052,7 @@ fn record(a: RecordArgs) -> Result<()> {
         anyhow::bail!(
             "nothing was recorded: the pipeline '{pipeline}' matched no site in {} (the header-only \
              recording is at {}; run with --pipeline matmul to see every site's name)",
-            a.corpus.onnx.display(),
+            onnx.display(),
             a.out.display()
         );
     }

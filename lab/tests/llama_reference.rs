@@ -1,0 +1,205 @@
+//! The real decoder LLM: SmolLM2-135M-Instruct (Q4_1 GGUF) built into an RLX graph by
+//! `opscope_lab::llama`, against `scripts/llama_reference.py`, an independent reference on PyPI
+//! `gguf`'s reader and dequantizer and numpy (float64, Hugging Face's rotate-half RoPE on
+//! un-permuted Q/K weights, its own pure-Python byte-level BPE).
+//!
+//! Needs `~/.cache/opscope/SmolLM2-135M-Instruct.Q4_1.gguf` (`scripts/fetch-assets.sh`) and the
+//! Python packages of `scripts/requirements-test.txt`.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+use common::*;
+use opscope::{MemorySink, Pipeline};
+use opscope_lab::llama::job::{argmax, LlamaJob, Perplexity};
+use opscope_lab::model::split_entries;
+use std::path::{Path, PathBuf};
+
+fn assets() -> (PathBuf, PathBuf) {
+    let a = opscope_lab::model::MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}"));
+    let gguf = a.text.parent().unwrap().join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(gguf.is_file(), "{} is missing: run scripts/fetch-assets.sh", gguf.display());
+    (gguf, a.text)
+}
+
+/// Run the Python reference on `req`; returns its `.npz` arrays by name.
+fn reference(gguf: &Path, req: serde_json::Value) -> std::collections::HashMap<String, (Vec<f64>, Vec<u64>)> {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, out) = (dir.path().join("req.json"), dir.path().join("ref.npz"));
+    std::fs::write(&input, serde_json::to_vec(&req).unwrap()).unwrap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/llama_reference.py");
+    let st = std::process::Command::new("python3")
+        .arg(&script)
+        .args(["--gguf".as_ref(), gguf.as_os_str(), "--input".as_ref(), input.as_os_str(), "--out".as_ref(), out.as_os_str()])
+        .status()
+        .expect("python3 runs");
+    assert!(st.success(), "{} failed: pip install -r scripts/requirements-test.txt", script.display());
+    let mut z = npyz::npz::NpzArchive::open(&out).unwrap();
+    let names: Vec<String> = z.array_names().map(|s| s.to_string()).collect();
+    names
+        .into_iter()
+        .map(|n| {
+            let arr = z.by_name(&n).unwrap().unwrap();
+            let shape = arr.shape().to_vec();
+            let v: Vec<f64> = match arr.dtype() {
+                npyz::DType::Plain(t) if t.type_char() == npyz::TypeChar::Int => arr.into_vec::<i64>().unwrap().into_iter().map(|x| x as f64).collect(),
+                npyz::DType::Plain(t) if t.size_field() == 4 => arr.into_vec::<f32>().unwrap().into_iter().map(f64::from).collect(),
+                _ => arr.into_vec::<f64>().unwrap(),
+            };
+            (n, (v, shape))
+        })
+        .collect()
+}
+
+#[test]
+fn tokenizer_matches_a_pure_python_bpe_on_the_gguf_vocabulary() {
+    let (gguf, text) = assets();
+    let mut texts: Vec<String> = split_entries(&std::fs::read_to_string(&text).unwrap()).into_iter().take(250).collect();
+    // Digits (isolated one by one), contractions, runs of spaces and newlines, a control token,
+    // non-ASCII letters and punctuation.
+    texts.push("It's 1999, isn't it?  Yes...\n\n  <|im_start|>user 12345 we'll   see\t\tnaïve café — “quoted” ½".into());
+    let model = opscope_lab::llama::LlamaModel::load(&gguf).unwrap();
+    let tok = opscope_lab::llama::tokenizer::GgufTokenizer::from_gguf(model.gguf()).unwrap();
+    let r = reference(&gguf, serde_json::json!({"texts": texts, "seq": 1, "forward": false}));
+    let mut tokens = 0;
+    for (i, t) in texts.iter().enumerate() {
+        let ours: Vec<f64> = tok.encode(t).unwrap().into_iter().map(f64::from).collect();
+        assert_eq!(ours, r[&format!("ids_{i}")].0, "token ids of text {i}: {t:?}");
+        tokens += ours.len();
+    }
+    assert!(tokens > 3000, "{tokens} tokens compared");
+    // Decoding gives the text back (byte-level BPE is lossless).
+    let last = texts.last().unwrap();
+    assert_eq!(&tok.decode(&tok.encode(last).unwrap()).unwrap(), last);
+    // The control token is one id, the one the vocabulary gives it (1 in SmolLM2).
+    assert_eq!(tok.encode("<|im_start|>").unwrap(), vec![1]);
+}
+
+/// Sites whose sketches are checked against the reference: packed projections early and late,
+/// and the tied output head (Q8_0).
+const SITES: [&str; 5] = ["blk.0.attn_q", "blk.0.attn_k", "blk.0.ffn_down", "blk.29.ffn_up", "output"];
+
+#[test]
+fn logits_and_sketches_match_numpy_on_fortunes() {
+    let (gguf, text) = assets();
+    let (batch, seq) = (4usize, 24usize);
+    let entries: Vec<String> = split_entries(&std::fs::read_to_string(&text).unwrap()).into_iter().take(batch).collect();
+    let job = LlamaJob::new(&gguf, &entries, batch, seq, 0).unwrap();
+    assert_eq!(job.seqs.len(), batch);
+    let session = rlx_runtime::Session::new(rlx_runtime::Device::Cpu);
+    let graph = job.model.prefill_graph(batch, seq, false);
+    let plain = job.prefill(&mut job.model.compile(&session, &graph), &job.seqs, false).unwrap().logits;
+    let sink = MemorySink::default();
+    let p = Pipeline::parse("matmul").unwrap();
+    let tapped = opscope::scope(&p, Box::new(sink.clone()), || job.prefill(&mut job.model.compile(&session, &graph), &job.seqs, false).unwrap().logits).unwrap();
+    assert!(plain.iter().zip(&tapped).all(|(a, b)| a.to_bits() == b.to_bits()), "logits must be bit-identical with taps on");
+
+    let r = reference(&gguf, serde_json::json!({"texts": entries, "seq": seq, "sites": SITES}));
+    for (i, s) in job.seqs.iter().enumerate() {
+        let want: Vec<f64> = r[&format!("ids_{i}")].0.iter().take(seq).copied().collect();
+        assert_eq!(s.iter().map(|&x| x as f64).collect::<Vec<_>>(), want, "token ids of entry {i}");
+    }
+    let (want, shape) = &r["logits"];
+    let vocab = job.model.config.vocab;
+    assert_eq!(shape, &vec![(batch * seq) as u64, vocab as u64]);
+    // Per position: relative L2 error ||rlx - ref||_2 / ||ref||_2 of the logit vector.
+    let (mut worst, mut agree, mut total) = (0f64, 0usize, 0usize);
+    for (row, s) in job.seqs.iter().enumerate() {
+        for t in 0..s.len() {
+            let at = row * seq + t;
+            let (a, b) = (&tapped[at * vocab..(at + 1) * vocab], &want[at * vocab..(at + 1) * vocab]);
+            let err = a.iter().zip(b).map(|(x, y)| (*x as f64 - y).powi(2)).sum::<f64>().sqrt();
+            let norm = b.iter().map(|y| y * y).sum::<f64>().sqrt();
+            worst = worst.max(err / norm);
+            let ref_arg = b.iter().enumerate().fold(0, |best, (i, v)| if *v > b[best] { i } else { best });
+            agree += usize::from(argmax(a) == ref_arg);
+            total += 1;
+        }
+    }
+    eprintln!("logits: worst relative L2 error {worst:.2e}; argmax agrees on {agree}/{total} positions");
+    assert!(worst < 1e-3, "worst per-position relative L2 error of the logits {worst:.3e}");
+    assert!(agree as f64 >= 0.99 * total as f64, "next-token argmax agrees on {agree} of {total} positions");
+
+    // Sketches of DequantMatMul outputs against numpy on the same (padded) batch.
+    let rows = sink.rows();
+    for name in SITES {
+        // Site names are the node name and its id (`blk.0.attn_q#9`).
+        let site = rows.iter().map(|r| r.site.to_string()).find(|s| s.split('#').next() == Some(name)).unwrap_or_else(|| panic!("no site named {name}"));
+        let site = site.as_str();
+        let st = stats_of(&rows, site, "out", 0);
+        assert!(!st.is_empty(), "no rows for site {site}; sites: {:?}", rows.iter().map(|r| r.site.to_string()).collect::<std::collections::BTreeSet<_>>());
+        for stat in ["max", "min", "sumsq"] {
+            let got = st[stat][0];
+            let want = r[&format!("{name}.{stat}")].0[0];
+            assert!((got - want).abs() <= 1e-4 * want.abs(), "{site} out {stat}: rlx {got}, numpy {want}");
+        }
+        let op = rows.iter().find(|r| &*r.site == site).map(|r| r.op.to_string()).unwrap_or_default();
+        assert!(op.starts_with("dequant"), "{site} is a DequantMatMul site, recorded as op {op:?}");
+    }
+
+    // Perplexity of these entries: the library on RLX's logits, and `opscope record --gguf` end
+    // to end (its .model.json), against numpy's on its own logits.
+    let want_ppl = r["perplexity"].0[0];
+    let mut ppl = Perplexity::default();
+    for (row, s) in job.seqs.iter().enumerate() {
+        ppl.add(&tapped[row * seq * vocab..(row + 1) * seq * vocab], vocab, s);
+    }
+    assert!((ppl.value() - want_ppl).abs() <= 1e-4 * want_ppl, "perplexity: rlx {}, numpy {want_ppl}", ppl.value());
+    let dir = tempfile::tempdir().unwrap();
+    let (fortunes, out) = (dir.path().join("four.txt"), dir.path().join("rec.csv"));
+    std::fs::write(&fortunes, entries.join("\n%\n")).unwrap();
+    let st = std::process::Command::new(env!("CARGO_BIN_EXE_opscope"))
+        .args(["record", "--gguf"])
+        .arg(&gguf)
+        .arg("--text")
+        .arg(&fortunes)
+        .args(["--batch", "2", "--seq", &seq.to_string(), "--pipeline", "matmul{sites=[output]}", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "opscope record --gguf failed: {}", String::from_utf8_lossy(&st.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("rec.csv.model.json")).unwrap()).unwrap();
+    let cli_ppl = doc["perplexity"].as_f64().unwrap();
+    eprintln!("perplexity over {} predictions: rlx {:.4}, cli {cli_ppl:.4}, numpy {want_ppl:.4}", ppl.tokens, ppl.value());
+    assert!((cli_ppl - want_ppl).abs() <= 1e-4 * want_ppl, "perplexity: opscope record {cli_ppl}, numpy {want_ppl}");
+    assert_eq!(doc["predictions"].as_u64().unwrap() as usize, ppl.tokens);
+    let deq: Vec<&str> = doc["weights"].as_array().unwrap().iter().filter(|w| w["bound_as"] == "f32").map(|w| w["tensor"].as_str().unwrap()).collect();
+    assert!(deq.contains(&"token_embd.weight") && deq.iter().all(|t| *t == "token_embd.weight" || t.ends_with("norm.weight")), "dequantized: {deq:?}");
+
+}
+
+/// KV-cache decode (a fixed-shape decode graph fed the cache, one token per run) continues each
+/// sequence with the same greedy tokens as a full prefill over the sequence and its
+/// continuation (a different graph, no cache); every decode step is a step of the recording.
+#[test]
+fn kv_cache_decode_matches_full_prefill_and_records_each_step() {
+    let (gguf, text) = assets();
+    let (batch, seq, decode) = (2usize, 16usize, 6usize);
+    let entries: Vec<String> = split_entries(&std::fs::read_to_string(&text).unwrap()).into_iter().skip(4).take(batch).collect();
+    let job = LlamaJob::new(&gguf, &entries, batch, seq, decode).unwrap();
+    let sink = MemorySink::default();
+    let mut got = Vec::new();
+    job.run(&Pipeline::parse("matmul").unwrap(), opscope::activate::Stage::Deployed, Box::new(sink.clone()), |rows, _, cont| {
+        got.extend(rows.iter().cloned().zip(cont.iter().cloned()));
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(got.len(), batch);
+    let lens: Vec<usize> = got.iter().map(|(p, _)| p.len()).collect();
+    let session = rlx_runtime::Session::new(rlx_runtime::Device::Cpu);
+    let vocab = job.model.config.vocab;
+    for (prompt, cont) in &got {
+        assert_eq!(cont.len(), decode);
+        let full: Vec<u32> = prompt.iter().chain(&cont[..decode - 1]).copied().collect();
+        let n = full.len();
+        let g = job.model.prefill_graph(1, n, false);
+        let logits = job.model.prefill(&mut job.model.compile(&session, &g), &[full.clone()], n, job.tokenizer.eos, false).unwrap().logits;
+        let want: Vec<u32> = (prompt.len() - 1..n).map(|t| argmax(&logits[t * vocab..(t + 1) * vocab]) as u32).collect();
+        assert_eq!(cont, &want, "greedy continuation of {:?}", job.tokenizer.decode(prompt).unwrap());
+    }
+    eprintln!("prompt lengths {lens:?}; continuations {:?}", got.iter().map(|(_, c)| job.tokenizer.decode(c).unwrap()).collect::<Vec<_>>());
+    assert!(lens[0] != lens[1] || lens[0] < seq, "the batch should hold sequences of different lengths or padding");
+    let rows = sink.rows();
+    let decode_steps: std::collections::BTreeSet<u64> = rows.iter().filter(|r| r.graph.contains("_decode_")).map(|r| r.step).collect();
+    assert_eq!(decode_steps, (0..decode as u64 - 1).collect(), "each decode run is one step of the decode compile");
+    assert!(rows.iter().any(|r| r.graph.contains("_prefill_") && r.step == 0), "the prefill is step 0 of its compile");
+}

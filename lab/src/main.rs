@@ -130,7 +130,7 @@ fn cost(a: CostArgs) -> Result<()> {
     // The tokenizer must load for the corpus to be runnable; its ids do not change the cost.
     opscope_lab::model::TextEncoder::load(c.text_files()?.0, seq)?;
     let full = batch.min(entries.len());
-    let enc = opscope_lab::model::OnnxEncoder::load(&c.onnx, full, seq)?;
+    let enc = opscope_lab::model::OnnxEncoder::load(c.onnx()?, full, seq)?;
     let shape = [full, seq];
     let inputs: Vec<(&str, &[usize])> = enc
         .graph
@@ -329,7 +329,7 @@ fn ab(a: AbArgs) -> Result<()> {
     entries.truncate((entries.len() / batch).min(AB_BATCHES) * batch);
     let text = opscope_lab::model::TextEncoder::load(tok, c.seq as usize)?;
     let batches = entries.chunks(batch).map(|b| text.encode(b)).collect::<Result<Vec<_>>>()?;
-    let model = opscope_lab::model::OnnxEncoder::load(&c.onnx, batch, c.seq as usize)?;
+    let model = opscope_lab::model::OnnxEncoder::load(c.onnx()?, batch, c.seq as usize)?;
     let bar = ProgressBar::new_spinner();
     bar.set_message(format!("timing A '{}' against B '{}'", a.a, a.b));
     let r = opscope_lab::timing::ab_pipelines(&model, &batches, pa.as_ref(), pb.as_ref(), a.stage, &opts);

@@ -112,7 +112,8 @@ pub fn new_run_id() -> String {
 /// drain the rest of the queue (so the producer never blocks on a dead writer). The sink is
 /// finished only on `Msg::Finish` and only if nothing failed.
 fn writer(mut sink: Box<dyn Sink>, run_id: Arc<str>, rx: Receiver<Msg>) -> Result<(), Error> {
-    let mut first: Option<Error> = None;
+    // The sink learns the recording id first (a Parquet dataset names its partition by it).
+    let mut first: Option<Error> = sink.recording_id(&run_id).err();
     let mut finish = false;
     let mut partial = false;
     let mut interned: HashMap<u32, Arc<Interned>> = HashMap::new();

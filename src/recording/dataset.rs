@@ -206,11 +206,13 @@ impl DatasetSink {
         Ok(OpenPart { writer, tmp, runs: 0 })
     }
 
-    /// Footer, fsync, rename into place, fsync the directory; then the sidecar if it changed.
+    /// Footer and fsync; the sidecar if it changed (first, so that it lists the compiles of
+    /// every closed part whenever the process stops); rename into place; fsync the directory.
     fn close_part(&mut self) -> Result<(), Error> {
         let Some(part) = self.open.take() else { return Ok(()) };
         let file = part.writer.into_inner().map_err(|e| self.write_err(&part.tmp, "closing the part (footer)", e))?;
         file.sync_all().map_err(|e| self.write_err(&part.tmp, "syncing the part", e))?;
+        self.write_sidecar(false)?;
         let dir = part.tmp.parent().map(Path::to_path_buf).unwrap_or_default();
         let path = dir.join(format!("part-{:05}.parquet", self.next_part));
         std::fs::rename(&part.tmp, &path).map_err(|e| Error::Io { path: path.clone(), error: e })?;
@@ -219,7 +221,7 @@ impl DatasetSink {
             let _ = d.sync_all();
         }
         self.next_part += 1;
-        self.write_sidecar(false)
+        Ok(())
     }
 
     /// `_manifest.json` of the partition, when its manifests changed (or `always`).

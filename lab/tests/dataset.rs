@@ -275,3 +275,36 @@ print(json.dumps([[s, r, p, n, float(lo), float(hi)] for s, r, p, n, lo, hi in r
     assert!(mined.len() >= 36, "{}", mined.len());
     assert_eq!(by_sql, mined, "DuckDB and opscope mine --json, per (site, role, pass)");
 }
+
+#[test]
+fn parts_close_at_the_byte_limit_and_a_bad_limit_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let sweep = |out: &Path, runs: &str, bytes: &str| {
+        opscope().args(["sweep", "--seeds", "1", "--out"]).arg(out).env("RLX_OPSCOPE_PART_RUNS", runs).env("RLX_OPSCOPE_PART_BYTES", bytes).output().unwrap()
+    };
+    let (one, by_bytes) = (dir.path().join("one.parquet"), dir.path().join("bytes.parquet"));
+    assert!(sweep(&one, "100000", "1000000000").status.success());
+    assert!(sweep(&by_bytes, "100000", "40000").status.success());
+    assert_eq!(closed_parts(&one).len(), 1, "neither limit reached: one part");
+    let parts = closed_parts(&by_bytes);
+    assert!(parts.len() >= 3, "{}", parts.len());
+    // Closed at the end of the run (row group) that brought its data to 40000 bytes: with its
+    // last row group a part holds at least that much, without it less. (The footer, with
+    // statistics per row group and column, comes on top.)
+    for p in &parts[..parts.len() - 1] {
+        use parquet::file::reader::FileReader;
+        let r = parquet::file::reader::SerializedFileReader::new(std::fs::File::open(p).unwrap()).unwrap();
+        let groups: Vec<i64> = r.metadata().row_groups().iter().map(|g| g.compressed_size()).collect();
+        let all = 4 + groups.iter().sum::<i64>(); // + the leading magic PAR1
+        let before_last = all - groups[groups.len() - 1];
+        assert!(before_last < 40_000 && all >= 40_000, "{}: {groups:?}", p.display());
+    }
+    let total = |ps: &[PathBuf]| ps.iter().map(|p| footer_rows(p)).sum::<i64>();
+    assert_eq!(total(&parts), total(&closed_parts(&one)), "the same rows, split");
+
+    for (runs, bytes, var) in [("0", "100", "RLX_OPSCOPE_PART_RUNS"), ("2", "lots", "RLX_OPSCOPE_PART_BYTES")] {
+        let out = sweep(&dir.path().join(format!("bad{runs}.parquet")), runs, bytes);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(var) && err.contains("whole number >= 1") && !err.contains("panicked"), "{err}");
+    }
+}

@@ -308,3 +308,32 @@ fn parts_close_at_the_byte_limit_and_a_bad_limit_is_named() {
         assert!(!out.status.success() && err.contains(var) && err.contains("whole number >= 1") && !err.contains("panicked"), "{err}");
     }
 }
+
+#[test]
+fn record_into_a_dataset_holding_recordings_needs_append() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("held.parquet");
+    assert!(opscope().args(["sweep", "--seeds", "1", "--out"]).arg(&out).stdout(Stdio::null()).status().unwrap().success());
+    let before = closed_parts(&out);
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, "one\n%\ntwo\n").unwrap();
+    let run = |extra: &[&str]| {
+        opscope()
+            .args(["record", "--onnx", "missing.onnx", "--tokenizer", "missing.json", "--text"])
+            .arg(&text)
+            .args(extra)
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .unwrap()
+    };
+    for extra in [&[][..], &["--force"][..]] {
+        let o = run(extra);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains("already holds 1 recording(s)") && err.contains("--append"), "{extra:?}: {err}");
+    }
+    // With --append the output check passes and the next error is the missing tokenizer.
+    let err = String::from_utf8_lossy(&run(&["--append"]).stderr).to_string();
+    assert!(!err.contains("already holds") && err.contains("missing.json: no such tokenizer file"), "{err}");
+    assert_eq!(closed_parts(&out), before, "a refused or failed start leaves the dataset alone");
+}

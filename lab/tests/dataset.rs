@@ -305,7 +305,7 @@ fn parts_close_at_the_byte_limit_and_a_bad_limit_is_named() {
     for (runs, bytes, var) in [("0", "100", "RLX_OPSCOPE_PART_RUNS"), ("2", "lots", "RLX_OPSCOPE_PART_BYTES")] {
         let out = sweep(&dir.path().join(format!("bad{runs}.parquet")), runs, bytes);
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains(var) && err.contains("whole number >= 1") && !err.contains("panicked"), "{err}");
+        assert!(!out.status.success() && err.contains(&format!("{var}=")) && err.contains("whole number >= 1") && !err.contains("panicked"), "{err}");
     }
 }
 

@@ -69,9 +69,10 @@ impl PartLimits {
                 Err(_) => Ok(default),
                 Ok(v) => match v.trim().parse::<u64>() {
                     Ok(n) if n >= 1 => Ok(n),
-                    _ => Err(Error::BadPath {
-                        path: PathBuf::from(format!("{name}={v}")),
-                        why: format!("{name} must be a whole number >= 1 (default {default}); unset it for the default"),
+                    _ => Err(Error::Env {
+                        var: name.to_string(),
+                        value: v,
+                        why: format!("a Parquet part's limit is a whole number >= 1 (default {default}); unset it for the default"),
                     }),
                 },
             }
@@ -139,7 +140,7 @@ impl DatasetSink {
 
     /// The partition directory, `root/recording=<id>`, created on first use.
     fn partition(&mut self) -> Result<PathBuf, Error> {
-        let id = self.id.get_or_insert_with(crate::record::new_run_id).clone();
+        let id = self.id.get_or_insert_with(super::format::new_run_id).clone();
         // An id is a directory name: keep it to characters every file system and URL takes.
         let safe: String = id.chars().map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' }).collect();
         let dir = self.root.join(format!("recording={safe}"));

@@ -208,3 +208,14 @@ pub fn write_sidecar(recording: &Path, graphs: Vec<Manifest>) -> Result<(), Erro
     write_atomic(&sidecar_path(recording), &json)
 }
 
+/// A recording id, unique per recorder: `run-<unix seconds>-<pid>-<n>`, `n` counting the
+/// recorders of the process (two scopes of one process get two ids).
+pub fn new_run_id() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(1);
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    format!("run-{secs}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}

@@ -136,11 +136,13 @@ pub fn partial_path(path: &Path) -> PathBuf {
 
 /// True if `path` names a Parquet dataset: a name ending in `.parquet` that is not an existing
 /// file (a single-file recording of an earlier opscope), a path ending in `/`, or an existing
-/// directory not named `.csv` / `.gz`.
+/// directory that holds `recording=<id>` partitions (any other existing directory is refused
+/// as an output, so that a recording never lands in a directory by mistake).
 pub fn is_dataset_path(path: &Path) -> bool {
     let s = path.as_os_str().to_string_lossy();
-    let csv = s.ends_with(".csv") || s.ends_with(".gz");
-    (path.is_dir() && !csv) || s.ends_with('/') || (s.ends_with(".parquet") && !path.is_file())
+    let holds_recordings = path.is_dir()
+        && std::fs::read_dir(path).is_ok_and(|rd| rd.flatten().any(|e| e.file_name().to_string_lossy().starts_with("recording=")));
+    holds_recordings || s.ends_with('/') || (s.ends_with(".parquet") && !path.is_file())
 }
 
 /// Check that a Parquet dataset can be written at `root`: not a file, and its parent exists.

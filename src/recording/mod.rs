@@ -37,7 +37,7 @@ use crate::error::Error;
 
 /// Open the recording sink a path asks for: a Parquet dataset directory ([`DatasetSink`], cargo
 /// feature `parquet`) for a name ending in `.parquet`, a path ending in `/` or an existing
-/// directory; `.csv` CSV, `.csv.gz` / `.gz` gzip CSV ([`CsvSink`]). A dataset closes a part every
+/// dataset ([`is_dataset_path`]); `.csv` CSV, `.csv.gz` / `.gz` gzip CSV ([`CsvSink`]). A dataset closes a part every
 /// [`PartLimits`] (`RLX_OPSCOPE_PART_RUNS`, `RLX_OPSCOPE_PART_BYTES`; defaults 32 runs, 64 MiB)
 /// and adds its partition beside any already in the directory.
 ///

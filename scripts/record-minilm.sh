@@ -4,7 +4,8 @@
 # the text. Extra arguments go to `opscope record` (e.g. --limit 64, --pipeline 'matmul{...}').
 #
 #   OPSCOPE_CACHE  cache folder (default: $HOME/.cache/opscope)
-#   OUT            recording path (default: recording.csv.gz in the current directory)
+#   OUT            recording path (default: the Parquet dataset recording.parquet in the current
+#                  directory; an existing one is refused: remove it, or pass --append)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cache="${OPSCOPE_CACHE:-$HOME/.cache/opscope}"
@@ -13,4 +14,4 @@ cargo run --release --manifest-path "$here/../Cargo.toml" -p opscope-lab --bin o
   --onnx "$cache/paraphrase-MiniLM-L3-v2.onnx" \
   --tokenizer "$cache/tokenizer.json" \
   --text "$cache/fortunes.txt" \
-  --out "${OUT:-recording.csv.gz}" "$@"
+  --out "${OUT:-recording.parquet}" "$@"

@@ -38,6 +38,16 @@ pub enum Error {
         /// What failed.
         why: String,
     },
+    /// An environment variable holds a value opscope cannot use.
+    #[error("{var}={value:?}: {why}")]
+    Env {
+        /// The variable.
+        var: String,
+        /// Its value.
+        value: String,
+        /// What is wrong with it, and the fix.
+        why: String,
+    },
     /// The recording path cannot be used.
     #[error("recording {path}: {why}")]
     BadPath {

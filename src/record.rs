@@ -97,22 +97,14 @@ pub struct Recorder {
     front: Mutex<Front>,
 }
 
-/// A recording id, unique per recorder: `run-<unix seconds>-<pid>-<n>`, `n` counting the
-/// recorders of the process (two scopes of one process get two ids).
-pub fn new_run_id() -> String {
-    static N: AtomicU32 = AtomicU32::new(1);
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    format!("run-{secs}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
-}
+pub use crate::recording::new_run_id;
 
 /// The writer thread: decode each run into rows and write them; keep the first error and
 /// drain the rest of the queue (so the producer never blocks on a dead writer). The sink is
 /// finished only on `Msg::Finish` and only if nothing failed.
 fn writer(mut sink: Box<dyn Sink>, run_id: Arc<str>, rx: Receiver<Msg>) -> Result<(), Error> {
-    let mut first: Option<Error> = None;
+    // The sink learns the recording id first (a Parquet dataset names its partition by it).
+    let mut first: Option<Error> = sink.recording_id(&run_id).err();
     let mut finish = false;
     let mut partial = false;
     let mut interned: HashMap<u32, Arc<Interned>> = HashMap::new();

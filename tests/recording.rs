@@ -150,10 +150,28 @@ fn the_miner_says_no_data_and_flags_non_finite_values() {
     assert!(no_data.iter().any(|l| l.ends_with("/lhs: no data")), "{no_data:?}");
 }
 
-/// Every row of a Parquet file read with the parquet and arrow crates directly (not opscope's
-/// reader), by column name, text cast to UTF-8.
+/// Every row of a Parquet file, or of every `*.parquet` file under a dataset directory (by
+/// path), read with the parquet and arrow crates directly (not opscope's reader), by column
+/// name, text cast to UTF-8.
 #[cfg(feature = "parquet")]
 fn parquet_rows_independently(path: &std::path::Path) -> Vec<Row> {
+    if path.is_dir() {
+        let mut files = Vec::new();
+        let mut stack = vec![path.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if p.extension().is_some_and(|e| e == "parquet") {
+                    files.push(p);
+                }
+            }
+        }
+        files.sort();
+        assert!(!files.is_empty(), "no parquet file under {}", path.display());
+        return files.iter().flat_map(|f| parquet_rows_independently(f)).collect();
+    }
     use arrow_array::cast::AsArray;
     use arrow_array::types::{Float32Type, UInt32Type, UInt64Type};
     use arrow_array::Array;
@@ -249,9 +267,9 @@ fn parquet_written_back_by_pandas_and_polars_is_read_and_mined() {
     let script = r#"
 import sys, pandas as pd, polars as pl
 src, a, b = sys.argv[1:4]
-df = pd.read_parquet(src)
+df = pd.read_parquet(src)  # a dataset directory (pyarrow adds the hive column `recording`)
 df[df["role"] != "out"].to_parquet(a, index=False)
-pl.read_parquet(src).filter(pl.col("role") != "out").write_parquet(b)
+pl.read_parquet(src + "/**/*.parquet").filter(pl.col("role") != "out").write_parquet(b)
 "#;
     let st = std::process::Command::new("python3").args(["-c", script]).arg(&pq).arg(&by_pandas).arg(&by_polars).status().expect("python3 runs");
     assert!(st.success(), "pandas/polars (pip install -r scripts/requirements-test.txt)");

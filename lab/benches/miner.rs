@@ -20,7 +20,11 @@ fn mine_and_report(name: &str, path: &std::path::Path, record_s: f64) {
     let load = t.elapsed();
     let verdicts = opscope::mine::mine(&series);
     let mine = t.elapsed();
-    let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    // A Parquet recording is a dataset directory: its size is that of its parts.
+    let size = match opscope::recording::partitions(path) {
+        Ok(p) if path.is_dir() => p.iter().flat_map(|p| &p.parts).filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum(),
+        _ => std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
+    };
     println!(
         "{name:>22}: {:.1} MB: record {:.2} s, mine {:.2} s (load {:.2} s; {} verdicts): mine/record = {:.1}%",
         size as f64 / 1e6,

@@ -586,6 +586,7 @@ fn mine(a: MineArgs) -> Result<()> {
             "cannot_run": cannot,
             "no_data": no_data,
             "not_observable": opscope::mine::NOT_OBSERVABLE,
+            "series": opscope_lab::verdicts::series_summary(&series),
         });
         return emit(&(serde_json::to_string_pretty(&doc).context("JSON")? + "\n"));
     }
@@ -760,12 +761,13 @@ fn sweep(a: SweepArgs) -> Result<()> {
     let json = serde_json::to_vec_pretty(&truth).context("ground truth JSON")?;
     opscope::recording::write_atomic(std::path::Path::new(&truth_path), &json)?;
     println!(
-        "recorded {} planted sites ({} structures x {} shapes x {} seeds) to {} (+ .manifest.json, .truth.json)",
+        "recorded {} planted sites ({} structures x {} shapes x {} seeds) to {}, ground truth in {}",
         truth.sites.len(),
         opscope_lab::sweep::Planted::ALL.len(),
         opscope_lab::sweep::SHAPES.len(),
         seeds.len(),
-        a.out.display()
+        written_to(&a.out),
+        std::path::Path::new(&truth_path).display()
     );
     if a.check {
         let verdicts = opscope::mine::mine(&opscope::mine::series_from_rows(&memory.rows()));
@@ -790,13 +792,41 @@ struct RecordArgs {
     /// `source` (the graph as imported, before fusion).
     #[arg(long, default_value = "deployed")]
     stage: opscope::activate::Stage,
-    /// Recording path: `.parquet`, `.csv` or `.csv.gz`; the manifest goes to
-    /// `<out>.manifest.json`.
-    #[arg(long)]
+    /// Recording path: `.parquet` (a dataset directory, `<out>/recording=<id>/part-NNNNN.parquet`,
+    /// a part closed every `RLX_OPSCOPE_PART_RUNS` runs (32) or `RLX_OPSCOPE_PART_BYTES` bytes
+    /// (64 MiB), manifest in `recording=<id>/_manifest.json`), `.csv` or `.csv.gz` (manifest in
+    /// `<out>.manifest.json`). Parquet by default: half the size of csv.gz, 6x faster to mine,
+    /// a crash loses one part at most.
+    #[arg(long, default_value = "recording.parquet")]
     out: PathBuf,
+    /// Add this recording to an existing Parquet dataset `--out` as a new `recording=<id>`
+    /// partition (several processes or hosts may write into one dataset; they are mined
+    /// together).
+    #[arg(long)]
+    append: bool,
     /// Overwrite `--out` even when it is an input or an existing file that is not a recording.
     #[arg(long)]
     force: bool,
+}
+
+/// Where a recording's rows and manifest are, for messages: `OUT (+ .manifest.json)` for a file,
+/// the dataset layout for a directory.
+fn written_to(out: &std::path::Path) -> String {
+    if opscope::recording::is_dataset_path(out) || out.is_dir() {
+        format!("{} (Parquet dataset: recording=<id>/part-*.parquet + _manifest.json)", out.display())
+    } else {
+        format!("{} (+ .manifest.json)", out.display())
+    }
+}
+
+/// Where the rows of an interrupted recording are: the closed parts of a dataset, the
+/// `.partial` of a file.
+fn interrupted_rows(out: &std::path::Path) -> String {
+    if opscope::recording::is_dataset_path(out) || out.is_dir() {
+        format!("{} (every recorded run is in a closed part)", out.display())
+    } else {
+        format!("{}.partial (with its .manifest.json; `opscope mine` reads it)", out.display())
+    }
 }
 
 /// Stop a running job after the batch in progress on Ctrl-C (SIGINT), closing its recording as
@@ -844,10 +874,10 @@ fn record_npz(a: &RecordArgs, pipeline: &Pipeline, npz: &std::path::Path) -> Res
     interrupt_on_ctrl_c()?;
     job.run(pipeline, a.stage, opscope::open_sink(&a.out)?)?;
     if INTERRUPTED.load(Ordering::SeqCst) {
-        eprintln!("opscope: interrupted: the rows recorded so far are in {}.partial", a.out.display());
+        eprintln!("opscope: interrupted: the rows recorded so far are in {}", interrupted_rows(&a.out));
         std::process::exit(130);
     }
-    println!("recorded {} batches of {} with '{pipeline}' to {} (+ .manifest.json)", job.batches(), npz.display(), a.out.display());
+    println!("recorded {} batches of {} with '{pipeline}' to {}", job.batches(), npz.display(), written_to(&a.out));
     Ok(())
 }
 
@@ -982,7 +1012,8 @@ fn record(a: RecordArgs) -> Result<()> {
     if c.decode.is_some() && c.gguf.is_none() {
         anyhow::bail!("--decode needs --gguf: ONNX encoders have no decoding");
     }
-    opscope_lab::output::check(&a.out, &c.inputs(), Output::Recording, a.force)?;
+    let kind = if a.append { Output::RecordingAppend } else { Output::Recording };
+    opscope_lab::output::check(&a.out, &c.inputs(), kind, a.force)?;
     if let Some(npz) = &c.inputs {
         return record_npz(&a, &pipeline, npz);
     }
@@ -1041,10 +1072,9 @@ fn record(a: RecordArgs) -> Result<()> {
     res?;
     if INTERRUPTED.load(Ordering::SeqCst) {
         eprintln!(
-            "opscope: interrupted after {done} of {} text entries: the rows recorded so far are in {}.partial \
-             (with its .manifest.json; `opscope mine` reads it)",
+            "opscope: interrupted after {done} of {} text entries: the rows recorded so far are in {}",
             job.sentences(),
-            a.out.display()
+            interrupted_rows(&a.out)
         );
         std::process::exit(130);
     }
@@ -1058,17 +1088,24 @@ fn record(a: RecordArgs) -> Result<()> {
     }
     emit(&summary.table())?;
     println!(
-        "recorded {} text entries ({} per batch, {} tokens) with '{}' to {} (+ .manifest.json)",
+        "recorded {} text entries ({} per batch, {} tokens) with '{}' to {}",
         job.sentences(),
         batch,
         seq,
         pipeline,
-        a.out.display()
+        written_to(&a.out)
     );
     Ok(())
 }
 
 fn main() -> ExitCode {
+    // A write past the file-size limit (`ulimit -f`) raises SIGXFSZ, whose default action ends
+    // the process without a word; ignored, the write fails with EFBIG and the recording says
+    // which file, and that the parts closed before it are intact.
+    // SAFETY: setting a signal's disposition to SIG_IGN, before any thread is started.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Passes => {

@@ -9,8 +9,13 @@ use anyhow::{bail, Result};
 /// What a command writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Output {
-    /// A recording: `.csv`, `.csv.gz` or `.parquet` (the sink refuses other names).
+    /// A recording: `.csv`, `.csv.gz`, or a Parquet dataset directory (`.parquet` or a path
+    /// ending in `/`; the sink refuses other names). An existing dataset that holds recordings is
+    /// refused: adding to it is [`Output::RecordingAppend`].
     Recording,
+    /// A recording added as a new partition to a Parquet dataset that may already hold others
+    /// (they are mined together).
+    RecordingAppend,
     /// An HTML report: `.html`.
     Report,
     /// JSON: `.json`.
@@ -47,7 +52,7 @@ fn head(path: &Path) -> Vec<u8> {
 fn is_ours(path: &Path, kind: Output) -> bool {
     let h = head(path);
     match kind {
-        Output::Recording => {
+        Output::Recording | Output::RecordingAppend => {
             let header = opscope::recording::header().join(",");
             h.starts_with(header.as_bytes())
                 || (h.starts_with(b"PAR1") && opscope::recording::sidecar_path(path).exists())
@@ -65,14 +70,16 @@ fn is_ours(path: &Path, kind: Output) -> bool {
 pub fn check(out: &Path, inputs: &[&Path], kind: Output, force: bool) -> Result<()> {
     let name = out.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
     let fits = match kind {
-        Output::Recording => [".csv", ".csv.gz", ".gz", ".parquet"].iter().any(|e| name.ends_with(e)),
+        Output::Recording | Output::RecordingAppend => {
+            [".csv", ".csv.gz", ".gz", ".parquet"].iter().any(|e| name.ends_with(e)) || opscope::recording::is_dataset_path(out)
+        }
         Output::Report => name.ends_with(".html"),
         Output::Json => name.ends_with(".json"),
         Output::TrtCache => name.ends_with(".cache"),
     };
     if !fits {
         let want = match kind {
-            Output::Recording => ".csv, .csv.gz or .parquet",
+            Output::Recording | Output::RecordingAppend => ".csv, .csv.gz or .parquet (a dataset directory)",
             Output::Report => ".html",
             Output::Json => ".json",
             Output::TrtCache => ".cache",
@@ -80,6 +87,24 @@ pub fn check(out: &Path, inputs: &[&Path], kind: Output, force: bool) -> Result<
         bail!("{}: this command writes {want}; name the output file so", out.display());
     }
     opscope::recording::check_path(out)?;
+    if out.is_dir() {
+        // A dataset directory: recordings already in it would be mined with this one.
+        let held = opscope::recording::partitions(out)?.len();
+        if held > 0 && kind == Output::Recording {
+            bail!(
+                "{} is a Parquet dataset that already holds {held} recording(s): pass --append to add this one beside \
+                 them (they are mined together), or pick another path (--force does not delete recordings)",
+                out.display()
+            );
+        }
+        let foreign = std::fs::read_dir(out)?
+            .filter_map(|e| e.ok())
+            .any(|e| !e.file_name().to_string_lossy().starts_with("recording=") && !e.file_name().to_string_lossy().starts_with('.'));
+        if foreign && !force {
+            bail!("{} is a directory holding other files than recording=<id> partitions: pick another path (or --force)", out.display());
+        }
+        return Ok(());
+    }
     if force {
         return Ok(());
     }
@@ -91,7 +116,7 @@ pub fn check(out: &Path, inputs: &[&Path], kind: Output, force: bool) -> Result<
             "{} exists and is not {}: refusing to overwrite it; pick another path (or --force)",
             out.display(),
             match kind {
-                Output::Recording => "an opscope recording",
+                Output::Recording | Output::RecordingAppend => "an opscope recording",
                 Output::Report => "an opscope report",
                 Output::Json => "a JSON file",
                 Output::TrtCache => "a TensorRT calibration cache",

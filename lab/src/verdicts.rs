@@ -164,3 +164,44 @@ mod tests {
         assert_eq!(brace(&["a/x", "a/y"]), "a/{x,y}");
     }
 }
+
+/// Per-series aggregates of a recording, as `opscope mine --json` prints them under `series`:
+/// what a SQL engine computes from the same rows (README, "Mining with SQL"), so either can be
+/// checked against the other.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SeriesSummary {
+    /// Site name.
+    pub site: String,
+    /// Role of the tensor.
+    pub role: String,
+    /// Pass index.
+    pub pass_idx: u32,
+    /// Op at the site.
+    pub op: String,
+    /// Tensor shape text.
+    pub shape: String,
+    /// Recorded runs: distinct (recording, compile, step).
+    pub runs: usize,
+    /// Smallest `min` over the runs (null if not recorded).
+    pub min: Option<f64>,
+    /// Largest `max` over the runs (null if not recorded).
+    pub max: Option<f64>,
+}
+
+/// [`SeriesSummary`] of every series, in key order (site, role, pass).
+pub fn series_summary(series: &BTreeMap<SeriesKey, Series>) -> Vec<SeriesSummary> {
+    use opscope::sketch::tensor::{MAX, MIN};
+    series
+        .iter()
+        .map(|((site, role, pass_idx), s)| SeriesSummary {
+            site: site.clone(),
+            role: role.clone(),
+            pass_idx: *pass_idx,
+            op: s.op.clone(),
+            shape: s.shape.clone(),
+            runs: s.runs.len(),
+            min: s.runs.iter().filter_map(|r| r.scalar(MIN)).reduce(f64::min),
+            max: s.runs.iter().filter_map(|r| r.scalar(MAX)).reduce(f64::max),
+        })
+        .collect()
+}

@@ -134,9 +134,42 @@ pub fn partial_path(path: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// Check that a recording can be written at `path` (not a directory; its directory exists),
-/// without creating anything: for failing before a long job rather than after it.
+/// True if `path` names a Parquet dataset: a name ending in `.parquet` that is not an existing
+/// file (a single-file recording of an earlier opscope), a path ending in `/`, or an existing
+/// directory that holds `recording=<id>` partitions (any other existing directory is refused
+/// as an output, so that a recording never lands in a directory by mistake).
+pub fn is_dataset_path(path: &Path) -> bool {
+    let s = path.as_os_str().to_string_lossy();
+    let holds_recordings = path.is_dir()
+        && std::fs::read_dir(path).is_ok_and(|rd| rd.flatten().any(|e| e.file_name().to_string_lossy().starts_with("recording=")));
+    holds_recordings || s.ends_with('/') || (s.ends_with(".parquet") && !path.is_file())
+}
+
+/// Check that a Parquet dataset can be written at `root`: not a file, and its parent exists.
+///
+/// Errors: `root` is a file (a single-file recording of an earlier opscope), or its directory
+/// does not exist.
+pub fn check_dataset_path(root: &Path) -> Result<(), Error> {
+    let bad = |why: &str| Err(Error::BadPath { path: root.to_path_buf(), why: why.into() });
+    if root.is_file() {
+        return bad(
+            "is a file (a single-file recording?): a Parquet recording is a dataset directory of parts; \
+             move the file away or pick another path",
+        );
+    }
+    match root.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => bad("its directory does not exist; create it first"),
+        _ => Ok(()),
+    }
+}
+
+/// Check that a recording can be written at `path` (a file, or for a Parquet dataset
+/// ([`is_dataset_path`]) a directory; its directory exists), without creating anything: for
+/// failing before a long job rather than after it.
 pub fn check_path(path: &Path) -> Result<(), Error> {
+    if is_dataset_path(path) {
+        return check_dataset_path(path);
+    }
     let bad = |why: &str| {
         Err(Error::BadPath {
             path: path.to_path_buf(),
@@ -177,3 +210,14 @@ pub fn write_sidecar(recording: &Path, graphs: Vec<Manifest>) -> Result<(), Erro
     write_atomic(&sidecar_path(recording), &json)
 }
 
+/// A recording id, unique per recorder: `run-<unix seconds>-<pid>-<n>`, `n` counting the
+/// recorders of the process (two scopes of one process get two ids).
+pub fn new_run_id() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(1);
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    format!("run-{secs}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}

@@ -3,11 +3,15 @@
 //! manifest sidecar.
 //!
 //! A recording is a tidy long table, one row per sketch element, keyed by
-//! `run_id, compile, step, pass_idx, site, role, stat, idx`. Rows go to `<path>.partial` while
-//! recording and are renamed into place, with `<path>.manifest.json`, when the recording is
-//! finished.
+//! `run_id, compile, step, pass_idx, site, role, stat, idx`. A CSV recording's rows go to
+//! `<path>.partial` while recording and are renamed into place, with `<path>.manifest.json`, when
+//! the recording is finished. A Parquet recording is a dataset directory of closed parts,
+//! `DIR/recording=<run_id>/part-NNNNN.parquet`, with a `_manifest.json` per partition
+//! ([`DatasetSink`]): a killed process loses the open part only.
 
 mod csv;
+#[cfg(feature = "parquet")]
+mod dataset;
 mod format;
 #[cfg(feature = "parquet")]
 mod parquet;
@@ -18,10 +22,12 @@ use std::path::Path;
 
 pub use self::csv::CsvSink;
 #[cfg(feature = "parquet")]
+pub use self::dataset::{partitions, DatasetSink, PartLimits, Partition, ENV_PART_BYTES, ENV_PART_RUNS, PARTITION_SIDECAR};
+#[cfg(feature = "parquet")]
 pub use self::parquet::{schema, ParquetSink};
 pub use crate::error::RecordingError;
 pub use format::{
-    check_path, column_index, header, partial_path, sidecar_path, write_atomic, write_sidecar, Column, ColumnType, Row,
+    check_dataset_path, check_path, column_index, header, is_dataset_path, new_run_id, partial_path, sidecar_path, write_atomic, write_sidecar, Column, ColumnType, Row,
     Sidecar, COLUMNS, FORMAT,
 };
 pub use read::{read_rows, RowRef};
@@ -29,18 +35,22 @@ pub use sink::{MemorySink, Sink, Tee};
 
 use crate::error::Error;
 
-/// Open the recording sink a path's extension asks for: `.parquet` Parquet (cargo feature
-/// `parquet`), `.csv` CSV, `.csv.gz` / `.gz` gzip CSV.
+/// Open the recording sink a path asks for: a Parquet dataset directory ([`DatasetSink`], cargo
+/// feature `parquet`) for a name ending in `.parquet`, a path ending in `/` or an existing
+/// dataset ([`is_dataset_path`]); `.csv` CSV, `.csv.gz` / `.gz` gzip CSV ([`CsvSink`]). A dataset closes a part every
+/// [`PartLimits`] (`RLX_OPSCOPE_PART_RUNS`, `RLX_OPSCOPE_PART_BYTES`; defaults 32 runs, 64 MiB)
+/// and adds its partition beside any already in the directory.
 ///
-/// Errors: another extension (the error lists the ones written), `.parquet` without the
-/// `parquet` feature, or the path cannot be written ([`CsvSink::create`]).
+/// Errors: another extension (the error lists the ones written), a Parquet path without the
+/// `parquet` feature, a bad `RLX_OPSCOPE_PART_*` value, or the path cannot be written
+/// ([`CsvSink::create`], [`DatasetSink::create`]).
 pub fn open(path: impl AsRef<Path>) -> Result<Box<dyn Sink>, Error> {
     let path = path.as_ref();
     check_path(path)?;
     let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-    if name.ends_with(".parquet") {
+    if is_dataset_path(path) {
         #[cfg(feature = "parquet")]
-        return Ok(Box::new(ParquetSink::create(path)?));
+        return Ok(Box::new(DatasetSink::create(path, PartLimits::from_env()?)?));
         #[cfg(not(feature = "parquet"))]
         return Err(no_parquet(path));
     }
@@ -56,7 +66,14 @@ pub fn open(path: impl AsRef<Path>) -> Result<Box<dyn Sink>, Error> {
 /// Read the manifest sidecar of the recording at `recording`, if there is one.
 ///
 /// Errors: the sidecar exists but cannot be read or parsed.
+///
+/// A dataset directory's sidecars (`recording=<id>/_manifest.json`) are merged into one, with
+/// compiles numbered across recordings as [`read_rows`] numbers them.
 pub fn read_sidecar(recording: &Path) -> Result<Option<Sidecar>, Error> {
+    #[cfg(feature = "parquet")]
+    if recording.is_dir() {
+        return dataset::read_sidecar(recording);
+    }
     let side = sidecar_path(recording);
     if !side.exists() {
         return Ok(None);

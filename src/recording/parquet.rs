@@ -74,7 +74,8 @@ impl ParquetSink {
         })
     }
 
-    fn batch(rows: &[Row]) -> Result<RecordBatch, Error> {
+    /// The rows as one Arrow batch of [`schema`].
+    pub(super) fn batch(rows: &[Row]) -> Result<RecordBatch, Error> {
         let mut strings: Vec<StringDictionaryBuilder<Int32Type>> = (0..8).map(|_| StringDictionaryBuilder::new()).collect();
         let (mut compile, mut pass_idx) = (UInt32Builder::new(), UInt32Builder::new());
         let (mut step, mut idx, mut numel, mut flops) = (UInt64Builder::new(), UInt64Builder::new(), UInt64Builder::new(), UInt64Builder::new());
@@ -177,6 +178,36 @@ impl Drop for ParquetSink {
     }
 }
 
+/// A Parquet file starts and ends with the magic `PAR1`; the footer (schema, row groups) is
+/// written last, when the file is closed. A file that starts with it and does not end with it
+/// was being written when its process stopped: say so, rather than a decoder's message.
+fn check_footer(path: &Path, file: &File) -> Result<(), Error> {
+    use std::io::{Read, Seek, SeekFrom};
+    let io = |e| Error::Io { path: path.to_path_buf(), error: e };
+    let len = file.metadata().map_err(io)?.len();
+    let mut f = file;
+    let mut head = [0u8; 4];
+    if len < 4 || f.read_exact(&mut head).is_err() || &head != b"PAR1" {
+        return Ok(()); // not Parquet at all: the decoder's own error names it
+    }
+    let mut tail = [0u8; 4];
+    let ends = len >= 12 && f.seek(SeekFrom::End(-4)).is_ok() && f.read_exact(&mut tail).is_ok() && &tail == b"PAR1";
+    f.seek(SeekFrom::Start(0)).map_err(io)?;
+    if !ends {
+        return Err(RecordingError {
+            path: path.to_path_buf(),
+            line: None,
+            reason: format!(
+                "no Parquet footer ({len} bytes, not ending in PAR1): the file was not closed, probably the process was \
+                 killed while writing it; its rows cannot be read. In a dataset directory the earlier parts \
+                 (part-*.parquet) are intact: read the directory"
+            ),
+        }
+        .into());
+    }
+    Ok(())
+}
+
 /// A text column: per row, its string (our dictionary encoding, or any other string type cast
 /// to plain UTF-8).
 enum Text {
@@ -208,6 +239,7 @@ pub(super) fn read(path: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Err
     use arrow_array::Array;
     let bad = |reason: String| RecordingError { path: path.to_path_buf(), line: None, reason };
     let file = File::open(path).map_err(|e| Error::Io { path: path.to_path_buf(), error: e })?;
+    check_footer(path, &file)?;
     let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
         .and_then(|b| b.with_batch_size(1 << 16).build())
         .map_err(|e| bad(format!("not a readable Parquet recording: {e}")))?;

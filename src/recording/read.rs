@@ -34,13 +34,22 @@ pub struct RowRef<'a> {
 }
 
 /// Stream every row of the recording at `path` (CSV, `.csv.gz` or `.parquet`, or the
-/// `<name>.partial` of one) to `f`, in file order. A partial CSV recording whose stream ends
+/// `<name>.partial` of one; or a Parquet dataset directory: every closed part of every
+/// `recording=<id>` partition, partitions by path, with compiles numbered across recordings) to
+/// `f`, in file order. A partial CSV recording whose stream ends
 /// mid-way (a crash) is read up to its last complete row, with a warning on stderr.
 ///
 /// Errors: the file cannot be read, is not a recording, or holds a malformed row
 /// ([`crate::error::RecordingError`] names the file, the line where there is one, and the
-/// problem); a `.parquet` file in a build without the `parquet` feature.
+/// problem; a Parquet file without its footer, left by a killed process, says so); a Parquet
+/// file or directory in a build without the `parquet` feature.
 pub fn read_rows(path: &Path, mut f: impl FnMut(RowRef<'_>)) -> Result<(), Error> {
+    if path.is_dir() {
+        #[cfg(feature = "parquet")]
+        return super::dataset::read(path, &mut f);
+        #[cfg(not(feature = "parquet"))]
+        return Err(super::no_parquet(path));
+    }
     // A partial recording (`rec.csv.gz.partial`, interrupted or crashed) has the format of the
     // name it would have had.
     let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();

@@ -13,6 +13,12 @@ use super::format::Row;
 /// then `flush` once; `finish` once at the end. Errors are returned, never swallowed: the
 /// recorder keeps the first and reports it when the scope ends.
 pub trait Sink: Send {
+    /// The id of the recording the rows belong to (the `run_id` column), told once before any
+    /// other call by the recorder. A Parquet dataset names its partition after it
+    /// (`recording=<id>/`). The default ignores it.
+    fn recording_id(&mut self, _id: &str) -> Result<(), Error> {
+        Ok(())
+    }
     /// A tapped graph was compiled; its manifest describes the rows that will follow.
     fn manifest(&mut self, manifest: &Manifest) -> Result<(), Error>;
     /// Rows of (part of) one run.
@@ -76,6 +82,9 @@ impl Sink for MemorySink {
 pub struct Tee(pub Vec<Box<dyn Sink>>);
 
 impl Sink for Tee {
+    fn recording_id(&mut self, id: &str) -> Result<(), Error> {
+        self.0.iter_mut().try_for_each(|s| s.recording_id(id))
+    }
     fn manifest(&mut self, manifest: &Manifest) -> Result<(), Error> {
         self.0.iter_mut().try_for_each(|s| s.manifest(manifest))
     }

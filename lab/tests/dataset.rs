@@ -1,0 +1,339 @@
+//! Parquet dataset recordings survive and scale: a `kill -9` mid-recording and a file-size limit
+//! (`ulimit -f`) leave every closed part readable with the rows its footer declares; a part
+//! without its footer says why; two processes writing into one dataset are mined together, and
+//! DuckDB (an independent reader, through `read_parquet(.., hive_partitioning=true)`) computes
+//! the same per-series aggregates as `opscope mine --json`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn opscope() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_opscope"))
+}
+
+fn assets() -> (PathBuf, PathBuf, PathBuf) {
+    let a = opscope_lab::model::MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}"));
+    (a.onnx, a.tokenizer, a.text)
+}
+
+/// `opscope record` on MiniLM, `--out out`, the text file given.
+fn record(out: &Path, text: &Path, batch: u32, limit: u64) -> Command {
+    let (onnx, tok, _) = assets();
+    let mut c = opscope();
+    c.arg("record").arg("--onnx").arg(onnx).arg("--tokenizer").arg(tok).arg("--text").arg(text);
+    c.args(["--batch", &batch.to_string(), "--seq", "32", "--limit", &limit.to_string(), "--append", "--out"]).arg(out);
+    c
+}
+
+/// Closed parts (`part-*.parquet`) under `root`, by path.
+fn closed_parts(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().to_string();
+            if p.is_dir() {
+                stack.push(p);
+            } else if name.starts_with("part-") && name.ends_with(".parquet") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Rows a part's footer declares (the parquet crate's metadata, not opscope's reader).
+fn footer_rows(part: &Path) -> i64 {
+    use parquet::file::reader::FileReader;
+    let r = parquet::file::reader::SerializedFileReader::new(std::fs::File::open(part).unwrap())
+        .unwrap_or_else(|e| panic!("{} is not a closed Parquet file: {e}", part.display()));
+    r.metadata().file_metadata().num_rows()
+}
+
+/// Rows opscope reads from a part, and the distinct (compile, step) runs in it.
+fn read_part(part: &Path) -> (i64, Vec<(u32, u64)>) {
+    let mut n = 0i64;
+    let mut runs = Vec::new();
+    opscope::recording::read_rows(part, |r| {
+        n += 1;
+        if !runs.contains(&(r.compile, r.step)) {
+            runs.push((r.compile, r.step));
+        }
+    })
+    .unwrap_or_else(|e| panic!("{}: {e}", part.display()));
+    (n, runs)
+}
+
+/// Rows pyarrow reads from each file (it decodes every row group).
+fn pyarrow_rows(parts: &[PathBuf]) -> Vec<i64> {
+    let code = "import sys, pyarrow.parquet as pq\nfor p in sys.argv[1:]: print(pq.read_table(p).num_rows)";
+    let out = Command::new("python3").args(["-c", code]).args(parts).output().expect("python3 runs");
+    assert!(out.status.success(), "pyarrow (pip install -r scripts/requirements-test.txt): {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().lines().map(|l| l.parse().unwrap()).collect()
+}
+
+/// MiniLM's weights: the rhs of every matmul but the two attention products (`self/MatMul`,
+/// `self/MatMul_1`, whose operands are activations).
+fn is_weight(site: &str, role: &str) -> bool {
+    role == "rhs" && !site.contains("/self/MatMul")
+}
+
+fn mine_json(dataset: &Path) -> Value {
+    let out = opscope().args(["mine", "--json"]).arg(dataset).output().unwrap();
+    assert!(out.status.success(), "mine: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn kill_9_mid_recording_leaves_every_closed_part_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("rec.parquet");
+    let (_, _, text) = assets();
+    // One run (2 sentences) per part, 200 runs: far longer than the wait below.
+    let mut child = record(&out, &text, 2, 400)
+        .env("RLX_OPSCOPE_PART_RUNS", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while closed_parts(&out).len() < 3 {
+        assert!(child.try_wait().unwrap().is_none(), "the recording ended before it was killed");
+        assert!(start.elapsed() < Duration::from_secs(240), "no 3 closed parts after 240 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL: no handler, no flush, no footer
+    let status = child.wait().unwrap();
+    assert!(!status.success(), "{status:?}");
+
+    let parts = closed_parts(&out);
+    assert!(parts.len() >= 3 && parts.len() < 200, "{}", parts.len());
+    let by_pyarrow = pyarrow_rows(&parts);
+    let mut steps = Vec::new();
+    for (part, py) in parts.iter().zip(&by_pyarrow) {
+        let declared = footer_rows(part);
+        let (read, runs) = read_part(part);
+        assert!(declared > 0 && read == declared && *py == declared, "{}: footer {declared}, opscope {read}, pyarrow {py}", part.display());
+        assert_eq!(runs.len(), 1, "{}: one whole run per part: {runs:?}", part.display());
+        steps.push(runs[0]);
+    }
+    // The parts hold runs 0, 1, 2, ... of compile 1, none lost or torn before the open one.
+    let want: Vec<(u32, u64)> = (0..parts.len() as u64).map(|s| (1, s)).collect();
+    assert_eq!(steps, want);
+    // Part 0 also holds the weights' sketches (written once, only in the first run).
+    let weights = |p: &Path| {
+        let mut n = 0;
+        opscope::recording::read_rows(p, |r| n += usize::from(is_weight(r.site, r.role))).unwrap();
+        n
+    };
+    assert!(weights(&parts[0]) > 0 && parts[1..].iter().all(|p| weights(p) == 0));
+
+    // The dataset mines as a whole: every activation series has one run per closed part.
+    let doc = mine_json(&out);
+    let series = doc["series"].as_array().unwrap();
+    let outs: Vec<u64> = series.iter().filter(|s| s["role"] == "out").map(|s| s["runs"].as_u64().unwrap()).collect();
+    assert!(!outs.is_empty() && outs.iter().all(|&r| r == parts.len() as u64), "{outs:?} vs {} parts", parts.len());
+    assert_eq!(doc["no_data"], serde_json::json!([]), "the sidecar lists the compile of every closed part");
+}
+
+#[test]
+fn a_part_without_its_footer_says_the_process_was_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sweep.parquet");
+    let st = opscope().args(["sweep", "--seeds", "1", "--out"]).arg(&out).env("RLX_OPSCOPE_PART_RUNS", "4").stdout(Stdio::null()).status().unwrap();
+    assert!(st.success());
+    let parts = closed_parts(&out);
+    assert!(parts.len() >= 3, "{}", parts.len());
+    let whole = opscope::mine::load(&out).unwrap();
+    // What a killed writer leaves: the part's bytes up to some row group, no footer.
+    let bytes = std::fs::read(&parts[1]).unwrap();
+    let torn = dir.path().join("torn.parquet");
+    std::fs::write(&torn, &bytes[..bytes.len() / 2]).unwrap();
+    let err = opscope::mine::load(&torn).err().expect("a torn part is an error").to_string();
+    assert!(err.contains("no Parquet footer") && err.contains("killed") && err.contains("torn.parquet"), "{err}");
+    let cli = opscope().arg("mine").arg(&torn).output().unwrap();
+    let stderr = String::from_utf8_lossy(&cli.stderr);
+    assert!(!cli.status.success() && stderr.contains("no Parquet footer") && !stderr.contains("panicked"), "{stderr}");
+
+    // In the dataset, a torn open part is skipped with a note; the closed parts are all read.
+    let partition = parts[0].parent().unwrap();
+    std::fs::write(partition.join("_part-00099.parquet.partial"), &bytes[..bytes.len() / 2]).unwrap();
+    let again = opscope::mine::load(&out).unwrap();
+    assert_eq!(again.len(), whole.len());
+    let runs = |m: &BTreeMap<_, opscope::mine::Series>| m.values().map(|s| s.runs.len()).sum::<usize>();
+    assert_eq!(runs(&again), runs(&whole));
+    let cli = opscope().arg("mine").arg(&out).output().unwrap();
+    let stderr = String::from_utf8_lossy(&cli.stderr);
+    assert!(cli.status.success() && stderr.contains("skipped 1 open part(s)"), "{stderr}");
+}
+
+#[test]
+fn a_file_size_limit_is_a_clear_error_and_keeps_the_closed_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (full, limited) = (dir.path().join("full.parquet"), dir.path().join("limited.parquet"));
+    let sweep = |out: &Path, ulimit: Option<u32>| {
+        let bin = env!("CARGO_BIN_EXE_opscope");
+        let limit = ulimit.map(|n| format!("ulimit -f {n}; ")).unwrap_or_default();
+        let script = format!("{limit}exec \"$0\" sweep --seeds 1 --out \"$1\"");
+        Command::new("bash").args(["-c", &script, bin]).arg(out).env("RLX_OPSCOPE_PART_RUNS", "1").output().unwrap()
+    };
+    let ok = sweep(&full, None);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    // 64 KiB per file: every part (a few KB) fits; the sidecar, growing by one manifest per
+    // compile (each sweep run is its own compile), outgrows it after a few parts.
+    let out = sweep(&limited, Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the write failure is an error: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr.contains("File too large") && stderr.contains("ulimit -f") && stderr.contains("are intact and readable"),
+        "names the cause and what survives: {stderr}"
+    );
+    let (a, b) = (closed_parts(&full), closed_parts(&limited));
+    assert!(b.len() >= 2 && b.len() < a.len(), "{} closed parts of {}", b.len(), a.len());
+    // Every closed part is whole: the rows of the unlimited recording's part of the same index.
+    let values = |p: &Path| {
+        let mut v = Vec::new();
+        opscope::recording::read_rows(p, |r| v.push((r.site.to_string(), r.role.to_string(), r.stat.to_string(), r.idx, r.value.to_bits())))
+            .unwrap();
+        v
+    };
+    for (pa, pb) in a.iter().zip(&b) {
+        assert_eq!(footer_rows(pb), footer_rows(pa), "{}", pb.display());
+        assert_eq!(values(pb), values(pa), "{}", pb.display());
+    }
+    // And the truncated dataset mines.
+    let series = opscope::mine::load(&limited).unwrap();
+    assert!(!series.is_empty());
+}
+
+#[test]
+fn two_processes_write_one_dataset_and_duckdb_agrees_with_mine() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("shared.parquet");
+    // Two disjoint texts: 16 and 24 fortunes (2 and 3 batches of 8).
+    let (_, _, text) = assets();
+    let all = std::fs::read_to_string(text).unwrap();
+    let entries: Vec<&str> = all.split("\n%\n").filter(|e| !e.trim().is_empty()).collect();
+    assert!(entries.len() >= 40);
+    let (ta, tb) = (dir.path().join("a.txt"), dir.path().join("b.txt"));
+    std::fs::write(&ta, entries[..16].join("\n%\n")).unwrap();
+    std::fs::write(&tb, entries[16..40].join("\n%\n")).unwrap();
+    let mut a = record(&out, &ta, 8, 16).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut b = record(&out, &tb, 8, 24).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    for c in [&mut a, &mut b] {
+        let st = c.wait().unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(c.stderr.as_mut().unwrap(), &mut err).unwrap();
+        assert!(st.success(), "{err}");
+    }
+    let partitions = opscope::recording::partitions(&out).unwrap();
+    assert_eq!(partitions.len(), 2, "{partitions:?}");
+
+    let doc = mine_json(&out);
+    assert_eq!(doc["no_data"], serde_json::json!([]));
+    let mined: BTreeMap<(String, String, u64), (u64, f64, f64)> = doc["series"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let key = (s["site"].as_str().unwrap().to_string(), s["role"].as_str().unwrap().to_string(), s["pass_idx"].as_u64().unwrap());
+            (key, (s["runs"].as_u64().unwrap(), s["min"].as_f64().unwrap(), s["max"].as_f64().unwrap()))
+        })
+        .collect();
+    // Activations ran 2 + 3 times; each weight was sketched once per process.
+    for ((site, role, _), (runs, _, _)) in &mined {
+        let want = if is_weight(site, role) { 2 } else { 5 };
+        assert_eq!(*runs, want, "{site}/{role}");
+    }
+
+    // The README's SQL, run by DuckDB over the same directory.
+    let sql = r#"
+import sys, json, duckdb
+rows = duckdb.sql(f"""
+  SELECT site, role, pass_idx,
+         count(DISTINCT (recording, compile, step)) AS runs,
+         min(value) FILTER (WHERE stat = 'min')     AS min,
+         max(value) FILTER (WHERE stat = 'max')     AS max
+  FROM read_parquet('{sys.argv[1]}/**/*.parquet', hive_partitioning = true)
+  GROUP BY site, role, pass_idx
+""").fetchall()
+print(json.dumps([[s, r, p, n, float(lo), float(hi)] for s, r, p, n, lo, hi in rows]))
+"#;
+    let py = Command::new("python3").args(["-c", sql]).arg(&out).output().expect("python3 runs");
+    assert!(py.status.success(), "duckdb (pip install -r scripts/requirements-test.txt): {}", String::from_utf8_lossy(&py.stderr));
+    let rows: Vec<(String, String, u64, u64, f64, f64)> = serde_json::from_slice(&py.stdout).unwrap();
+    let by_sql: BTreeMap<(String, String, u64), (u64, f64, f64)> = rows.into_iter().map(|(s, r, p, n, lo, hi)| ((s, r, p), (n, lo, hi))).collect();
+    assert_eq!(by_sql.len(), mined.len());
+    assert!(mined.len() >= 36, "{}", mined.len());
+    assert_eq!(by_sql, mined, "DuckDB and opscope mine --json, per (site, role, pass)");
+}
+
+#[test]
+fn parts_close_at_the_byte_limit_and_a_bad_limit_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let sweep = |out: &Path, runs: &str, bytes: &str| {
+        opscope().args(["sweep", "--seeds", "1", "--out"]).arg(out).env("RLX_OPSCOPE_PART_RUNS", runs).env("RLX_OPSCOPE_PART_BYTES", bytes).output().unwrap()
+    };
+    let (one, by_bytes) = (dir.path().join("one.parquet"), dir.path().join("bytes.parquet"));
+    assert!(sweep(&one, "100000", "1000000000").status.success());
+    assert!(sweep(&by_bytes, "100000", "40000").status.success());
+    assert_eq!(closed_parts(&one).len(), 1, "neither limit reached: one part");
+    let parts = closed_parts(&by_bytes);
+    assert!(parts.len() >= 3, "{}", parts.len());
+    // Closed at the end of the run (row group) that brought its data to 40000 bytes: with its
+    // last row group a part holds at least that much, without it less. (The footer, with
+    // statistics per row group and column, comes on top.)
+    for p in &parts[..parts.len() - 1] {
+        use parquet::file::reader::FileReader;
+        let r = parquet::file::reader::SerializedFileReader::new(std::fs::File::open(p).unwrap()).unwrap();
+        let groups: Vec<i64> = r.metadata().row_groups().iter().map(|g| g.compressed_size()).collect();
+        let all = 4 + groups.iter().sum::<i64>(); // + the leading magic PAR1
+        let before_last = all - groups[groups.len() - 1];
+        assert!(before_last < 40_000 && all >= 40_000, "{}: {groups:?}", p.display());
+    }
+    let total = |ps: &[PathBuf]| ps.iter().map(|p| footer_rows(p)).sum::<i64>();
+    assert_eq!(total(&parts), total(&closed_parts(&one)), "the same rows, split");
+
+    for (runs, bytes, var) in [("0", "100", "RLX_OPSCOPE_PART_RUNS"), ("2", "lots", "RLX_OPSCOPE_PART_BYTES")] {
+        let out = sweep(&dir.path().join(format!("bad{runs}.parquet")), runs, bytes);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(&format!("{var}=")) && err.contains("whole number >= 1") && !err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn record_into_a_dataset_holding_recordings_needs_append() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("held.parquet");
+    assert!(opscope().args(["sweep", "--seeds", "1", "--out"]).arg(&out).stdout(Stdio::null()).status().unwrap().success());
+    let before = closed_parts(&out);
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, "one\n%\ntwo\n").unwrap();
+    let run = |extra: &[&str]| {
+        opscope()
+            .args(["record", "--onnx", "missing.onnx", "--tokenizer", "missing.json", "--text"])
+            .arg(&text)
+            .args(extra)
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .unwrap()
+    };
+    for extra in [&[][..], &["--force"][..]] {
+        let o = run(extra);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains("already holds 1 recording(s)") && err.contains("--append"), "{extra:?}: {err}");
+    }
+    // With --append the output check passes and the next error is the missing tokenizer.
+    let err = String::from_utf8_lossy(&run(&["--append"]).stderr).to_string();
+    assert!(!err.contains("already holds") && err.contains("missing.json: no such tokenizer file"), "{err}");
+    assert_eq!(closed_parts(&out), before, "a refused or failed start leaves the dataset alone");
+}

@@ -1,0 +1,451 @@
+//! Parquet dataset recordings: a directory of complete Parquet files in hive-style partitions,
+//! one partition per recording, the layout Spark, pyarrow, DuckDB and DataFusion read as one
+//! table:
+//!
+//! ```text
+//! run.parquet/                                 (the dataset; any directory)
+//!   recording=run-1764500000-4242-1/           (one recorder: a scope, or a process)
+//!     part-00000.parquet                       (closed: footer written, fsynced, renamed)
+//!     part-00001.parquet
+//!     _part-00002.parquet.partial              (the open part; readers skip it)
+//!     _manifest.json                           (the sidecar, rewritten at every part close)
+//!   recording=run-1764500007-4250-1/           (another process, another host)
+//!     ...
+//! ```
+//!
+//! A part is closed after [`PartLimits::runs`] runs or once it holds [`PartLimits::bytes`]
+//! bytes, so a process killed by `kill -9` (or a power cut) loses the open part only. Names
+//! beginning with `_` or `.` are the ones Spark, pyarrow's `dataset()` and Hive skip, and
+//! `*.parquet` globs do not match `.partial`.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use parquet::arrow::ArrowWriter;
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
+
+use crate::error::Error;
+use crate::manifest::Manifest;
+
+use super::format::{check_dataset_path, write_atomic, Row, Sidecar, FORMAT};
+use super::parquet::{schema, ParquetSink};
+use super::read::RowRef;
+use super::sink::Sink;
+use super::RecordingError;
+
+/// Environment variable: runs per part (a whole number >= 1; default [`PartLimits::DEFAULT`]).
+pub const ENV_PART_RUNS: &str = "RLX_OPSCOPE_PART_RUNS";
+/// Environment variable: bytes after which a part is closed (a whole number >= 1; default
+/// [`PartLimits::DEFAULT`]).
+pub const ENV_PART_BYTES: &str = "RLX_OPSCOPE_PART_BYTES";
+/// The sidecar of one partition (`recording=<id>/_manifest.json`).
+pub const PARTITION_SIDECAR: &str = "_manifest.json";
+
+/// When a part is closed: after `runs` runs, or at the end of the run that brings it to `bytes`
+/// bytes (encoded, as the Parquet writer counts them), whichever comes first. A killed process
+/// loses at most the open part, so these bound the loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartLimits {
+    /// Runs per part (>= 1).
+    pub runs: u64,
+    /// Bytes per part (>= 1).
+    pub bytes: u64,
+}
+
+impl PartLimits {
+    /// 32 runs or 64 MiB. 64 MiB sits in the range Parquet readers favour per file (Spark reads
+    /// files in 128 MB splits, `spark.sql.files.maxPartitionBytes`; DuckDB and pyarrow read a
+    /// file per thread); 32 runs bounds what a crash loses on a fast model (MiniLM-L3 writes
+    /// about 1 MB per run of 8 sentences with the full `matmul` set).
+    pub const DEFAULT: PartLimits = PartLimits { runs: 32, bytes: 64 << 20 };
+
+    /// The defaults, overridden by `RLX_OPSCOPE_PART_RUNS` and `RLX_OPSCOPE_PART_BYTES`.
+    ///
+    /// Errors: a variable that is set but not a whole number >= 1 (the error names it).
+    pub fn from_env() -> Result<PartLimits, Error> {
+        let read = |name: &str, default: u64| -> Result<u64, Error> {
+            match std::env::var(name) {
+                Err(_) => Ok(default),
+                Ok(v) => match v.trim().parse::<u64>() {
+                    Ok(n) if n >= 1 => Ok(n),
+                    _ => Err(Error::Env {
+                        var: name.to_string(),
+                        value: v,
+                        why: format!("a Parquet part's limit is a whole number >= 1 (default {default}); unset it for the default"),
+                    }),
+                },
+            }
+        };
+        Ok(PartLimits {
+            runs: read(ENV_PART_RUNS, Self::DEFAULT.runs)?,
+            bytes: read(ENV_PART_BYTES, Self::DEFAULT.bytes)?,
+        })
+    }
+}
+
+impl Default for PartLimits {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// The part a run goes to while it is open.
+struct OpenPart {
+    writer: ArrowWriter<File>,
+    tmp: PathBuf,
+    runs: u64,
+}
+
+/// A Parquet recording as a dataset directory (see the module docs): rows of each run are one
+/// row group of the open part; a part is closed (footer, fsync, rename from
+/// `_part-NNNNN.parquet.partial` to `part-NNNNN.parquet`, directory fsync) when it reaches its
+/// [`PartLimits`], and the partition's `_manifest.json` is rewritten then with every manifest
+/// seen so far. Several recorders (processes, hosts) may write into one dataset: each writes its
+/// own `recording=<id>` partition.
+pub struct DatasetSink {
+    root: PathBuf,
+    limits: PartLimits,
+    id: Option<String>,
+    next_part: usize,
+    open: Option<OpenPart>,
+    pending: Vec<Row>,
+    manifests: Vec<Manifest>,
+    sidecar_written: Option<usize>,
+    done: bool,
+}
+
+impl DatasetSink {
+    /// A dataset recording under `root` (created if missing; its parent must exist). Nothing
+    /// else is created until the first part: the partition is named after the recording id
+    /// ([`Sink::recording_id`], else the first row's `run_id`).
+    ///
+    /// Errors: `root` is a file, or its directory does not exist, or it cannot be created.
+    pub fn create(root: impl AsRef<Path>, limits: PartLimits) -> Result<DatasetSink, Error> {
+        let root = root.as_ref().to_path_buf();
+        check_dataset_path(&root)?;
+        std::fs::create_dir_all(&root).map_err(|e| Error::Io { path: root.clone(), error: e })?;
+        Ok(DatasetSink {
+            root,
+            limits: PartLimits { runs: limits.runs.max(1), bytes: limits.bytes.max(1) },
+            id: None,
+            next_part: 0,
+            open: None,
+            pending: Vec::new(),
+            manifests: Vec::new(),
+            sidecar_written: None,
+            done: false,
+        })
+    }
+
+    /// The partition directory, `root/recording=<id>`, created on first use.
+    fn partition(&mut self) -> Result<PathBuf, Error> {
+        let id = self.id.get_or_insert_with(super::format::new_run_id).clone();
+        // An id is a directory name: keep it to characters every file system and URL takes.
+        let safe: String = id.chars().map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' }).collect();
+        let dir = self.root.join(format!("recording={safe}"));
+        if !dir.is_dir() {
+            std::fs::create_dir(&dir).map_err(|e| Error::Io { path: dir.clone(), error: e })?;
+        }
+        Ok(dir)
+    }
+
+    fn write_err(&self, path: &Path, what: &str, e: impl std::fmt::Display) -> Error {
+        let closed = self.next_part;
+        let e = e.to_string();
+        let hint = if e.contains("File too large") || e.contains("os error 27") {
+            " (the file-size limit, `ulimit -f`, was reached)"
+        } else if e.contains("No space left") || e.contains("os error 28") {
+            " (the disk is full)"
+        } else {
+            ""
+        };
+        Error::Write {
+            path: path.to_path_buf(),
+            why: format!(
+                "{what}: {e}{hint}; the {closed} part(s) closed before it in {} are intact and readable",
+                path.parent().unwrap_or(&self.root).display()
+            ),
+        }
+    }
+
+    /// Write the pending rows as one row group of the open part (opening one if needed); close
+    /// the part when it reaches its limits.
+    fn write_run(&mut self) -> Result<(), Error> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        if self.id.is_none() {
+            self.id = Some(self.pending[0].run_id.to_string());
+        }
+        let batch = ParquetSink::batch(&self.pending)?;
+        self.pending.clear();
+        if self.open.is_none() {
+            self.open = Some(self.open_part()?);
+        }
+        let part = self.open.as_mut().expect("opened above");
+        let res = part.writer.write(&batch).and_then(|_| part.writer.flush());
+        let (bytes, tmp) = (part.writer.bytes_written() as u64, part.tmp.clone());
+        part.runs += 1;
+        let full = part.runs >= self.limits.runs || bytes >= self.limits.bytes;
+        if let Err(e) = res {
+            return Err(self.write_err(&tmp, "writing a run", e));
+        }
+        if full {
+            self.close_part()?;
+        }
+        Ok(())
+    }
+
+    fn open_part(&mut self) -> Result<OpenPart, Error> {
+        let dir = self.partition()?;
+        let tmp = dir.join(format!("_part-{:05}.parquet.partial", self.next_part));
+        let file = File::create(&tmp).map_err(|e| Error::Io { path: tmp.clone(), error: e })?;
+        let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
+        let writer = ArrowWriter::try_new(file, schema(), Some(props))
+            .map_err(|e| Error::Write { path: tmp.clone(), why: format!("parquet writer: {e}") })?;
+        Ok(OpenPart { writer, tmp, runs: 0 })
+    }
+
+    /// Footer and fsync; the sidecar if it changed (first, so that it lists the compiles of
+    /// every closed part whenever the process stops); rename into place; fsync the directory.
+    fn close_part(&mut self) -> Result<(), Error> {
+        let Some(part) = self.open.take() else { return Ok(()) };
+        let file = part.writer.into_inner().map_err(|e| self.write_err(&part.tmp, "closing the part (footer)", e))?;
+        file.sync_all().map_err(|e| self.write_err(&part.tmp, "syncing the part", e))?;
+        self.write_sidecar(false)?;
+        let dir = part.tmp.parent().map(Path::to_path_buf).unwrap_or_default();
+        let path = dir.join(format!("part-{:05}.parquet", self.next_part));
+        std::fs::rename(&part.tmp, &path).map_err(|e| Error::Io { path: path.clone(), error: e })?;
+        // The rename is durable once the directory is (POSIX: fsync the directory).
+        if let Ok(d) = File::open(&dir) {
+            let _ = d.sync_all();
+        }
+        self.next_part += 1;
+        Ok(())
+    }
+
+    /// `_manifest.json` of the partition, when its manifests changed (or `always`).
+    fn write_sidecar(&mut self, always: bool) -> Result<(), Error> {
+        if !always && self.sidecar_written == Some(self.manifests.len()) {
+            return Ok(());
+        }
+        let dir = self.partition()?;
+        let path = dir.join(PARTITION_SIDECAR);
+        let json = serde_json::to_vec_pretty(&Sidecar { format: FORMAT, graphs: self.manifests.clone() })
+            .map_err(|e| Error::Internal(format!("manifest JSON: {e}")))?;
+        write_atomic(&path, &json).map_err(|e| self.write_err(&path, "writing the manifest sidecar", e))?;
+        self.sidecar_written = Some(self.manifests.len());
+        Ok(())
+    }
+
+    /// Close everything: the pending run, the open part (an empty part when the recording
+    /// holds no row, so that it still reads as a table of zero rows), the sidecar.
+    fn close(&mut self) -> Result<(), Error> {
+        if self.done {
+            return Ok(());
+        }
+        self.write_run()?;
+        if self.next_part == 0 && self.open.is_none() {
+            self.open = Some(self.open_part()?);
+        }
+        self.close_part()?;
+        self.write_sidecar(true)?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Sink for DatasetSink {
+    fn recording_id(&mut self, id: &str) -> Result<(), Error> {
+        if self.id.is_none() {
+            self.id = Some(id.to_string());
+        }
+        Ok(())
+    }
+    fn manifest(&mut self, manifest: &Manifest) -> Result<(), Error> {
+        self.manifests.push(manifest.clone());
+        Ok(())
+    }
+    fn write(&mut self, rows: &[Row]) -> Result<(), Error> {
+        self.pending.extend_from_slice(rows);
+        Ok(())
+    }
+    fn flush(&mut self) -> Result<(), Error> {
+        self.write_run()
+    }
+    fn finish(&mut self) -> Result<(), Error> {
+        self.close()
+    }
+    /// Interrupted: every run written is closed into parts, as at `finish` (parts are never
+    /// partial; the partition holds the runs that were recorded).
+    fn abandon(&mut self) -> Result<(), Error> {
+        self.close()
+    }
+}
+
+impl Drop for DatasetSink {
+    fn drop(&mut self) {
+        if let Some(p) = &self.open {
+            eprintln!(
+                "opscope: recording not finished: {} closed part(s) are readable; the open part {} has no footer",
+                self.next_part,
+                p.tmp.display()
+            );
+        }
+    }
+}
+
+/// One partition of a dataset: a directory holding closed parts.
+#[derive(Debug)]
+pub struct Partition {
+    /// The directory (`root/recording=<id>`, or `root` itself when the parts lie there).
+    pub dir: PathBuf,
+    /// Closed parts (`*.parquet`), by name.
+    pub parts: Vec<PathBuf>,
+    /// Open parts (`*.partial`: being written, or left by a killed process), skipped.
+    pub open: Vec<PathBuf>,
+    /// The partition's `_manifest.json`, if present.
+    pub sidecar: Option<Sidecar>,
+}
+
+/// The partitions of the dataset at `root`, by path: every directory under it (names beginning
+/// with `_` or `.` skipped, as Spark and pyarrow do) holding `*.parquet` files.
+///
+/// Errors: a directory cannot be listed, a sidecar cannot be parsed.
+pub fn partitions(root: &Path) -> Result<Vec<Partition>, Error> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let io = |e| Error::Io { path: dir.clone(), error: e };
+        let mut p = Partition { dir: dir.clone(), parts: Vec::new(), open: Vec::new(), sidecar: None };
+        for entry in std::fs::read_dir(&dir).map_err(io)? {
+            let path = entry.map_err(io)?.path();
+            let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+            if name.ends_with(".partial") && name.contains(".parquet") {
+                p.open.push(path);
+            } else if name.starts_with('_') || name.starts_with('.') {
+                continue;
+            } else if path.is_dir() {
+                stack.push(path);
+            } else if name.ends_with(".parquet") {
+                p.parts.push(path);
+            }
+        }
+        let side = dir.join(PARTITION_SIDECAR);
+        if side.is_file() {
+            let bytes = std::fs::read(&side).map_err(|e| Error::Io { path: side.clone(), error: e })?;
+            p.sidecar = Some(serde_json::from_slice(&bytes).map_err(|e| RecordingError {
+                path: side.clone(),
+                line: Some(e.line() as u64),
+                reason: format!("manifest sidecar: {e}"),
+            })?);
+        }
+        if !p.parts.is_empty() || !p.open.is_empty() || p.sidecar.is_some() {
+            p.parts.sort();
+            p.open.sort();
+            out.push(p);
+        }
+    }
+    out.sort_by(|a, b| a.dir.cmp(&b.dir));
+    Ok(out)
+}
+
+/// Compiles are numbered 1, 2, ... within each recording. Read as one table, a dataset numbers
+/// them across recordings: partition `k`'s compiles are shifted by the compiles of the
+/// partitions before it (its sidecar's manifest count; the largest compile in its rows when it
+/// has no sidecar). [`read`] and [`read_sidecar`] shift alike, so `no_data` lines up.
+fn compiles_of(p: &Partition, seen_max: u32) -> u32 {
+    p.sidecar.as_ref().map(|s| s.graphs.len() as u32).unwrap_or(seen_max)
+}
+
+/// Stream every row of the closed parts of every partition under `root` (partitions by path,
+/// parts by name), compiles numbered across recordings (see [`compiles_of`]). Open parts are
+/// skipped with a note on stderr.
+///
+/// Errors: no partition under `root` ("not a dataset"); a part cannot be read (its path named);
+/// a partition's rows name a compile its sidecar does not list.
+pub(super) fn read(root: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Error> {
+    let parts = partitions(root)?;
+    if parts.iter().all(|p| p.parts.is_empty()) {
+        let open: usize = parts.iter().map(|p| p.open.len()).sum();
+        return Err(RecordingError {
+            path: root.to_path_buf(),
+            line: None,
+            reason: if open > 0 {
+                format!("no closed Parquet part in this dataset, only {open} open part(s) (*.partial): the recording is still being written, or its process was killed before closing a part")
+            } else {
+                "a directory without Parquet parts: not an opscope dataset (a recording directory holds recording=<id>/part-NNNNN.parquet)".into()
+            },
+        }
+        .into());
+    }
+    let open: Vec<&PathBuf> = parts.iter().flat_map(|p| &p.open).collect();
+    if !open.is_empty() {
+        eprintln!(
+            "opscope: note: skipped {} open part(s) ({}...): still being written, or left by a killed process; the closed parts are read",
+            open.len(),
+            open[0].display()
+        );
+    }
+    let mut offset = 0u32;
+    for p in &parts {
+        let mut max = 0u32;
+        for part in &p.parts {
+            super::parquet::read(part, &mut |mut r: RowRef<'_>| {
+                max = max.max(r.compile);
+                r.compile += offset;
+                f(r)
+            })?;
+        }
+        let n = compiles_of(p, max);
+        if max > n {
+            return Err(RecordingError {
+                path: p.dir.join(PARTITION_SIDECAR),
+                line: None,
+                reason: format!("the rows name compile {max} but the sidecar lists {n} manifest(s): was the sidecar replaced? Delete it to number compiles from the rows"),
+            }
+            .into());
+        }
+        offset += n;
+    }
+    Ok(())
+}
+
+/// The sidecars of every partition as one, compiles shifted as [`read`] shifts them. `None` if
+/// no partition has one.
+///
+/// Errors: as [`partitions`]; reading the rows of a partition without a sidecar (for its
+/// compile count) when a later partition has one.
+pub(super) fn read_sidecar(root: &Path) -> Result<Option<Sidecar>, Error> {
+    let parts = partitions(root)?;
+    if parts.iter().all(|p| p.sidecar.is_none()) {
+        return Ok(None);
+    }
+    let mut graphs = Vec::new();
+    let mut offset = 0u32;
+    for p in &parts {
+        let n = match &p.sidecar {
+            Some(s) => {
+                for m in &s.graphs {
+                    let mut m = m.clone();
+                    // Recordings made before compiles were numbered per recording carry the tag.
+                    if m.compile != 0 {
+                        m.compile += offset;
+                    }
+                    graphs.push(m);
+                }
+                s.graphs.len() as u32
+            }
+            None => {
+                let mut max = 0u32;
+                for part in &p.parts {
+                    super::parquet::read(part, &mut |r: RowRef<'_>| max = max.max(r.compile))?;
+                }
+                max
+            }
+        };
+        offset += n;
+    }
+    Ok(Some(Sidecar { format: FORMAT, graphs }))
+}

@@ -97,6 +97,10 @@ struct OpenPart {
     runs: u64,
 }
 
+/// Rows buffered before they are encoded into the open row group (a run's rows are one row
+/// group however many there are; this bounds the decoded rows held in memory).
+const ENCODE_ROWS: usize = 8192;
+
 /// A Parquet recording as a dataset directory (see the module docs): rows of each run are one
 /// row group of the open part; a part is closed (footer, fsync, rename from
 /// `_part-NNNNN.parquet.partial` to `part-NNNNN.parquet`, directory fsync) when it reaches its
@@ -169,9 +173,9 @@ impl DatasetSink {
         }
     }
 
-    /// Write the pending rows as one row group of the open part (opening one if needed); close
-    /// the part when it reaches its limits.
-    fn write_run(&mut self) -> Result<(), Error> {
+    /// Encode the pending rows into the open part's current row group (opening a part if
+    /// needed), without closing the row group: the rows of a run never pile up in memory.
+    fn write_pending(&mut self) -> Result<(), Error> {
         if self.pending.is_empty() {
             return Ok(());
         }
@@ -184,7 +188,21 @@ impl DatasetSink {
             self.open = Some(self.open_part()?);
         }
         let part = self.open.as_mut().expect("opened above");
-        let res = part.writer.write(&batch).and_then(|_| part.writer.flush());
+        let res = part.writer.write(&batch);
+        let tmp = part.tmp.clone();
+        res.map_err(|e| self.write_err(&tmp, "writing a run", e))
+    }
+
+    /// End the run: its rows are one row group of the open part; close the part when it
+    /// reaches its limits.
+    fn write_run(&mut self) -> Result<(), Error> {
+        let had_rows = !self.pending.is_empty();
+        self.write_pending()?;
+        let Some(part) = self.open.as_mut() else { return Ok(()) };
+        if !had_rows && part.writer.in_progress_rows() == 0 {
+            return Ok(());
+        }
+        let res = part.writer.flush();
         let (bytes, tmp) = (part.writer.bytes_written() as u64, part.tmp.clone());
         part.runs += 1;
         let full = part.runs >= self.limits.runs || bytes >= self.limits.bytes;
@@ -269,6 +287,9 @@ impl Sink for DatasetSink {
     }
     fn write(&mut self, rows: &[Row]) -> Result<(), Error> {
         self.pending.extend_from_slice(rows);
+        if self.pending.len() >= ENCODE_ROWS {
+            self.write_pending()?;
+        }
         Ok(())
     }
     fn flush(&mut self) -> Result<(), Error> {

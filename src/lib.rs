@@ -76,6 +76,7 @@ pub use inventory;
 fn opscope_load() {
     passes::link();
     activate::env::init();
+    activate::ir::init();
 }
 
 /// At exit: finish the environment mode's recording (nothing when it is off). A recording

@@ -382,10 +382,12 @@ fn fake_quant_rows(x: &[f64], cols: usize, bits: u32) -> Vec<f64> {
 #[test]
 fn fakequant_in_the_environment_computes_the_host_fake_quantized_model() {
     let dir = tempfile::tempdir().unwrap();
-    for path in ["run", "run_slots"] {
+    // Through the tapping backend (RLX_OPSCOPE) and through RLX's own IR-pass registry
+    // (RLX_OPSCOPE_IR: nothing but RLX compiles the program).
+    for (path, var) in [("run", "RLX_OPSCOPE"), ("run_slots", "RLX_OPSCOPE"), ("run", "RLX_OPSCOPE_IR"), ("run_slots", "RLX_OPSCOPE_IR")] {
         let out = example("run_paths")
             .arg(path)
-            .env("RLX_OPSCOPE", "fakequant{bits=3}")
+            .env(var, "fakequant{bits=3}")
             .env("RLX_OPSCOPE_OUT", dir.path().join(format!("{path}.csv")))
             .output()
             .unwrap();
@@ -406,7 +408,7 @@ fn fakequant_in_the_environment_computes_the_host_fake_quantized_model() {
             }
             changed |= got != &host::step(s).y;
         }
-        assert!(changed, "{path}: 3-bit activations change the outputs");
+        assert!(changed, "{path} {var}: 3-bit activations change the outputs");
     }
 }
 
@@ -436,4 +438,14 @@ fn rlx_env_scoped_in_code_turns_opscope_on_at_the_first_compile() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(printed_outputs(&out.stdout), printed, "same outputs");
     assert!(!late.exists(), "nothing recorded when set after the first compile");
+}
+
+#[test]
+fn rlx_opscope_ir_refuses_a_tap_and_a_bad_pipeline_at_the_first_compile() {
+    for (text, want) in [("matmul", "holds a tap"), ("fakequant{bits=99}", "RLX_OPSCOPE_IR")] {
+        let out = example("run_paths").arg("run").env("RLX_OPSCOPE_IR", text).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{text}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{text}: {err}");
+    }
 }

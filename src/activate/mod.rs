@@ -1,8 +1,10 @@
 //! Activation: a scope around unchanged code ([`Scope`], built on `rlx_runtime::taps`), the
 //! environment (`RLX_OPSCOPE`, read at the first compile by a CPU backend registered at load
-//! time: [`env`]), or direct ([`Pipeline::apply`]). All three rewrite through [`rewrite`].
+//! time: [`env`]), RLX's IR-pass registry for actuations (`RLX_OPSCOPE_IR`: [`ir`]), or direct
+//! ([`Pipeline::apply`]). All of them rewrite through [`rewrite`].
 
 pub mod env;
+pub mod ir;
 mod scope;
 
 use std::sync::Arc;

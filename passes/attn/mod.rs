@@ -241,7 +241,13 @@ fn attn_probe(g: &Graph, id: NodeId, topk: usize) -> Result<(AttnProbe, Vec<Node
                     k_view,
                 },
             };
-            Ok((probe, inputs, None))
+            // Without a key mask input the probe cannot tell padding: with sequences padded on
+            // the right, a causal attention's padding queries (and an unmasked one's padding
+            // keys) count as real. Said in the manifest, as for a softmax without a mask.
+            let note = matches!(mask, FusedMask::None | FusedMask::Causal | FusedMask::Window(_)).then(|| {
+                "no key mask feeds this attention: padding queries and keys, if any, count as non-padding".to_string()
+            });
+            Ok((probe, inputs, note))
         }
         _ => Err("not an attention site".into()),
     }

@@ -153,10 +153,7 @@ fn cost(a: CostArgs) -> Result<()> {
     })?;
     bar.finish_and_clear();
     let report = opscope_lab::cost::CostReport::new(&graph_cost, machine, entries.len().div_ceil(batch), a.top).with_rlx_estimate(&fused);
-    if let Some(path) = &a.json {
-        let body = serde_json::to_vec_pretty(&report).context("encoding the cost report")?;
-        opscope::recording::write_atomic(path, &body)?;
-    }
+    write_json(a.json.as_deref(), &report, "the cost report")?;
     emit(&report.text())
 }
 
@@ -335,11 +332,8 @@ fn ab(a: AbArgs) -> Result<()> {
     let r = opscope_lab::timing::ab_pipelines(&model, &batches, pa.as_ref(), pb.as_ref(), a.stage, &opts);
     bar.finish_and_clear();
     let r = r?;
-    if let Some(path) = &a.json {
-        let doc = serde_json::json!({ "onnx": c.onnx, "a": a.a, "b": a.b, "batch": batch, "seq": c.seq, "batches": batches.len(), "report": r });
-        let body = serde_json::to_vec_pretty(&doc).context("encoding the comparison")?;
-        opscope::recording::write_atomic(path, &body)?;
-    }
+    let doc = serde_json::json!({ "onnx": c.onnx, "a": a.a, "b": a.b, "batch": batch, "seq": c.seq, "batches": batches.len(), "report": r });
+    write_json(a.json.as_deref(), &doc, "the comparison")?;
     let name = |p: &str| if p.trim().is_empty() { "untapped".to_string() } else { format!("'{p}'") };
     let mut out = format!("A = {}, B = {} ({} x {} tokens, {} batches cycled)\n{}\n", name(&a.a), name(&a.b), batch, c.seq, batches.len(), r.line());
     let o = |x: &opscope_lab::timing::Outliers| format!("{} low / {} high severe (dropped), {} low / {} high mild (kept)", x.low_severe, x.high_severe, x.low_mild, x.high_mild);
@@ -494,10 +488,7 @@ fn measure(a: MeasureArgs) -> Result<()> {
     let bar = ProgressBar::new_spinner();
     let m = opscope_lab::measure::measure(&job, |stage| bar.set_message(stage.to_string()))?;
     bar.finish_and_clear();
-    if let Some(path) = &a.json {
-        let body = serde_json::to_vec_pretty(&m).context("encoding the measurement")?;
-        opscope::recording::write_atomic(path, &body)?;
-    }
+    write_json(a.json.as_deref(), &m, "the measurement")?;
     emit(&m.markdown())
 }
 
@@ -842,6 +833,14 @@ fn interrupt_on_ctrl_c() -> Result<()> {
 }
 
 /// Write to stdout; a closed pipe (`| head`) ends the output quietly instead of panicking.
+/// Write `value` as pretty JSON to `path` (temp name, then rename) when a path is given.
+fn write_json(path: Option<&std::path::Path>, value: &impl serde::Serialize, what: &str) -> Result<()> {
+    let Some(path) = path else { return Ok(()) };
+    let body = serde_json::to_vec_pretty(value).with_context(|| format!("encoding {what}"))?;
+    opscope::recording::write_atomic(path, &body)?;
+    Ok(())
+}
+
 fn emit(text: &str) -> Result<()> {
     use std::io::Write;
     match std::io::stdout().lock().write_all(text.as_bytes()) {

@@ -70,18 +70,8 @@ enum Cmd {
 
 #[derive(clap::Args)]
 struct BlocksArgs {
-    /// ONNX model.
-    #[arg(long)]
-    onnx: PathBuf,
-    /// Sentences per batch the model is imported for.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096))]
-    batch: u32,
-    /// Tokens per sentence.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(2..=512))]
-    seq: u32,
-    /// Which program to search: `deployed` (after RLX's fusion, what runs) or `source`.
-    #[arg(long, default_value = "deployed")]
-    stage: opscope::activate::Stage,
+    #[command(flatten)]
+    model: ModelGraph,
     /// Weisfeiler-Lehman rounds (the radius anchors must look alike over).
     #[arg(long, default_value_t = 3)]
     wl_rounds: usize,
@@ -206,17 +196,17 @@ fn parity(a: ParityArgs) -> Result<()> {
 }
 
 fn blocks(a: BlocksArgs) -> Result<()> {
-    let enc = opscope_lab::model::OnnxEncoder::load(&a.onnx, a.batch as usize, a.seq as usize)?;
-    let graph = match a.stage {
+    let enc = opscope_lab::model::OnnxEncoder::load(&a.model.onnx, a.model.batch as usize, a.model.seq as usize)?;
+    let graph = match a.model.stage {
         opscope::activate::Stage::Deployed => opscope::activate::fuse(&enc.graph, rlx_runtime::Device::Cpu, &rlx_runtime::CompileOptions::default()),
         _ => enc.graph.clone(),
     };
-    let stage = match a.stage {
+    let stage = match a.model.stage {
         opscope::activate::Stage::Deployed => "deployed",
         _ => "source",
     };
     let opts = opscope::analysis::BlockOptions { wl_rounds: a.wl_rounds, min_ops: a.min_ops };
-    let found = opscope::analysis::repeated_blocks(&graph, &opts).with_context(|| format!("{}", a.onnx.display()))?;
+    let found = opscope::analysis::repeated_blocks(&graph, &opts).with_context(|| format!("{}", a.model.onnx.display()))?;
     // People read occurrences by the site name of their first op (the ONNX names, recovered
     // through fusion from the weights), e.g. `layer.1/attention/self/query/MatMul`.
     let (names, _) = opscope::analysis::site_names(&graph, Some(&enc.graph));
@@ -229,10 +219,10 @@ fn blocks(a: BlocksArgs) -> Result<()> {
     let fusion: Vec<Option<opscope::analysis::BlockFusion>> =
         found.iter().map(|b| (stage == "deployed").then(|| opscope::analysis::block_fusion(b, &enc.graph, &graph))).collect();
     if a.json {
-        let doc = serde_json::json!({ "onnx": a.onnx, "stage": stage, "rlx_fusion": fusion, "graph": graph.name, "nodes": graph.nodes().len(), "blocks": found, "first_sites": first_sites });
+        let doc = serde_json::json!({ "onnx": a.model.onnx, "stage": stage, "rlx_fusion": fusion, "graph": graph.name, "nodes": graph.nodes().len(), "blocks": found, "first_sites": first_sites });
         return emit(&(serde_json::to_string_pretty(&doc).context("JSON")? + "\n"));
     }
-    let mut out = format!("{} repeated block(s) in the {} program of {} ({} nodes), by ops covered\n", found.len(), stage, a.onnx.display(), graph.nodes().len());
+    let mut out = format!("{} repeated block(s) in the {} program of {} ({} nodes), by ops covered\n", found.len(), stage, a.model.onnx.display(), graph.nodes().len());
     out.push_str("rank  ops  x  covered  chain  unfused  ops of one occurrence; site of each occurrence's first op\n");
     let shown = if a.top == 0 { found.len() } else { a.top.min(found.len()) };
     for (i, ((b, sites), f)) in found.iter().zip(&first_sites).zip(&fusion).take(shown).enumerate() {
@@ -347,19 +337,27 @@ fn ab(a: AbArgs) -> Result<()> {
 
 #[derive(clap::Args)]
 struct SitesArgs {
-    /// ONNX model.
-    #[arg(long)]
-    onnx: PathBuf,
+    #[command(flatten)]
+    model: ModelGraph,
     /// Pass pipeline whose sites to list.
     #[arg(long, default_value = "matmul")]
     pipeline: String,
+}
+
+/// An ONNX model imported for a fixed `[batch, seq]`, and which of its programs to look at
+/// (`sites`, `blocks`).
+#[derive(clap::Args)]
+struct ModelGraph {
+    /// ONNX model.
+    #[arg(long)]
+    onnx: PathBuf,
     /// Sentences per batch the model is imported for.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096))]
     batch: u32,
     /// Tokens per sentence.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(2..=512))]
     seq: u32,
-    /// Which program to observe (`deployed` or `source`).
+    /// Which program: `deployed` (after RLX's fusion, what runs) or `source` (as built).
     #[arg(long, default_value = "deployed")]
     stage: opscope::activate::Stage,
 }
@@ -385,13 +383,13 @@ fn site_table(pipeline: &Pipeline, graph: &rlx_ir::Graph, stage: opscope::activa
 
 fn sites(a: SitesArgs) -> Result<()> {
     let pipeline = Pipeline::parse(&a.pipeline)?;
-    let enc = opscope_lab::model::OnnxEncoder::load(&a.onnx, a.batch as usize, a.seq as usize)?;
-    let rows = site_table(&pipeline, &enc.graph, a.stage)?;
+    let enc = opscope_lab::model::OnnxEncoder::load(&a.model.onnx, a.model.batch as usize, a.model.seq as usize)?;
+    let rows = site_table(&pipeline, &enc.graph, a.model.stage)?;
     let mut out = String::new();
     for [short, full, pass, op, roles] in &rows {
         out.push_str(&format!("{short}\t{pass}\t{op}\t{roles}\t{full}\n"));
     }
-    out.push_str(&format!("{} site(s) of '{pipeline}' in {}\n", rows.len(), a.onnx.display()));
+    out.push_str(&format!("{} site(s) of '{pipeline}' in {}\n", rows.len(), a.model.onnx.display()));
     emit(&out)
 }
 

@@ -212,11 +212,14 @@ fn host_stats(g: &Geom, p: &[f64], allowed: &[bool], topk: usize) -> Stats {
                     add("topk_mass", h, sorted[..topk].iter().sum());
                 }
                 // Sinks: the first / last non-padding key, for queries allowed to see it.
+                // The lift: the sink mass in multiples of this query's uniform share.
                 if let Some(f) = first.filter(|&f| allowed[g.p_at(b, h, q, f)]) {
                     add("sink_first", h, row[f]);
+                    add("sink_first_lift", h, row[f] * n_allowed as f64);
                 }
                 if let Some(l) = last.filter(|&l| allowed[g.p_at(b, h, q, l)]) {
                     add("sink_last", h, row[l]);
+                    add("sink_last_lift", h, row[l] * n_allowed as f64);
                 }
                 add("pad_mass", h, (0..g.sk).filter(|&k| key_pad[k]).map(|k| row[k]).sum());
                 add("peak_pos", h * g.sq + q, peak);
@@ -731,6 +734,73 @@ fn unfused_rank3_without_mask_counts_every_query() {
         "note expected in skipped, got {:?}",
         m.skipped
     );
+}
+
+/// A fused attention with no key mask of its own (causal, or none) in a program with a graph
+/// input `attention_mask` (one value per token, sequence 1 right-padded after 3 tokens): the tap
+/// takes padding from it. Causal: the padding queries are left out (`queries` = 5 + 3) and get
+/// no mass, where without the row mask all 10 would count. No mask: real queries put mass on the
+/// padding keys, `pad_mass` > 0, and the miner says the mask leaks.
+#[test]
+fn fused_attention_without_a_key_mask_takes_padding_from_attention_mask() {
+    for (mask, layout) in [(Mask::Causal, Layout::Rank3), (Mask::Causal, Layout::Bhsd), (Mask::None, Layout::Bshd)] {
+        let unmasked = matches!(mask, Mask::None);
+        let f = fused(&format!("rows_{mask:?}_{layout:?}"), geom(layout), mask, None, 300);
+        let rows_mask = key_mask(2, 5, 3);
+        let mut gr = f.graph();
+        let am = gr.input("attention_mask", f32s(&[2 * 5]));
+        let mut outs = gr.outputs.clone();
+        outs.push(am); // keep the input alive, as the SmolLM2 prefill graph does
+        gr.set_outputs(outs);
+        let mut inputs = f.inputs();
+        inputs.push(("attention_mask", &rows_mask));
+        let (p, allowed) = f.reference();
+        let allowed: Vec<bool> = allowed
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| a && rows_mask[(i / (f.g.h * f.g.sq * f.g.sk)) * f.g.sk + i % f.g.sk] > 0.5)
+            .collect();
+        let want = host_stats(&f.g, &p, &allowed, 8);
+        assert_eq!(want["queries"], vec![(0, 8.0)], "{}", f.name);
+        let (rows, manifests) = run_both(&f.name, "attn", &gr, &inputs, &ref_output(&f.g, &p, &f.v));
+        let (site, got) = recorded(&rows);
+        assert_stats(&f.name, &got, &want);
+        let m = manifests.last().expect("manifest");
+        assert!(m.padding.as_deref().is_some_and(|p| p.contains("attention_mask")), "{}: {:?}", f.name, m.padding);
+        assert!(!m.skipped.iter().any(|k| k.site == site && k.reason.contains("no key mask")), "{}: {:?}", f.name, m.skipped);
+        let pad = &got["pad_mass"];
+        let leaks = health_verdicts(&rows);
+        if unmasked {
+            assert!(pad.iter().all(|(_, v)| *v > 1e-2), "{}: padding keys get mass without a mask: {pad:?}", f.name);
+            assert_eq!(leaks.len(), 1, "{}: the leak is reported", f.name);
+        } else {
+            assert!(pad.iter().all(|(_, v)| *v == 0.0), "{}: {pad:?}", f.name);
+            assert!(leaks.is_empty(), "{}: {leaks:?}", f.name);
+        }
+    }
+}
+
+/// Uniform attention under a causal mask is no sink: query `q` sees `q + 1` keys, so the first
+/// key's mean mass over a 5-token prefix is (1 + 1/2 + ... + 1/5) / 5 = 0.457, above the rule's
+/// 0.2 and 7.3x the 1/16-style share `1 / keys`; its lift is exactly 1. With Q = 0 every score is
+/// equal, so RLX's kernel computes exact uniform rows.
+#[test]
+fn uniform_causal_attention_has_lift_one_and_no_sink_verdict() {
+    let mut f = fused("uniform_causal", geom(Layout::Bhsd), Mask::Causal, None, 310);
+    f.q.iter_mut().for_each(|x| *x = 0.0);
+    let (p, allowed) = f.reference();
+    let (rows, _) = run_both(&f.name, "attn", &f.graph(), &f.inputs(), &ref_output(&f.g, &p, &f.v));
+    let (_, got) = recorded(&rows);
+    assert_stats(&f.name, &got, &host_stats(&f.g, &p, &allowed, 8));
+    let harmonic: f64 = (1..=5).map(|n| 1.0 / n as f64).sum::<f64>() / 5.0;
+    for (_, v) in &got["sink_first"] {
+        assert!((v - harmonic).abs() < 1e-6, "sink_first {v} vs {harmonic}");
+    }
+    for (_, v) in &got["sink_first_lift"] {
+        assert!((v - 1.0).abs() < 1e-6, "lift {v}");
+    }
+    let verdicts = opscope::mine::mine(&opscope::mine::series_from_rows(&rows));
+    assert!(!verdicts.iter().any(|v| v.kind.name == "attention_sink"), "{verdicts:?}");
 }
 
 /// Only `attn` enabled: every fixture's outputs are bit-identical to the untapped run.

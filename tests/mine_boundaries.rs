@@ -118,6 +118,26 @@ fn an_attention_sink_needs_five_times_the_uniform_share_and_a_fifth_of_the_mass(
     assert_eq!(kinds(&attn(64.0, 32.0, 0.5, 0.19, 0.01, 0.0)), NONE);
 }
 
+/// With the probe's lift recorded (sink mass x the keys each query may see, 1 for uniform
+/// attention), 5x is judged on it, not on `1 / keys`: a causal prefix gives its first key a large
+/// mean share without any sink.
+#[test]
+fn an_attention_sink_with_a_recorded_lift_needs_a_lift_of_five() {
+    let with_lift = |first: f32, lift: f32| {
+        let mut rows = attn(64.0, 32.0, 0.5, first, 0.01, 0.0);
+        let lifts: Vec<f32> = (0..4).map(|i| if i == 0 { lift } else { 0.3 }).collect();
+        let last: Vec<f32> = vec![0.3; 4];
+        rows.extend(run_rows("attn.0", "probs", "[2,4,64,64]", 0, &[], &[("sink_first_lift", &lifts), ("sink_last_lift", &last)]));
+        rows
+    };
+    // Mass 0.5 over 64 keys would be 32x the 1/keys share; the lift says 4.9x: no sink.
+    assert_eq!(kinds(&with_lift(0.5, 4.9)), NONE);
+    assert_eq!(kinds(&with_lift(0.5, 5.1)), vec!["attention_sink"]);
+    // The 0.2 mass line still holds with a large lift.
+    assert_eq!(kinds(&with_lift(0.19, 40.0)), NONE);
+    assert_eq!(kinds(&with_lift(0.21, 40.0)), vec!["attention_sink"]);
+}
+
 #[test]
 fn attention_mass_on_padding_keys_above_1e_3_is_a_health_verdict() {
     assert_eq!(kinds(&attn(32.0, 16.0, 0.5, 0.01, 0.01, 1.1e-3)), vec!["health"]);

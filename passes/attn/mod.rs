@@ -128,7 +128,19 @@ impl Pass for AttnTap {
             }
             let site = rw.add_site(id, None);
             match attn_probe(rw.graph(), id, topk) {
-                Ok((probe, inputs, note)) => {
+                Ok((mut probe, mut inputs, mut note)) => {
+                    // No mask of its own: self-attention takes its padding from the program's
+                    // row mask (graph input `attention_mask`, one value per token), as the
+                    // matmul tap does; only without one is padding counted as real.
+                    if note.is_some() && probe.sq == probe.sk {
+                        if let Some(mask) = rw.row_mask(probe.batch * probe.sk) {
+                            match &mut probe.source {
+                                AttnSource::Probs { rows, .. } | AttnSource::Fused { rows, .. } => *rows = true,
+                            }
+                            inputs.push(mask);
+                            note = None;
+                        }
+                    }
                     if let Some(note) = note {
                         rw.skip(&site, Some(PROBS), Some(id), note);
                     }
@@ -165,11 +177,11 @@ fn attn_probe(g: &Graph, id: NodeId, topk: usize) -> Result<(AttnProbe, Vec<Node
             }
             let geom = |source| AttnProbe { batch: b, heads: h, sq: q, sk: k, topk, source };
             Ok(match additive_bias(g, node.inputs[0], node.shape.rank()) {
-                Some((bias, dims)) => (geom(AttnSource::Probs { bias: Some(dims) }), vec![id, bias], None),
+                Some((bias, dims)) => (geom(AttnSource::Probs { bias: Some(dims), rows: false }), vec![id, bias], None),
                 None => (
-                    geom(AttnSource::Probs { bias: None }),
+                    geom(AttnSource::Probs { bias: None, rows: false }),
                     vec![id],
-                    Some("no additive mask feeds this softmax: every query and key counts as non-padding".into()),
+                    Some("no additive mask feeds this softmax and the program has no attention_mask input: every query and key counts as non-padding".into()),
                 ),
             })
         }
@@ -239,13 +251,14 @@ fn attn_probe(g: &Graph, id: NodeId, topk: usize) -> Result<(AttnProbe, Vec<Node
                     mask,
                     q_view,
                     k_view,
+                    rows: false,
                 },
             };
             // Without a key mask input the probe cannot tell padding: with sequences padded on
             // the right, a causal attention's padding queries (and an unmasked one's padding
             // keys) count as real. Said in the manifest, as for a softmax without a mask.
             let note = matches!(mask, FusedMask::None | FusedMask::Causal | FusedMask::Window(_)).then(|| {
-                "no key mask feeds this attention: padding queries and keys, if any, count as non-padding".to_string()
+                "no key mask feeds this attention and the program has no attention_mask input: padding queries and keys, if any, count as non-padding".to_string()
             });
             Ok((probe, inputs, note))
         }

@@ -40,6 +40,13 @@ crate::stats! {
         PEAK_POS = "peak_pos", Vector;
         /// Per (head, key position): mean over sequences of the key's received mass (`H x Sk`).
         RECV_POS = "recv_pos", Vector;
+        /// Per head: mean, over the queries counted in `sink_first`, of the first key's probability
+        /// times the number of keys the query may attend to (`H`; no unit): the sink mass in
+        /// multiples of a uniform query's share. 1 for uniform attention under any mask, so a
+        /// causal prefix (query `q` sees `q + 1` keys) does not pass for a sink.
+        SINK_FIRST_LIFT = "sink_first_lift", Vector;
+        /// Per head: the same for the last non-padding key (`H`).
+        SINK_LAST_LIFT = "sink_last_lift", Vector;
     }
 }
 
@@ -77,6 +84,11 @@ pub enum AttnSource {
     Probs {
         /// Dims of the bias input, if any.
         bias: Option<[usize; 4]>,
+        /// The last input is the program's padding row mask, `[B * Sk]` (see
+        /// [`crate::rewrite::Rewrite::row_mask`]): a key whose entry is below 0.5 is padding (and,
+        /// with `Sq == Sk`, so is the query at its position). Used when no mask feeds the scores.
+        #[serde(default)]
+        rows: bool,
     },
     /// Inputs Q and K (and the mask, for [`FusedMask::Keys`] / [`FusedMask::Bias`]) of a fused
     /// `Op::Attention`; the probabilities are rebuilt as RLX 0.2.19's CPU kernel computes them:
@@ -105,6 +117,11 @@ pub enum AttnSource {
         /// K likewise.
         #[serde(default)]
         k_view: Option<[usize; 2]>,
+        /// The last input is the program's padding row mask, as for [`AttnSource::Probs`]; used
+        /// with [`FusedMask::None`], [`FusedMask::Causal`] and [`FusedMask::Window`], which carry
+        /// no key mask of their own.
+        #[serde(default)]
+        rows: bool,
     },
 }
 
@@ -145,7 +162,8 @@ impl TypedProbe for AttnProbe {
     fn execute(&self, inputs: &[CpuTensorRef<'_>]) -> Result<Vec<(Stat, Vec<f32>)>, String> {
         let a = self;
         Ok(match &a.source {
-            AttnSource::Probs { bias } => {
+            AttnSource::Probs { bias, rows } => {
+                let rm = row_mask(a, inputs, *rows)?;
                 let p = input(inputs, 0, "attention probabilities")?;
                 need(p.len(), a.batch * a.heads * a.sq * a.sk, "attention probabilities")?;
                 let bias = match bias {
@@ -156,21 +174,41 @@ impl TypedProbe for AttnProbe {
                     }
                     None => None,
                 };
-                let allowed = |b: usize, h: usize, q: usize, k: usize| match &bias {
-                    None => true,
-                    Some((v, d)) => v[bcast(d, [b, h, q, k])] > MASKED_BIAS,
+                let allowed = |b: usize, h: usize, q: usize, k: usize| {
+                    rm.is_none_or(|m| m[b * a.sk + k] >= ROW_KEEP)
+                        && match &bias {
+                            None => true,
+                            Some((v, d)) => v[bcast(d, [b, h, q, k])] > MASKED_BIAS,
+                        }
                 };
                 attn_stats(a, p, &allowed)
             }
-            AttnSource::Fused { .. } => {
+            AttnSource::Fused { mask: kind, rows, .. } => {
+                let rm = row_mask(a, inputs, *rows)?;
                 let q = input(inputs, 0, "attention Q")?;
                 let k = input(inputs, 1, "attention K")?;
-                let mask = if inputs.len() > 2 { Some(input(inputs, 2, "attention mask")?) } else { None };
+                let mask = if matches!(kind, FusedMask::Keys | FusedMask::Bias) { Some(input(inputs, 2, "attention mask")?) } else { None };
                 let (p, allowed) = rebuild_fused(a, q, k, mask)?;
-                attn_stats(a, &p, &|b, h, qi, ki| allowed[((b * a.heads + h) * a.sq + qi) * a.sk + ki])
+                attn_stats(a, &p, &|b, h, qi, ki| {
+                    allowed[((b * a.heads + h) * a.sq + qi) * a.sk + ki] && rm.is_none_or(|m| m[b * a.sk + ki] >= ROW_KEEP)
+                })
             }
         })
     }
+}
+
+/// A row-mask entry at or above this marks a real token (the mask holds 1 on tokens and 0 on
+/// padding; 0.5 as RLX's `mask_binary_threshold` default).
+const ROW_KEEP: f32 = 0.5;
+
+/// The padding row mask (the last input, `[B * Sk]`), when the probe has one.
+fn row_mask<'a>(a: &AttnProbe, inputs: &'a [CpuTensorRef<'_>], rows: bool) -> Result<Option<&'a [f32]>, String> {
+    if !rows {
+        return Ok(None);
+    }
+    let m = input(inputs, inputs.len().saturating_sub(1), "padding row mask")?;
+    need(m.len(), a.batch * a.sk, "padding row mask")?;
+    Ok(Some(m))
 }
 
 /// Flat index into a tensor of dims `d` broadcast to `[B, H, Sq, Sk]`.
@@ -185,7 +223,7 @@ fn bcast(d: &[usize; 4], i: [usize; 4]) -> usize {
 /// Rebuild a fused `Op::Attention`'s probabilities, `[B, H, Sq, Sk]`, and which (b, h, q, k)
 /// the mask allows, exactly as RLX 0.2.19's CPU kernel does (see [`AttnSource::Fused`]).
 fn rebuild_fused(a: &AttnProbe, q: &[f32], k: &[f32], mask: Option<&[f32]>) -> Result<(Vec<f32>, Vec<bool>), String> {
-    let AttnSource::Fused { head_dim: dh, kv_heads, bhsd, scale, softcap, mask: kind, q_view, k_view } = &a.source else {
+    let AttnSource::Fused { head_dim: dh, kv_heads, bhsd, scale, softcap, mask: kind, q_view, k_view, .. } = &a.source else {
         unreachable!("called for fused attention only")
     };
     let (b, nh, sq, sk, dh) = (a.batch, a.heads, a.sq, a.sk, *dh);
@@ -274,7 +312,8 @@ fn rebuild_fused(a: &AttnProbe, q: &[f32], k: &[f32], mask: Option<&[f32]>) -> R
 /// is padded as a query too). Padding queries are left out of every statistic; padding keys get
 /// no position statistics, and the mass valid queries put on them is [`stats::PAD_MASS`]. The first
 /// and last keys are the first and last non-padding ones; a sink statistic counts only the
-/// queries the mask lets see that key, and `topk_mass` only queries allowed more than `topk` keys.
+/// queries the mask lets see that key (its lift weighs each by the keys that query may see), and
+/// `topk_mass` only queries allowed more than `topk` keys.
 fn attn_stats(a: &AttnProbe, p: &[f32], allowed: &dyn Fn(usize, usize, usize, usize) -> bool) -> Vec<(Stat, Vec<f32>)> {
     let (nb, nh, sq, sk) = (a.batch, a.heads, a.sq, a.sk);
     let topk = a.topk.clamp(1, sk.max(1));
@@ -289,6 +328,8 @@ fn attn_stats(a: &AttnProbe, p: &[f32], allowed: &dyn Fn(usize, usize, usize, us
     let mut keys = 0f64;
     let mut last = vec![0f64; nh];
     let mut last_n = vec![0f64; nh];
+    let mut first_lift = vec![0f64; nh];
+    let mut last_lift = vec![0f64; nh];
     let mut pad = vec![0f64; nh];
     let mut recv_max = vec![0f64; nh];
     let mut seqs = vec![0f64; nh];
@@ -345,10 +386,12 @@ fn attn_stats(a: &AttnProbe, p: &[f32], allowed: &dyn Fn(usize, usize, usize, us
                 // a causal mask hides the last key from earlier queries).
                 if let Some(f) = first_key.filter(|&f| allowed(b, h, q, f)) {
                     first[h] += row[f] as f64;
+                    first_lift[h] += row[f] as f64 * n_allowed as f64;
                     first_n[h] += 1.0;
                 }
                 if let Some(l) = last_key.filter(|&l| allowed(b, h, q, l)) {
                     last[h] += row[l] as f64;
+                    last_lift[h] += row[l] as f64 * n_allowed as f64;
                     last_n[h] += 1.0;
                 }
                 peak_pos[h * sq + q] += mx as f64;
@@ -387,6 +430,8 @@ fn attn_stats(a: &AttnProbe, p: &[f32], allowed: &dyn Fn(usize, usize, usize, us
         (stats::RECV_MAX, div(&recv_max, &seqs)),
         (stats::PEAK_POS, div(&peak_pos, &peak_pos_n)),
         (stats::RECV_POS, div(&recv_pos, &recv_pos_n)),
+        (stats::SINK_FIRST_LIFT, div(&first_lift, &first_n)),
+        (stats::SINK_LAST_LIFT, div(&last_lift, &last_n)),
     ]
 }
 

@@ -15,11 +15,18 @@ pub const SPARSE_ATTENTION: Kind = Kind {
 };
 
 /// A head gives one key (the first, or the last non-padding one) >= 5x the uniform share and
-/// >= 0.2 of its mass.
+/// >= 0.2 of its mass. The uniform share is per query (1 / the keys its mask allows), from the
+/// probe's `sink_first_lift` / `sink_last_lift`.
 pub const ATTENTION_SINK: Kind = Kind {
     name: "attention_sink",
     doc: "a head gives one key (the first, or the last non-padding one) >= 5x the uniform share and >= 0.2 of its mass: an attention sink that KV eviction and windowed attention must keep (Xiao et al., StreamingLLM, 2024; Clark et al. 2019 on BERT's [CLS]/[SEP]); 5x and 0.2 are opscope's lines",
 };
+
+/// The sink rule's mass line: a head gives the key at least this share of its probability.
+pub const SINK_MASS: f64 = 0.2;
+/// The sink rule's lift line: at least this many times the uniform share (per query, 1 / the
+/// keys it may attend to).
+pub const SINK_LIFT: f64 = 5.0;
 
 struct AttnRules;
 
@@ -52,20 +59,40 @@ impl Rule for AttnRules {
                     ));
                 }
             }
-            let uniform = 1.0 / valid_keys;
-            for (stat, evidence) in [(stats::SINK_FIRST, "sink_first_max"), (stats::SINK_LAST, "sink_last_max")] {
+            // The uniform share a head's sink mass is set against: per query, 1 / (keys it may
+            // attend to), recorded as the lift (sink mass x allowed keys). Recordings made before
+            // the lift existed fall back to 1 / (keys per sequence), which is right only for a
+            // bidirectional mask (under a causal one it takes uniform attention over a short
+            // prefix for a sink).
+            for (stat, lift_stat, evidence) in
+                [(stats::SINK_FIRST, stats::SINK_FIRST_LIFT, "sink_first_max"), (stats::SINK_LAST, stats::SINK_LAST_LIFT, "sink_last_max")]
+            {
                 let v = weighted_vector(s, stat, q);
-                let (h, m) = v.iter().enumerate().fold((0, f64::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b });
-                if m >= 0.2 && m >= 5.0 * uniform {
-                    let heads = v.iter().filter(|&&x| x >= 0.2 && x >= 5.0 * uniform).count() as f64;
-                    out.push(Verdict::new(
-                        key,
-                        ATTENTION_SINK,
-                        vec![(evidence, m), ("head", h as f64), ("sink_heads", heads), ("uniform_share", uniform)],
-                        "a head gives one key (first, or last non-padding) >= 0.2 of its mass and >= 5x the uniform share",
-                        "Xiao et al., StreamingLLM (2024); Clark et al., What Does BERT Look At? (2019); 0.2 and 5x: opscope's lines",
-                    ));
-                }
+                let lift = weighted_vector(s, lift_stat, q);
+                let lift_of = |h: usize| -> f64 {
+                    if lift.len() == v.len() {
+                        lift[h]
+                    } else {
+                        v[h] * valid_keys
+                    }
+                };
+                let sink = |h: usize| v[h] >= SINK_MASS && lift_of(h) >= SINK_LIFT;
+                let heads: Vec<usize> = (0..v.len()).filter(|&h| sink(h)).collect();
+                let Some(&h) = heads.iter().max_by(|&&a, &&b| v[a].total_cmp(&v[b])) else { continue };
+                out.push(Verdict::new(
+                    key,
+                    ATTENTION_SINK,
+                    vec![
+                        (evidence, v[h]),
+                        ("head", h as f64),
+                        ("sink_heads", heads.len() as f64),
+                        ("lift", lift_of(h)),
+                        ("uniform_share", v[h] / lift_of(h)),
+                        ("lift_recorded", if lift.len() == v.len() { 1.0 } else { 0.0 }),
+                    ],
+                    "a head gives one key (first, or last non-padding) >= 0.2 of its mass and >= 5x the uniform share of the queries that see it",
+                    "Xiao et al., StreamingLLM (2024); Clark et al., What Does BERT Look At? (2019); 0.2 and 5x: opscope's lines",
+                ));
             }
             let pad = weighted_vector(s, stats::PAD_MASS, q);
             let pad_max = pad.iter().copied().fold(0.0, f64::max);

@@ -144,6 +144,25 @@ fn attention_mass_on_padding_keys_above_1e_3_is_a_health_verdict() {
     assert_eq!(kinds(&attn(32.0, 16.0, 0.5, 0.01, 0.01, 0.9e-3)), NONE);
 }
 
+// ---------------------------------------------------------------- residual probe
+
+/// One run of the residual probe at `block.0`: the largest |h| entry `top` (row 0, channel 7)
+/// and the median |h| `median`.
+fn massive(top: f32, median: f32) -> Vec<Row> {
+    let top3 = [top, 0.0, 7.0, 1.0, 0.0, 1.0, 0.5, 0.0, 2.0, 0.25, 0.0, 3.0];
+    run_rows("block.0", "block", "[8,576]", 0, &[("rows", 8.0), ("out_median_abs", median)], &[("out_top", &top3)])
+}
+
+#[test]
+fn a_massive_activation_needs_100_and_1000_times_the_median() {
+    // Sun et al. 2024: |h| > 100 and about 1000x the median magnitude.
+    assert_eq!(kinds(&massive(101.0, 0.1)), vec!["massive_activation"]);
+    assert_eq!(kinds(&massive(-101.0, 0.1)), vec!["massive_activation"], "the sign does not matter");
+    assert_eq!(kinds(&massive(99.0, 0.01)), NONE, "below 100");
+    assert_eq!(kinds(&massive(200.0, 0.201)), NONE, "995x the median");
+    assert_eq!(kinds(&massive(200.0, 0.199)), vec!["massive_activation"]);
+}
+
 // ---------------------------------------------------------------- routing probe
 
 fn route(load: &[f32]) -> Vec<Row> {

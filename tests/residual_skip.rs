@@ -116,6 +116,57 @@ fn block_influence_matches_the_host() {
     assert_eq!(bits(&outs), bits(&plain));
 }
 
+/// Massive-activation statistics of each block's output `h = x + f(x)` equal the host's: the
+/// median |h| (numpy's definition, the mean of the two middle values of an even count), the
+/// four largest |h| with their row and channel, and per-channel max |h|. The input carries a
+/// planted entry at row 3, channel 5 (a massive activation the stream carries on): at 2000 it is
+/// > 1000x the median |h| (about 0.8) and the miner says so for both blocks; at 500 it is > 100
+/// but not 1000x the median, and it does not.
+#[test]
+fn massive_activation_statistics_match_the_host() {
+    for (planted, verdicts_expected) in [(2000.0, 2), (500.0, 0)] {
+        massive_case(planted, verdicts_expected);
+    }
+}
+
+fn massive_case(planted: f32, verdicts_expected: usize) {
+    let mut d = data();
+    d.x[3 * D + 5] = planted;
+    d.x[1 * D + 2] = -150.0;
+    let (_, sink) = run_tapped("residual", &stack(&[true, true], false), &params(&d), &[("x", &d.x), ("p", &d.p)]);
+    let rows = sink.rows();
+    let get = |n: &str| d.params.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone()).unwrap();
+    let mut x: Vec<f32> = d.x.iter().zip(&d.p).zip(get("bias").iter().cycle()).map(|((a, b), c)| a + b + c).collect();
+    for i in 0..2 {
+        let h: Vec<f32> = mm(&x, &get(&format!("w1.{i}"))).iter().map(|v| v.max(0.0)).collect();
+        let f = mm(&h, &get(&format!("w2.{i}")));
+        let y: Vec<f32> = x.iter().zip(&f).map(|(a, b)| a + b).collect();
+        let s = stats_of(&rows, &format!("block.{i}"), "block", 0);
+        let mut abs: Vec<f64> = y.iter().map(|v| v.abs() as f64).collect();
+        abs.sort_by(f64::total_cmp);
+        let median = (abs[R * D / 2 - 1] + abs[R * D / 2]) / 2.0;
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-4 * b.abs().max(1.0);
+        assert!(close(s["out_median_abs"][0], median), "block.{i} median {} vs {median}", s["out_median_abs"][0]);
+        let mut order: Vec<usize> = (0..R * D).collect();
+        order.sort_by(|&a, &b| y[b].abs().total_cmp(&y[a].abs()));
+        let top = &s["out_top"];
+        assert_eq!(top.len(), 12, "block.{i}: 4 triples");
+        for (t, &e) in order[..4].iter().enumerate() {
+            assert!(close(top[3 * t], y[e] as f64), "block.{i} top {t}: {} vs {}", top[3 * t], y[e]);
+            assert_eq!((top[3 * t + 1], top[3 * t + 2]), ((e / D) as f64, (e % D) as f64), "block.{i} top {t} position");
+        }
+        assert_eq!((top[0], top[1], top[2]).1, 3.0, "the planted entry leads");
+        for c in 0..D {
+            let want = (0..R).map(|r| y[r * D + c].abs() as f64).fold(0.0, f64::max);
+            assert!(close(s["out_chan_absmax"][c], want), "block.{i} channel {c}");
+        }
+        x = y;
+    }
+    let verdicts = opscope::mine::mine(&opscope::mine::series_from_rows(&rows));
+    let massive: Vec<_> = verdicts.iter().filter(|v| v.kind.name == "massive_activation").collect();
+    assert_eq!(massive.len(), verdicts_expected, "planted {planted}: {verdicts:?}");
+}
+
 fn run_graph(g: &Graph, d: &Data) -> Vec<Vec<f32>> {
     run_plain(g, &params(d), &[("x", &d.x), ("p", &d.p)])
 }

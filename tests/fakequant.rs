@@ -301,22 +301,40 @@ fn batched_activation_rhs_stays_f32_with_reason() {
     assert!(!m.actuations[0].action.contains("rhs"));
 }
 
+/// A `DequantMatMul` over a packed GGUF Q8_0 weight (3 output rows of 32: an f16 scale of 1.0 and
+/// 32 int8 codes per row): its activation is fake-quantized and its weight kept packed, so the
+/// output equals the same graph run on the host's fake-quantized input, bit for bit, for each
+/// scope; `weights=true` says the weight is kept.
 #[test]
-fn dequant_matmul_is_skipped() {
+fn dequant_matmul_quantizes_its_activation_and_keeps_the_packed_weight() {
+    let (m, k, n) = (4, 32, 3);
     let mut g = Graph::new("dequant");
-    let x = g.input("x", f32s(&[4, 8]));
-    let wq = g.param("w_q", Shape::new(&[8, 3], DType::I8));
-    let scale = g.param("scale", f32s(&[1, 3]));
-    let zp = g.param("zp", f32s(&[1, 3]));
-    let scheme = rlx_ir::quant::QuantScheme::Int8Block { block_size: 8 };
-    let y = g.dequant_matmul(x, wq, scale, zp, scheme, f32s(&[4, 3]));
+    let x = g.input("x", f32s(&[m, k]));
+    let w = g.param("w", Shape::new(&[n * 34], DType::U8));
+    let y = g.dequant_matmul_packed(x, w, rlx_ir::quant::QuantScheme::GgufQ8_0, f32s(&[m, n]));
     g.set_outputs(vec![y]);
-    let (out, m) = Pipeline::parse("fakequant").unwrap().apply(&g).unwrap();
-    assert_eq!(rlx_ir::fingerprint(&out), rlx_ir::fingerprint(&g), "graph untouched");
-    assert!(m.actuations.is_empty());
-    assert!(m.skipped[0].reason.contains("already quantized"));
+    let mut packed = Vec::new();
+    for r in 0..n {
+        packed.extend_from_slice(&0x3C00u16.to_le_bytes()); // f16 1.0
+        packed.extend((0..k).map(|c| (((r * 7 + c * 5) % 41) as i8 - 20) as u8));
+    }
+    let run = |g: &Graph, x: &[f32]| -> Vec<u32> {
+        let mut c = rlx_runtime::Session::new(rlx_runtime::Device::Cpu).compile(g.clone());
+        c.set_param_typed("w", &packed, DType::U8);
+        bitpat(&c.run(&[("x", x)])[0])
+    };
+    let xv = data(m, k, 41);
+    for scope in ["token", "channel", "tensor"] {
+        let fq = Fq { scope, ..INT8 };
+        let (out, man) = Pipeline::parse(&fq.pipeline(",weights=true")).unwrap().apply(&g).unwrap();
+        assert_eq!(man.actuations.len(), 1, "{scope}: the DequantMatMul is actuated");
+        assert!(man.actuations[0].action.contains("packed"), "{:?}", man.actuations[0].action);
+        assert!(man.skipped.iter().any(|s| s.reason.contains("already quantized")), "{scope}: {:?}", man.skipped);
+        let want = run(&g, &fq.apply(&xv, k));
+        assert_eq!(run(&out, &xv), want, "{scope}: DequantMatMul on fake-quantized x");
+        assert_ne!(run(&g, &xv), want, "{scope}: the quantization changes the output");
+    }
 }
-
 
 fn snap(name: &str, pipeline: &str, source: &Graph, deployed: bool) {
     let p = Pipeline::parse(pipeline).unwrap();

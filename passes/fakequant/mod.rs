@@ -50,8 +50,11 @@
 //!
 //! Only the matmul's own operand is rewired: other users of `x` still see the f32 tensor.
 //! Forms: `MatMul` (any rank), `FusedMatMulBiasAct`, `FusedMatMulResidual` (lhs = input 0,
-//! rhs = input 1). A horizontally merged Q/K/V matmul is one site. Skipped, with a reason:
-//! `DequantMatMul` (its weight is already quantized), a non-f32 operand, a symbolic shape (RLX
+//! rhs = input 1), and `DequantMatMul`, whose activation is fake-quantized while its weight
+//! stays in its packed format (so on a Q4_1 model `fakequant` measures W4A8 with the file's own
+//! 4-bit weights; `weights=true` notes that the weight is kept). A horizontally merged Q/K/V
+//! matmul is one site. Skipped, with a reason:
+//! a non-f32 operand, a symbolic shape (RLX
 //! 0.2.19's CPU binary kernel broadcasts `[M,1]` against `[M,K]` correctly only with static
 //! dims), an operand of rank < 2.
 
@@ -216,11 +219,7 @@ impl Pass for FakeQuant {
             if !patterns.matches(&site) {
                 continue;
             }
-            if dequant {
-                rw.skip(&site, None, None, "DequantMatMul: its weight is already quantized".into());
-                continue;
-            }
-            if !bmm && !rhs.is_some_and(|r| is_weight(rw.graph(), r)) {
+            if !dequant && !bmm && !rhs.is_some_and(|r| is_weight(rw.graph(), r)) {
                 // Activation x activation (attention BMMs): W8A8 schemes keep these in float
                 // (LLM.int8, Dettmers et al. 2022); `bmm=true` quantizes their lhs.
                 rw.skip(&site, None, None, "rhs is an activation (an attention BMM): left in float; bmm=true quantizes it".into());
@@ -239,6 +238,14 @@ impl Pass for FakeQuant {
             let mut inputs = rw.graph().node(id).inputs.clone();
             let mut action = format!("fake-quant lhs int{bits} per-{scope}");
             let rhs_weight = match rhs {
+                Some(r) if dequant => {
+                    if weights {
+                        let why = "DequantMatMul: its weight is already quantized (the packed format is the W of WxA8): kept";
+                        rw.skip(&site, Some(Role::RHS), Some(r), why.into());
+                    }
+                    action.push_str(" (weight kept in its packed format)");
+                    None
+                }
                 Some(r) if weights && is_weight(rw.graph(), r) => match unsupported(rw.graph(), r) {
                     None => Some(r),
                     Some(why) => {

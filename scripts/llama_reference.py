@@ -190,9 +190,23 @@ def rotate_half(x):
     return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
 
 
-def forward(r, w, ids, sites, valid):
+def fake_quant(x, scope):
+    """int8 fake-quant of x [rows, K] as opscope's fakequant (narrow range, ties to even):
+    s = absmax / 127 per row (token) or over the tensor, codes clip(rint(x / s), -127, 127)."""
+    if scope is None:
+        return x
+    a = np.abs(x).max(axis=1, keepdims=True) if scope == "token" else np.abs(x).max()
+    s = np.where(a > 0, a / 127.0, 1.0)
+    return np.clip(np.rint(x / s), -127, 127) * s
+
+
+def forward(r, w, ids, sites, valid, blocks=(), attn_layers=(), fq=None):
     """ids [B, S] -> logits [B*S, vocab] (float64), and the projection outputs named in `sites`,
-    their rows restricted to `valid` (a boolean [B*S]: real tokens, not padding)."""
+    their rows restricted to `valid` (a boolean [B*S]: real tokens, not padding). `blocks`:
+    residual block indices K (2l after layer l's attention, 2l+1 after its FFN) whose output
+    h = x + f(x) is summarized over valid rows; `attn_layers`: layers whose first-token attention
+    mass and lift (mass x keys the query sees) are averaged per head over valid queries; `fq`:
+    int8 fake-quant of every projection's input ("token" or "tensor"; None = off)."""
     L = int(field(r, "llama.block_count"))
     H = int(field(r, "llama.attention.head_count"))
     KV = int(field(r, "llama.attention.head_count_kv"))
@@ -209,8 +223,19 @@ def forward(r, w, ids, sites, valid):
     sin = np.sin(np.concatenate([ang, ang], -1))
     causal = np.triu(np.full((S, S), -np.inf), 1)
     taps = {}
+    summary = {}
+
+    def residual(K, x):
+        if K not in blocks:
+            return
+        a = np.abs(x)
+        summary[f"block{K}.median_abs"] = np.float64(np.median(a[valid]))
+        a = np.where(valid[:, None], a, -1.0)
+        row, ch = np.unravel_index(np.argmax(a), a.shape)
+        summary[f"block{K}.top"] = np.array([x[row, ch], row // S, row % S, ch], dtype=np.float64)
 
     def lin(x, name, site):
+        x = fake_quant(x, fq)
         y = x @ w[name + ".weight"].astype(np.float64).T
         if site in sites:
             taps[site] = y
@@ -221,8 +246,9 @@ def forward(r, w, ids, sites, valid):
         h = rms_norm(x, w[p + ".attn_norm.weight"], eps)
         wq = unpermute(w[p + ".attn_q.weight"], H).astype(np.float64)
         wk = unpermute(w[p + ".attn_k.weight"], KV).astype(np.float64)
-        q = h @ wq.T
-        k = h @ wk.T
+        hq = fake_quant(h, fq)
+        q = hq @ wq.T
+        k = hq @ wk.T
         for name, y in ((p + ".attn_q", q), (p + ".attn_k", k)):
             if name in sites:
                 # The graph's projection output is in the FILE's (permuted) row order.
@@ -239,18 +265,27 @@ def forward(r, w, ids, sites, valid):
         s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(hd) + causal
         s = np.exp(s - s.max(-1, keepdims=True))
         s /= s.sum(-1, keepdims=True)
+        if l in attn_layers:
+            vq = valid.reshape(B, S)
+            first = s[:, :, :, 0]  # [B, H, S]
+            keys = np.arange(1, S + 1, dtype=np.float64)
+            summary[f"attn{l}.sink_first"] = np.array([first[:, hh][vq].mean() for hh in range(H)])
+            summary[f"attn{l}.lift"] = np.array([(first[:, hh] * keys)[vq].mean() for hh in range(H)])
         a = (s @ v).transpose(0, 2, 1, 3).reshape(B * S, D)
         x = x + lin(a, p + ".attn_output", p + ".attn_output")
+        residual(2 * l, x)
         h = rms_norm(x, w[p + ".ffn_norm.weight"], eps)
         g = lin(h, p + ".ffn_gate", p + ".ffn_gate")
         u = lin(h, p + ".ffn_up", p + ".ffn_up")
         x = x + lin(g / (1 + np.exp(-g)) * u, p + ".ffn_down", p + ".ffn_down")
+        residual(2 * l + 1, x)
     taps = {k: v[valid] for k, v in taps.items()}
     h = rms_norm(x, w["output_norm.weight"], eps)
     head = w["output.weight"] if "output.weight" in w else w["token_embd.weight"]
-    logits = h @ head.astype(np.float64).T
+    logits = fake_quant(h, fq) @ head.astype(np.float64).T
     if "output" in sites:
         taps["output"] = logits[valid]
+    taps.update(summary)
     return logits, taps
 
 
@@ -275,7 +310,12 @@ def main():
         valid += [True] * len(ids) + [False] * (seq - len(ids))
     if req.get("forward", True):
         w = load_weights(r)
-        logits, taps = forward(r, w, np.array(rows, dtype=np.int64), set(req.get("sites", [])), np.array(valid))
+        logits, taps = forward(
+            r, w, np.array(rows, dtype=np.int64), set(req.get("sites", [])), np.array(valid),
+            blocks=set(req.get("blocks", [])), attn_layers=set(req.get("attn_layers", [])), fq=req.get("fakequant"))
+        summary = {k: v for k, v in taps.items() if k.startswith(("block", "attn"))}
+        taps = {k: v for k, v in taps.items() if k not in summary}
+        out.update(summary)
         out["logits"] = logits.astype(np.float32)
         # Perplexity: exp(mean NLL) of every next-token prediction inside a text (position t
         # predicts token t+1; padding never predicts nor is predicted), in float64.

@@ -403,7 +403,8 @@ struct Corpus {
     /// Instead of --onnx: a Llama-architecture GGUF decoder (e.g. SmolLM2-135M), its tokenizer
     /// read from the file. `record` only: each batch is prefilled (one step of the prefill
     /// compile), then decoded greedily for `--decode` tokens with a KV cache (each token one step
-    /// of the decode compile); prints the text's perplexity.
+    /// of the decode compile); prints the text's perplexity. `measure` scores it: perplexity,
+    /// sinks, massive activations, W4A8/W8A8 and the skip of each block.
     #[arg(long, conflicts_with_all = ["onnx", "tokenizer", "inputs"])]
     gguf: Option<PathBuf>,
     /// With --gguf: greedy decode steps after each prefill (0: prefill only).
@@ -436,7 +437,7 @@ struct Corpus {
 impl Corpus {
     /// The ONNX model (required unless `--gguf` is given).
     fn onnx(&self) -> Result<&PathBuf> {
-        self.onnx.as_ref().context("this command needs --onnx (--gguf works with `record` only)")
+        self.onnx.as_ref().context("this command needs --onnx (--gguf works with `record` and `measure` only)")
     }
 
     /// The tokenizer and text files (required unless `--inputs` is given).
@@ -475,12 +476,34 @@ struct MeasureArgs {
     /// Overwrite `--json` even when it is an input or an existing file that is not JSON.
     #[arg(long)]
     force: bool,
+    /// With --gguf: leave out the skip of each residual block (one full pass over the text per
+    /// block: 60 for SmolLM2-135M).
+    #[arg(long, requires = "gguf")]
+    no_skip: bool,
+    /// With --gguf: leave out the W8A8 rows (they load a second copy of the model with f32
+    /// projections, about 4x the packed size).
+    #[arg(long, requires = "gguf")]
+    no_w8a8: bool,
 }
 
 fn measure(a: MeasureArgs) -> Result<()> {
     let c = &a.corpus;
     if let Some(path) = &a.json {
         opscope_lab::output::check(path, &c.inputs(), Output::Json, a.force)?;
+    }
+    if let Some(gguf) = &c.gguf {
+        use opscope_lab::llama::job::LlamaJob;
+        anyhow::ensure!(c.decode.is_none(), "--decode is for `record`: measure scores the prefill's next-token predictions");
+        let entries = c.entries()?;
+        let (b, s) = (c.batch as usize, c.seq as usize);
+        let job = LlamaJob::new(gguf, &entries, b, s, 0)?;
+        let f32_job = if a.no_w8a8 { None } else { Some(LlamaJob::new_with(gguf, &entries, b, s, 0, false)?) };
+        let bar = ProgressBar::new_spinner();
+        bar.enable_steady_tick(std::time::Duration::from_millis(500));
+        let m = opscope_lab::llama::measure::measure(&job, f32_job.as_ref(), !a.no_skip, |stage| bar.set_message(stage.to_string()))?;
+        bar.finish_and_clear();
+        write_json(a.json.as_deref(), &m, "the measurement")?;
+        return emit(&m.markdown());
     }
     let job = Job::new(c.onnx()?, c.text_files()?.0, c.entries()?, c.batch as usize, c.seq as usize)?;
     let bar = ProgressBar::new_spinner();

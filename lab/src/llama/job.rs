@@ -103,7 +103,12 @@ impl LlamaJob {
     /// Errors: the model or its tokenizer does not load, `seq + decode` exceeds the model's
     /// context, or no entry is left.
     pub fn new(gguf: &Path, entries: &[String], batch: usize, seq: usize, decode: usize) -> Result<LlamaJob> {
-        let model = LlamaModel::load(gguf)?;
+        Self::new_with(gguf, entries, batch, seq, decode, true)
+    }
+
+    /// [`LlamaJob::new`] with the projections packed or not ([`LlamaModel::load_with`]).
+    pub fn new_with(gguf: &Path, entries: &[String], batch: usize, seq: usize, decode: usize, packed: bool) -> Result<LlamaJob> {
+        let model = LlamaModel::load_with(gguf, packed)?;
         let tokenizer = GgufTokenizer::from_gguf(&model.file).with_context(|| format!("the tokenizer of {}", gguf.display()))?;
         if seq + decode > model.config.context {
             bail!("--seq {seq} plus {decode} decode steps exceed the model's context of {} tokens", model.config.context);

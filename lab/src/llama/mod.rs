@@ -18,6 +18,7 @@
 
 pub mod tokenizer;
 pub mod job;
+pub mod measure;
 
 use std::path::Path;
 
@@ -186,6 +187,8 @@ pub struct LlamaModel {
     pub(crate) file: GgufFile,
     /// Projection parameter -> how it is bound.
     projs: std::collections::HashMap<String, Proj>,
+    /// Keep projections packed where RLX decodes their type.
+    packed: bool,
 }
 
 /// A projection `y = x W^T` with `W` the GGUF `[out, in]` tensor: packed or f32 `[in, out]`.
@@ -202,6 +205,13 @@ impl LlamaModel {
     /// ([`LlamaConfig::from_gguf`]), a tensor is missing or has an unexpected shape, or a
     /// projection's type is neither one RLX's `DequantMatMul` decodes nor f32/f16/bf16.
     pub fn load(path: &Path) -> Result<LlamaModel> {
+        Self::load_with(path, true)
+    }
+
+    /// [`LlamaModel::load`], with `packed = false` binding every projection (and the head) as
+    /// f32 `[in, out]` dequantized from the file for a plain `MatMul`, as a model with f32
+    /// weights arrives (the values are the file's: Q4_1 values stay on the Q4_1 grid).
+    pub fn load_with(path: &Path, packed: bool) -> Result<LlamaModel> {
         if !path.is_file() {
             bail!("{}: no such GGUF file (run scripts/fetch-assets.sh to fetch SmolLM2-135M)", path.display());
         }
@@ -211,7 +221,7 @@ impl LlamaModel {
             .file_stem()
             .map(|s| s.to_string_lossy().replace(|c: char| !c.is_ascii_alphanumeric(), "_"))
             .unwrap_or_else(|| "llama".into());
-        let mut m = LlamaModel { config, weights: Vec::new(), notes: Vec::new(), name, file, projs: Default::default() };
+        let mut m = LlamaModel { config, weights: Vec::new(), notes: Vec::new(), name, file, projs: Default::default(), packed };
         m.load_weights()?;
         Ok(m)
     }
@@ -236,7 +246,7 @@ impl LlamaModel {
     /// type, else dequantized and transposed to f32 `[k, n]` for a plain `MatMul`.
     fn push_proj(&mut self, param: &str, tensor: &str, k: usize, n: usize) -> Result<Proj> {
         let t = self.tensor(tensor, &[k, n])?.clone();
-        if let Some(scheme) = packed_scheme(t.dtype) {
+        if let Some(scheme) = packed_scheme(t.dtype).filter(|_| self.packed) {
             if k % scheme.gguf_block_size() as usize != 0 {
                 bail!("tensor '{tensor}': row length {k} is not a multiple of the {:?} block size", t.dtype);
             }
@@ -246,7 +256,7 @@ impl LlamaModel {
             self.projs.insert(param.into(), Proj::Packed(scheme));
             return Ok(Proj::Packed(scheme));
         }
-        if !matches!(t.dtype, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+        if packed_scheme(t.dtype).is_none() && !matches!(t.dtype, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
             bail!(
                 "tensor '{tensor}' is {:?}: RLX's DequantMatMul decodes Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K, and f32/f16/bf16 are dequantized; convert the model to one of these",
                 t.dtype

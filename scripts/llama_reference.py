@@ -205,7 +205,8 @@ def forward(r, w, ids, sites, valid, blocks=(), attn_layers=(), fq=None):
     their rows restricted to `valid` (a boolean [B*S]: real tokens, not padding). `blocks`:
     residual block indices K (2l after layer l's attention, 2l+1 after its FFN) whose output
     h = x + f(x) is summarized over valid rows; `attn_layers`: layers whose first-token attention
-    mass and lift (mass x keys the query sees) are averaged per head over valid queries; `fq`:
+    mass and lift (mass x keys the query sees) are averaged per head over valid queries other
+    than the first; `fq`:
     int8 fake-quant of every projection's input ("token" or "tensor"; None = off)."""
     L = int(field(r, "llama.block_count"))
     H = int(field(r, "llama.attention.head_count"))
@@ -266,7 +267,8 @@ def forward(r, w, ids, sites, valid, blocks=(), attn_layers=(), fq=None):
         s = np.exp(s - s.max(-1, keepdims=True))
         s /= s.sum(-1, keepdims=True)
         if l in attn_layers:
-            vq = valid.reshape(B, S)
+            # Query 0 is the first key's own position: a sink is mass other queries give it.
+            vq = valid.reshape(B, S) & (np.arange(S) > 0)[None, :]
             first = s[:, :, :, 0]  # [B, H, S]
             keys = np.arange(1, S + 1, dtype=np.float64)
             summary[f"attn{l}.sink_first"] = np.array([first[:, hh][vq].mean() for hh in range(H)])

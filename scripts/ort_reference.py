@@ -51,12 +51,16 @@ def attn_stats(p, mask, topk):
     [B,S] (1 = token), as opscope defines them (src/probes.rs)."""
     p = np.asarray(p, dtype=np.float64)
     b_, h_, sq, sk = p.shape
-    acc = {k: np.zeros(h_) for k in ("peak", "entropy", "entropy_norm", "topk_mass", "sink_first", "sink_last", "pad_mass")}
+    acc = {k: np.zeros(h_) for k in ("peak", "entropy", "entropy_norm", "topk_mass", "pad_mass")}
     recv_max, seqs = np.zeros(h_), 0
     peak_pos, peak_n = np.zeros((h_, sq)), np.zeros(sq)
     recv_pos, recv_n = np.zeros((h_, sk)), np.zeros(sk)
     queries, keys = 0, 0
     topk_n = np.zeros(h_)
+    # Sinks: the query at the key's own position is left out (a sink is mass other tokens give
+    # it); the lift multiplies each query's mass by the keys it may see (n valid keys here).
+    sink = {k: np.zeros(h_) for k in ("sink_first", "sink_last", "sink_first_lift", "sink_last_lift")}
+    sink_n = 0
     for b in range(b_):
         valid = np.asarray(mask[b]) == 1
         q = p[b][:, valid, :]                                  # [H, nq, Sk]
@@ -72,8 +76,12 @@ def attn_stats(p, mask, topk):
             acc["topk_mass"] += np.sort(q, axis=2)[:, :, ::-1][:, :, :topk].sum(axis=2).sum(axis=1)
             topk_n += n
         first = int(np.nonzero(valid)[0].min())
-        acc["sink_first"] += q[:, :, first].sum(axis=1)
-        acc["sink_last"] += q[:, :, last].sum(axis=1)
+        # q's query axis runs over the valid positions in order: index 0 is `first`, n-1 `last`.
+        sink["sink_first"] += q[:, 1:, first].sum(axis=1)
+        sink["sink_last"] += q[:, :-1, last].sum(axis=1)
+        sink["sink_first_lift"] += n * q[:, 1:, first].sum(axis=1)
+        sink["sink_last_lift"] += n * q[:, :-1, last].sum(axis=1)
+        sink_n += n - 1
         acc["pad_mass"] += q[:, :, ~valid].sum(axis=2).sum(axis=1)
         peak_pos[:, valid] += q.max(axis=2)
         peak_n[valid] += 1
@@ -83,6 +91,7 @@ def attn_stats(p, mask, topk):
         recv_pos[:, valid] += recv[:, valid]
         recv_n[valid] += 1
     out = {k: (v / queries).tolist() for k, v in acc.items()}
+    out.update({k: (v / sink_n).tolist() for k, v in sink.items()})
     with np.errstate(invalid="ignore", divide="ignore"):
         out["topk_mass"] = np.where(topk_n > 0, acc["topk_mass"] / np.maximum(topk_n, 1), np.nan).tolist()
     out["queries"] = [float(queries)]

@@ -212,12 +212,14 @@ fn host_stats(g: &Geom, p: &[f64], allowed: &[bool], topk: usize) -> Stats {
                     add("topk_mass", h, sorted[..topk].iter().sum());
                 }
                 // Sinks: the first / last non-padding key, for queries allowed to see it.
-                // The lift: the sink mass in multiples of this query's uniform share.
-                if let Some(f) = first.filter(|&f| allowed[g.p_at(b, h, q, f)]) {
+                // The lift: the sink mass in multiples of this query's uniform share. The query at
+                // the key's own (absolute) position does not count.
+                let own = g.sk - g.sq + q;
+                if let Some(f) = first.filter(|&f| f != own && allowed[g.p_at(b, h, q, f)]) {
                     add("sink_first", h, row[f]);
                     add("sink_first_lift", h, row[f] * n_allowed as f64);
                 }
-                if let Some(l) = last.filter(|&l| allowed[g.p_at(b, h, q, l)]) {
+                if let Some(l) = last.filter(|&l| l != own && allowed[g.p_at(b, h, q, l)]) {
                     add("sink_last", h, row[l]);
                     add("sink_last_lift", h, row[l] * n_allowed as f64);
                 }
@@ -781,8 +783,9 @@ fn fused_attention_without_a_key_mask_takes_padding_from_attention_mask() {
 }
 
 /// Uniform attention under a causal mask is no sink: query `q` sees `q + 1` keys, so the first
-/// key's mean mass over a 5-token prefix is (1 + 1/2 + ... + 1/5) / 5 = 0.457, above the rule's
-/// 0.2 and 7.3x the 1/16-style share `1 / keys`; its lift is exactly 1. With Q = 0 every score is
+/// key's mean mass over queries 1..4 of a 5-token prefix (query 0 is the key's own position) is
+/// (1/2 + 1/3 + 1/4 + 1/5) / 4 = 0.321, above the rule's 0.2 and 1.6x the share `1 / keys`; its
+/// lift is exactly 1. The last key is seen only by its own query: no `sink_last` at all. With Q = 0 every score is
 /// equal, so RLX's kernel computes exact uniform rows.
 #[test]
 fn uniform_causal_attention_has_lift_one_and_no_sink_verdict() {
@@ -792,13 +795,14 @@ fn uniform_causal_attention_has_lift_one_and_no_sink_verdict() {
     let (rows, _) = run_both(&f.name, "attn", &f.graph(), &f.inputs(), &ref_output(&f.g, &p, &f.v));
     let (_, got) = recorded(&rows);
     assert_stats(&f.name, &got, &host_stats(&f.g, &p, &allowed, 8));
-    let harmonic: f64 = (1..=5).map(|n| 1.0 / n as f64).sum::<f64>() / 5.0;
+    let harmonic: f64 = (2..=5).map(|n| 1.0 / n as f64).sum::<f64>() / 4.0;
     for (_, v) in &got["sink_first"] {
         assert!((v - harmonic).abs() < 1e-6, "sink_first {v} vs {harmonic}");
     }
     for (_, v) in &got["sink_first_lift"] {
         assert!((v - 1.0).abs() < 1e-6, "lift {v}");
     }
+    assert!(!got.contains_key("sink_last"), "causal: only the last query sees the last key");
     let verdicts = opscope::mine::mine(&opscope::mine::series_from_rows(&rows));
     assert!(!verdicts.iter().any(|v| v.kind.name == "attention_sink"), "{verdicts:?}");
 }

@@ -117,23 +117,29 @@ fn cost(a: CostArgs) -> Result<()> {
     }
     let entries = c.entries()?;
     let (batch, seq) = (c.batch as usize, c.seq as usize);
-    // The tokenizer must load for the corpus to be runnable; its ids do not change the cost.
-    opscope_lab::model::TextEncoder::load(c.text_files()?.0, seq)?;
     let full = batch.min(entries.len());
-    let enc = opscope_lab::model::OnnxEncoder::load(c.onnx()?, full, seq)?;
-    let shape = [full, seq];
-    let inputs: Vec<(&str, &[usize])> = enc
-        .graph
-        .nodes()
-        .iter()
-        .filter_map(|n| match &n.op {
-            // Only symbolic inputs need binding (the importer fixes `[batch, seq]`; a model's
-            // `[1, seq]` position ids stay as declared).
-            rlx_ir::Op::Input { name } if n.shape.rank() == 2 && n.shape.dims().iter().any(|d| !d.is_static()) => Some((name.as_str(), &shape[..])),
-            _ => None,
-        })
-        .collect();
-    let (fused, graph_cost) = opscope_lab::cost::deployed_cost(&enc.graph, &inputs)?;
+    let (fused, graph_cost) = if let Some(gguf) = &c.gguf {
+        // The prefill graph `record --gguf` runs (static shapes; packed weights at their width).
+        let model = opscope_lab::llama::LlamaModel::load(gguf)?;
+        opscope_lab::cost::deployed_cost(&model.prefill_graph(full, seq, false), &[])?
+    } else {
+        // The tokenizer must load for the corpus to be runnable; its ids do not change the cost.
+        opscope_lab::model::TextEncoder::load(c.text_files()?.0, seq)?;
+        let enc = opscope_lab::model::OnnxEncoder::load(c.onnx()?, full, seq)?;
+        let shape = [full, seq];
+        let inputs: Vec<(&str, &[usize])> = enc
+            .graph
+            .nodes()
+            .iter()
+            .filter_map(|n| match &n.op {
+                // Only symbolic inputs need binding (the importer fixes `[batch, seq]`; a model's
+                // `[1, seq]` position ids stay as declared).
+                rlx_ir::Op::Input { name } if n.shape.rank() == 2 && n.shape.dims().iter().any(|d| !d.is_static()) => Some((name.as_str(), &shape[..])),
+                _ => None,
+            })
+            .collect();
+        opscope_lab::cost::deployed_cost(&enc.graph, &inputs)?
+    };
     let bar = ProgressBar::new_spinner();
     bar.set_message("probing copy bandwidth and GEMM peak");
     let machine = opscope_lab::cost::probe_machine(&opscope_lab::cost::ProbeOptions {

@@ -242,3 +242,48 @@ fn cli_cost_writes_json_and_tables() {
     assert!((m["ridge"].as_f64().unwrap() - ridge).abs() < 1e-9 * ridge);
     assert!(r["rlx_estimate"]["seconds"].as_f64().unwrap() > 0.0);
 }
+
+/// `opscope cost --gguf` on SmolLM2-135M: each `DequantMatMul` site's weight bytes are the GGUF
+/// block format's, from its definition (Q4_1: 20 bytes per 32 weights, an f16 scale and minimum
+/// and 16 bytes of nibbles; Q8_0: 34 bytes per 32, an f16 scale and 32 int8), not 4 bytes a
+/// weight; FLOPs are 2 M K N.
+#[test]
+fn gguf_cost_counts_packed_weights_at_their_width() {
+    let a = MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}"));
+    let gguf = a.text.parent().unwrap().join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("cost.json");
+    let (batch, seq) = (2usize, 8usize);
+    let out = Command::new(env!("CARGO_BIN_EXE_opscope"))
+        .args(["cost", "--gguf"])
+        .arg(&gguf)
+        .arg("--text")
+        .arg(&a.text)
+        .args(["--limit", "2", "--batch", "2", "--seq", "8", "--top", "400", "--probe-mib", "8", "--probe-gemm", "128", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "opscope cost --gguf: {}", String::from_utf8_lossy(&out.stderr));
+    let c: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let (d, kv, ffn, vocab) = (576u64, 192u64, 1536u64, 49152u64);
+    let m = (batch * seq) as u64;
+    let q4_1 = |k: u64, n: u64| k * n / 32 * 20;
+    let q8_0 = |k: u64, n: u64| k * n / 32 * 34;
+    let want = [
+        ("blk.0.attn_q", d, d, q4_1(d, d)),
+        ("blk.0.attn_k", d, kv, q4_1(d, kv)),
+        ("blk.7.attn_output", d, d, q4_1(d, d)),
+        ("blk.29.ffn_down", ffn, d, q4_1(ffn, d)),
+        ("blk.29.ffn_up", d, ffn, q4_1(d, ffn)),
+        ("output", d, vocab, q8_0(d, vocab)),
+    ];
+    let sites = c["top_sites"].as_array().unwrap();
+    for (name, k, n, bytes) in want {
+        let s = sites.iter().find(|s| s["site"] == name).unwrap_or_else(|| panic!("no site {name}"));
+        assert_eq!(s["op"], "dequant_matmul", "{name}");
+        assert_eq!(s["bytes"]["weights"].as_u64().unwrap(), bytes, "{name}: packed weight bytes");
+        assert_eq!(s["flops"].as_u64().unwrap(), 2 * m * k * n, "{name}: FLOPs");
+    }
+    let dq = c["by_kind"].as_array().unwrap().iter().find(|k| k["op"] == "dequant_matmul").expect("dequant_matmul kind");
+    assert_eq!(dq["count"].as_u64().unwrap(), 30 * 7 + 1, "210 packed projections and the head");
+}

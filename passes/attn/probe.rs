@@ -26,8 +26,12 @@ crate::stats! {
         /// Per head: mean over non-padding queries of the mass on the `topk` most probable keys (`H`).
         TOPK_MASS = "topk_mass", Vector;
         /// Per head: mean probability non-padding queries give the first non-padding key (`H`).
+        /// The query at the key's own position is left out: a sink is mass other tokens give
+        /// it (under a causal mask the first query sees only the first key, mass 1 trivially).
         SINK_FIRST = "sink_first", Vector;
-        /// Per head: mean probability non-padding queries give the last non-padding key (`H`).
+        /// Per head: mean probability non-padding queries give the last non-padding key (`H`),
+        /// the query at its own position left out (so a causal mask, where only that query sees
+        /// the last key, records none).
         SINK_LAST = "sink_last", Vector;
         /// Per head: mean probability mass non-padding queries give padding keys (`H`; 0 when the
         /// mask works).
@@ -384,12 +388,14 @@ fn attn_stats(a: &AttnProbe, p: &[f32], allowed: &dyn Fn(usize, usize, usize, us
                 }
                 // Sinks among the keys this query may see (left padding moves the first key;
                 // a causal mask hides the last key from earlier queries).
-                if let Some(f) = first_key.filter(|&f| allowed(b, h, q, f)) {
+                // Absolute position of query q: the queries are the last Sq of the Sk positions.
+                let own = sk - sq + q;
+                if let Some(f) = first_key.filter(|&f| f != own && allowed(b, h, q, f)) {
                     first[h] += row[f] as f64;
                     first_lift[h] += row[f] as f64 * n_allowed as f64;
                     first_n[h] += 1.0;
                 }
-                if let Some(l) = last_key.filter(|&l| allowed(b, h, q, l)) {
+                if let Some(l) = last_key.filter(|&l| l != own && allowed(b, h, q, l)) {
                     last[h] += row[l] as f64;
                     last_lift[h] += row[l] as f64 * n_allowed as f64;
                     last_n[h] += 1.0;

@@ -637,15 +637,22 @@ struct MineArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Weigh payoffs by measured time shares (`opscope time --json` of the same model, batch and
+    /// sequence length) instead of FLOP shares; sites the file does not list keep their FLOP
+    /// share, and each verdict says which basis it used.
+    #[arg(long)]
+    time_shares: Option<PathBuf>,
 }
 
 fn mine(a: MineArgs) -> Result<()> {
     let series = opscope::mine::load(&a.recording)?;
-    let verdicts = opscope::mine::mine(&series);
+    let time = a.time_shares.as_deref().map(opscope::mine::TimeShares::load).transpose()?;
+    let verdicts = opscope::mine::mine_with(&series, time.as_ref());
     let no_data = opscope::mine::no_data(&a.recording, &series)?;
     let cannot = opscope::mine::cannot_run(&series);
+    let untimed = time.as_ref().map(|t| opscope::mine::untimed_sites(&series, t));
     if a.json {
-        let doc = serde_json::json!({
+        let mut doc = serde_json::json!({
             "recording": a.recording,
             "verdicts": verdicts,
             "cannot_run": cannot,
@@ -653,9 +660,26 @@ fn mine(a: MineArgs) -> Result<()> {
             "not_observable": opscope::mine::NOT_OBSERVABLE,
             "series": opscope_lab::verdicts::series_summary(&series),
         });
+        if let (Some(path), Some(untimed)) = (&a.time_shares, &untimed) {
+            doc["payoff_basis"] = serde_json::json!({ "time_shares": path, "untimed_sites": untimed });
+        }
         return emit(&(serde_json::to_string_pretty(&doc).context("JSON")? + "\n"));
     }
-    emit(&opscope_lab::verdicts::text(&verdicts, &cannot, &no_data, &series))
+    let mut text = String::new();
+    if let (Some(path), Some(untimed)) = (&a.time_shares, &untimed) {
+        text.push_str(&format!("payoff = measured time share (from {}) x the kernel's fraction", path.display()));
+        if untimed.is_empty() {
+            text.push_str("; every site is timed\n");
+        } else {
+            text.push_str(&format!(
+                "; {} site(s) not in the time shares use their FLOP share instead (basis 'flops'): {}\n",
+                untimed.len(),
+                untimed.join(", ")
+            ));
+        }
+    }
+    text.push_str(&opscope_lab::verdicts::text(&verdicts, &cannot, &no_data, &series));
+    emit(&text)
 }
 
 /// A calibration method on the command line.

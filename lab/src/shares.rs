@@ -49,7 +49,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rlx_ir::Op;
 use rlx_runtime::{CompileOptions, Device, Session};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::parity::{one_node, reference_values, Operands, ParityInput};
 use crate::timing::{median, quantile};
@@ -123,7 +123,7 @@ impl ShareOptions {
 }
 
 /// One site (one deployed node) of [`TimeShares`].
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SiteTime {
     /// Site name, as recordings name it (`opscope::analysis::site_names` of the deployed graph
     /// against the source graph).
@@ -147,7 +147,7 @@ pub struct SiteTime {
 }
 
 /// One op kind of [`TimeShares`]: the sum over its nodes.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KindTime {
     /// Op kind.
     pub op: String,
@@ -166,13 +166,14 @@ pub struct KindTime {
 }
 
 /// What [`time_shares`] measured: the JSON of `opscope time --json` (stable: `opscope mine
-/// --time-shares` and the report read `sites[].site` and `sites[].share`). Times in seconds.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// --time-shares` and the report read `sites[].site` and `sites[].share`; [`TimeShares::load`]
+/// reads the whole document back). Times in seconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TimeShares {
     /// Graph name.
     pub graph: String,
     /// The method, in words.
-    pub method: &'static str,
+    pub method: String,
     /// Measured rounds.
     pub rounds: usize,
     /// Warm-up rounds run (dropped).
@@ -343,7 +344,7 @@ pub fn analyze(
     };
     Ok(TimeShares {
         graph: graph.to_string(),
-        method: METHOD,
+        method: METHOD.to_string(),
         rounds,
         warmup_rounds,
         confidence: opts.confidence,
@@ -501,6 +502,15 @@ impl TimeShares {
             ));
         }
         s
+    }
+
+    /// Read the JSON `opscope time --json` wrote.
+    ///
+    /// Errors: the file is unreadable or not that JSON (named, with the command that writes it).
+    pub fn load(path: &std::path::Path) -> Result<TimeShares> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading time shares {}", path.display()))?;
+        serde_json::from_str(&text)
+            .with_context(|| format!("{} is not the JSON of `opscope time --json`; write one with `opscope time ... --json FILE`", path.display()))
     }
 
     /// Site -> share, for the miner (`opscope::mine::TimeShares::from_sites`).

@@ -259,3 +259,49 @@ fn the_miner_weighs_payoff_by_time_when_given_and_says_so() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("sum to 0.3, not 1"), "{}", String::from_utf8_lossy(&bad.stderr));
 }
+
+/// MiniLM-L3 end to end through the CLI: `opscope time` names its sites as `opscope record` does
+/// (every recorded site has a time share, the merged Q/K/V parts through their merged node), the
+/// shares sum to 1, every interval holds its estimate, and `opscope mine --time-shares` weighs
+/// every verdict by time. Needs the assets of `scripts/fetch-assets.sh`.
+#[test]
+fn minilm_time_shares_cover_every_recorded_site() {
+    let _turn = turn();
+    let a = opscope_lab::model::MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_opscope");
+    let common = |cmd: &str| {
+        let mut c = Command::new(bin);
+        c.arg(cmd).arg("--onnx").arg(&a.onnx).arg("--tokenizer").arg(&a.tokenizer).arg("--text").arg(&a.text);
+        c.args(["--limit", "2", "--batch", "2", "--seq", "16"]);
+        c
+    };
+    let rec = dir.path().join("rec.csv");
+    let out = common("record").arg("--out").arg(&rec).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json = dir.path().join("time.json");
+    let out = common("time").args(["--budget-secs", "1", "--warmup-secs", "0.2", "--resamples", "500"]).arg("--json").arg(&json).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let t = opscope_lab::shares::TimeShares::load(&json).unwrap();
+    let sum: f64 = t.sites.iter().map(|s| s.share).sum();
+    assert!((sum - 1.0).abs() < 1e-9, "shares sum to {sum}");
+    for s in &t.sites {
+        assert!(s.share_ci_low <= s.share && s.share <= s.share_ci_high, "{}: {} not in [{}, {}]", s.site, s.share, s.share_ci_low, s.share_ci_high);
+    }
+    let kinds: f64 = t.kinds.iter().map(|k| k.share).sum();
+    assert!((kinds - 1.0).abs() < 1e-9);
+    assert_eq!(t.kinds.iter().map(|k| k.nodes).sum::<usize>(), t.sites.len());
+    // 18 GEMM nodes: 6 per layer (merged Q/K/V, Q K^T, P V, output projection, FFN up, down).
+    assert_eq!(t.sites.iter().filter(|s| s.op == "matmul").count(), 18);
+    let out = Command::new(bin).arg("mine").arg(&rec).arg("--time-shares").arg(&json).arg("--json").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["payoff_basis"]["untimed_sites"], serde_json::json!([]), "recorded sites without a time share");
+    let verdicts = doc["verdicts"].as_array().unwrap();
+    assert!(!verdicts.is_empty());
+    assert!(verdicts.iter().all(|v| v["basis"] == "time"));
+    // A bad budget is named.
+    let bad = common("time").arg("--budget-secs=-1").output().unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--budget-secs -1"), "{}", String::from_utf8_lossy(&bad.stderr));
+}

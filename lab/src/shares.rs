@@ -488,11 +488,16 @@ impl TimeShares {
                 pct(k.flop_share)
             ));
         }
+        let names: Vec<&str> = self.sites.iter().map(|t| t.site.as_str()).collect();
+        let prefix = if names.len() > 1 { crate::summary::common_prefix(&names) } else { "" };
+        if !prefix.is_empty() {
+            s.push_str(&format!("\nsites below are named without their common prefix '{prefix}' (the JSON has full names)"));
+        }
         s.push_str("\n| site | op | median ms | time share % | CI | FLOP share % |\n|---|---|---|---|---|---|\n");
         for t in self.sites.iter().take(if top == 0 { usize::MAX } else { top }) {
             s.push_str(&format!(
                 "| {} | {} | {:.4} | {} | [{}, {}] | {} |\n",
-                t.site,
+                t.site.replace(prefix, ""),
                 t.op,
                 t.median_s * 1e3,
                 pct(t.share),

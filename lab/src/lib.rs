@@ -1,7 +1,7 @@
 //! The opscope lab: what the `opscope` CLI runs on top of the plugin. A real ONNX encoder over
 //! real text ([`model`]), the measurements that use the actuation passes ([`measure`]), the
 //! comparison of two recordings ([`diff`]), the cost and roofline of the deployed graph ([`cost`]), the planted-structure sweep that is the miner's ground truth ([`sweep`]), the HTML report
-//! ([`report`]), node-by-node parity of a compiled program ([`parity`]), interleaved A/B timing ([`timing`]) and the per-site summary a recording prints ([`summary`]). A program that only
+//! ([`report`]), node-by-node parity of a compiled program ([`parity`]), interleaved A/B timing ([`timing`]), per-site time shares ([`shares`]) and the per-site summary a recording prints ([`summary`]). A program that only
 //! wants the tap links `opscope` and none of this (no tokenizer, ONNX importer or plotter).
 
 #![warn(missing_docs)]
@@ -15,6 +15,7 @@ pub mod npz;
 pub mod output;
 pub mod parity;
 pub mod report;
+pub mod shares;
 pub mod summary;
 pub mod sweep;
 pub mod timing;

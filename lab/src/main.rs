@@ -62,6 +62,13 @@ enum Cmd {
     /// confidence interval, outliers dropped by Tukey's outer fences (criterion's severe
     /// outliers). `--a matmul --b ''` is the cost of the matmul taps against the untapped model.
     Ab(AbArgs),
+    /// Per-site and per-op-kind time shares of the deployed (fused) graph on one batch of text:
+    /// every deployed node timed alone as a one-node program fed its real operands, in rounds
+    /// interleaved with the whole program; shares of the sum of the per-node medians with
+    /// percentile-bootstrap intervals (over rounds), beside the FLOP shares; and the sum check
+    /// (sum of the nodes alone / whole program), with a warning beyond 1.5x. `--json` is what
+    /// `opscope mine --time-shares` reads.
+    Time(TimeArgs),
     /// Repeated blocks of an ONNX model's program (transformer layers, FFNs, norm motifs): found
     /// by Weisfeiler-Lehman colours, grown as disjoint occurrences, each confirmed isomorphic
     /// (petgraph VF2); ranked by the ops they cover. Without running the model.
@@ -108,6 +115,75 @@ struct CostArgs {
     /// Square size n of the GEMM probe ([n,n] x [n,n]).
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(16..=8192))]
     probe_gemm: u32,
+}
+
+#[derive(clap::Args)]
+struct TimeArgs {
+    #[command(flatten)]
+    corpus: Corpus,
+    /// Seconds the measured rounds take together (sets the round count; at least 10 rounds).
+    #[arg(long, default_value_t = 10.0)]
+    budget_secs: f64,
+    /// Seconds of warm-up rounds (dropped).
+    #[arg(long, default_value_t = 1.0)]
+    warmup_secs: f64,
+    /// Bootstrap resamples.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(100..=1_000_000))]
+    resamples: u64,
+    /// Seed of the bootstrap generator.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Sites listed (by time share; 0: all). JSON always holds every site.
+    #[arg(long, default_value_t = 20)]
+    top: usize,
+    /// Also write the shares as JSON here (read by `opscope mine --time-shares`).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Overwrite `--json` even when it is an input or an existing file that is not JSON.
+    #[arg(long)]
+    force: bool,
+}
+
+fn time(a: TimeArgs) -> Result<()> {
+    let c = &a.corpus;
+    if let Some(path) = &a.json {
+        opscope_lab::output::check(path, &c.inputs(), Output::Json, a.force)?;
+    }
+    for (flag, v) in [("--budget-secs", a.budget_secs), ("--warmup-secs", a.warmup_secs)] {
+        if !(v.is_finite() && v >= 0.0 && v <= 86_400.0) {
+            anyhow::bail!("{flag} {v} is not a number of seconds in [0, 86400]");
+        }
+    }
+    let entries = c.entries()?;
+    let (tokenizer, _) = c.text_files()?;
+    let (batch, seq) = ((c.batch as usize).min(entries.len()), c.seq as usize);
+    let model = opscope_lab::model::OnnxEncoder::load(c.onnx()?, batch, seq)?;
+    let enc = opscope_lab::model::TextEncoder::load(tokenizer, seq)?.encode(&entries[..batch])?;
+    let shape = [batch, seq];
+    let inputs: Vec<(&str, &[usize])> = model
+        .graph
+        .nodes()
+        .iter()
+        .filter_map(|n| match &n.op {
+            rlx_ir::Op::Input { name } if n.shape.rank() == 2 && n.shape.dims().iter().any(|d| !d.is_static()) => Some((name.as_str(), &shape[..])),
+            _ => None,
+        })
+        .collect();
+    let bindings = opscope::analysis::cost::Bindings::from_inputs(&model.graph, &inputs)?;
+    let opts = opscope_lab::shares::ShareOptions {
+        warmup: std::time::Duration::from_secs_f64(a.warmup_secs),
+        budget: std::time::Duration::from_secs_f64(a.budget_secs),
+        resamples: a.resamples as usize,
+        seed: a.seed,
+        ..Default::default()
+    };
+    let bar = ProgressBar::new_spinner();
+    bar.set_message("timing every deployed node alone and the whole program, in rounds");
+    let shares = opscope_lab::shares::time_shares(&model.parity_input(&enc)?, &bindings, &opts);
+    bar.finish_and_clear();
+    let shares = shares?;
+    write_json(a.json.as_deref(), &shares, "the time shares")?;
+    emit(&shares.text(a.top))
 }
 
 fn cost(a: CostArgs) -> Result<()> {
@@ -590,15 +666,22 @@ struct MineArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Weigh payoffs by measured time shares (`opscope time --json` of the same model, batch and
+    /// sequence length) instead of FLOP shares; sites the file does not list keep their FLOP
+    /// share, and each verdict says which basis it used.
+    #[arg(long)]
+    time_shares: Option<PathBuf>,
 }
 
 fn mine(a: MineArgs) -> Result<()> {
     let series = opscope::mine::load(&a.recording)?;
-    let verdicts = opscope::mine::mine(&series);
+    let time = a.time_shares.as_deref().map(opscope::mine::TimeShares::load).transpose()?;
+    let verdicts = opscope::mine::mine_with(&series, time.as_ref());
     let no_data = opscope::mine::no_data(&a.recording, &series)?;
     let cannot = opscope::mine::cannot_run(&series);
+    let untimed = time.as_ref().map(|t| opscope::mine::untimed_sites(&series, t));
     if a.json {
-        let doc = serde_json::json!({
+        let mut doc = serde_json::json!({
             "recording": a.recording,
             "verdicts": verdicts,
             "cannot_run": cannot,
@@ -606,9 +689,26 @@ fn mine(a: MineArgs) -> Result<()> {
             "not_observable": opscope::mine::NOT_OBSERVABLE,
             "series": opscope_lab::verdicts::series_summary(&series),
         });
+        if let (Some(path), Some(untimed)) = (&a.time_shares, &untimed) {
+            doc["payoff_basis"] = serde_json::json!({ "time_shares": path, "untimed_sites": untimed });
+        }
         return emit(&(serde_json::to_string_pretty(&doc).context("JSON")? + "\n"));
     }
-    emit(&opscope_lab::verdicts::text(&verdicts, &cannot, &no_data, &series))
+    let mut text = String::new();
+    if let (Some(path), Some(untimed)) = (&a.time_shares, &untimed) {
+        text.push_str(&format!("payoff = measured time share (from {}) x the kernel's fraction", path.display()));
+        if untimed.is_empty() {
+            text.push_str("; every site is timed\n");
+        } else {
+            text.push_str(&format!(
+                "; {} site(s) not in the time shares use their FLOP share instead (basis 'flops'): {}\n",
+                untimed.len(),
+                untimed.join(", ")
+            ));
+        }
+    }
+    text.push_str(&opscope_lab::verdicts::text(&verdicts, &cannot, &no_data, &series));
+    emit(&text)
 }
 
 /// A calibration method on the command line.
@@ -1149,6 +1249,7 @@ fn main() -> ExitCode {
         Cmd::Cost(a) => cost(a),
         Cmd::Calibrate(a) => calibrate(a),
         Cmd::Ab(a) => ab(a),
+        Cmd::Time(a) => time(a),
         Cmd::Blocks(a) => blocks(a),
     };
     match res {

@@ -153,7 +153,7 @@ fn compare(node: u32, g: &Graph, cand: &Typed, reference: &Typed, tol: Tolerance
     })
 }
 
-fn compile(session: &Session, g: Graph, options: &CompileOptions, params: &HashMap<&str, &Typed>) -> rlx_runtime::CompiledGraph {
+pub(crate) fn compile(session: &Session, g: Graph, options: &CompileOptions, params: &HashMap<&str, &Typed>) -> rlx_runtime::CompiledGraph {
     let names: Vec<String> = g.nodes().iter().filter_map(|n| match &n.op {
         Op::Param { name } => Some(name.clone()),
         _ => None,
@@ -167,9 +167,51 @@ fn compile(session: &Session, g: Graph, options: &CompileOptions, params: &HashM
     c
 }
 
-fn run(c: &mut rlx_runtime::CompiledGraph, inputs: &[(String, Typed)]) -> Vec<Typed> {
+pub(crate) fn run(c: &mut rlx_runtime::CompiledGraph, inputs: &[(String, Typed)]) -> Vec<Typed> {
     let feeds: Vec<(&str, &[u8], DType)> = inputs.iter().map(|(n, (b, d))| (n.as_str(), b.as_slice(), *d)).collect();
     c.run_typed(&feeds)
+}
+
+/// How a one-node program ([`one_node`]) takes its operands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operands {
+    /// Each operand an `Input` named `operand{j}`, fed at every run (the parity reference).
+    Inputs,
+    /// Each operand a `Param` named `operand{j}`, bound once and resident in the arena, as a
+    /// weight or a producer's output is in the whole program (isolated timing: no copy-in per run).
+    Params,
+}
+
+/// Node `n` of `g` alone as a one-node RLX program: operand `j` becomes `operand{j}` (an input
+/// or a parameter, see [`Operands`]) with the operand's shape; the node is the only output.
+pub fn one_node(g: &Graph, n: &rlx_ir::Node, how: Operands) -> Graph {
+    let mut one = Graph::new(format!("one_node_{}_{}", n.id.0, if how == Operands::Params { "params" } else { "inputs" }));
+    let ins: Vec<NodeId> = n
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(j, i)| {
+            let name = format!("operand{j}");
+            let shape = g.node(*i).shape.clone();
+            match how {
+                Operands::Inputs => one.input(name, shape),
+                Operands::Params => one.param(name, shape),
+            }
+        })
+        .collect();
+    let id = one.add_node(n.op.clone(), ins, n.shape.clone());
+    one.set_outputs(vec![id]);
+    one
+}
+
+/// Each node of `g` alone, in order, fed the reference values of its operands. Returns the
+/// reference value of every node (keyed by node id), inputs and parameters included.
+///
+/// Errors: an input or parameter of `g` has no value in `input`; a node alone gives other than
+/// one output.
+pub fn reference_values(g: &Graph, input: &ParityInput) -> Result<HashMap<u32, Typed>> {
+    let params: HashMap<&str, &Typed> = input.params.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    reference(g, input, &params)
 }
 
 /// Each node of `g` alone, in order, fed the reference values of its operands. Returns the
@@ -183,20 +225,9 @@ fn reference(g: &Graph, input: &ParityInput, params: &HashMap<&str, &Typed>) -> 
             Op::Input { name } => (*by_input.get(name.as_str()).with_context(|| format!("no value for graph input '{name}'"))?).clone(),
             Op::Param { name } => (*params.get(name.as_str()).with_context(|| format!("no value for parameter '{name}'"))?).clone(),
             op => {
-                let mut one = Graph::new(format!("parity_ref_{}", n.id.0));
-                let mut feeds = Vec::new();
-                let ins: Vec<NodeId> = n
-                    .inputs
-                    .iter()
-                    .enumerate()
-                    .map(|(j, i)| {
-                        let name = format!("operand{j}");
-                        feeds.push((name.clone(), out[&i.0].clone()));
-                        one.input(name, g.node(*i).shape.clone())
-                    })
-                    .collect();
-                let id = one.add_node(op.clone(), ins, n.shape.clone());
-                one.set_outputs(vec![id]);
+                let one = one_node(g, n, Operands::Inputs);
+                let feeds: Vec<(String, Typed)> =
+                    n.inputs.iter().enumerate().map(|(j, i)| (format!("operand{j}"), out[&i.0].clone())).collect();
                 let mut c = session.compile_with(one, &CompileOptions::new());
                 let mut r = run(&mut c, &feeds);
                 if r.len() != 1 {

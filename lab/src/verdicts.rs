@@ -60,7 +60,12 @@ pub fn text(verdicts: &[Verdict], cannot: &[CannotRun], no_data: &[String], seri
     let mut lines: Vec<Line> = Vec::new();
     for v in verdicts {
         let same = |l: &&mut Line| {
-            l.v.kind == v.kind && l.v.role == v.role && l.v.pass_idx == v.pass_idx && l.v.rule == v.rule && l.v.evidence == v.evidence
+            l.v.kind == v.kind
+                && l.v.role == v.role
+                && l.v.pass_idx == v.pass_idx
+                && l.v.rule == v.rule
+                && l.v.evidence == v.evidence
+                && l.v.basis == v.basis
         };
         match lines.iter_mut().find(|l| same(l)) {
             Some(l) => {
@@ -84,7 +89,10 @@ pub fn text(verdicts: &[Verdict], cannot: &[CannotRun], no_data: &[String], seri
             }
         }
     };
-    let rows: Vec<[String; 6]> = lines
+    // A basis column only when the verdicts were mined with time shares (`mine_with`): without
+    // them the table is as it always was.
+    let with_basis = verdicts.iter().any(|v| v.basis.is_some());
+    let rows: Vec<[String; 7]> = lines
         .iter()
         .map(|l| {
             let sites: Vec<&str> = l.sites.iter().map(|s| s.as_str()).collect();
@@ -96,6 +104,7 @@ pub fn text(verdicts: &[Verdict], cannot: &[CannotRun], no_data: &[String], seri
                 brace(&sites),
                 ev.join(" "),
                 format!("[{}]", rule_no(l.v)),
+                l.v.basis.map_or("", |b| b.as_str()).to_string(),
             ]
         })
         .collect();
@@ -105,9 +114,16 @@ pub fn text(verdicts: &[Verdict], cannot: &[CannotRun], no_data: &[String], seri
         let _ = writeln!(out, "sites below are named without their common prefix '{prefix}'");
     }
     let site_w = rows.iter().map(|r| r[3].chars().count()).max().unwrap_or(4).clamp(4, 72);
-    let _ = writeln!(out, "{:>8}  {:<18}  {:<5}  {:<site_w$}  {:<5} evidence", "payoff", "verdict", "role", "site", "rule");
-    for r in &rows {
-        let _ = writeln!(out, "{:>8}  {:<18}  {:<5}  {:<site_w$}  {:<5} {}", r[0], r[1], r[2], r[3], r[5], r[4]);
+    if with_basis {
+        let _ = writeln!(out, "{:>8}  {:<5}  {:<18}  {:<5}  {:<site_w$}  {:<5} evidence", "payoff", "basis", "verdict", "role", "site", "rule");
+        for r in &rows {
+            let _ = writeln!(out, "{:>8}  {:<5}  {:<18}  {:<5}  {:<site_w$}  {:<5} {}", r[0], r[6], r[1], r[2], r[3], r[5], r[4]);
+        }
+    } else {
+        let _ = writeln!(out, "{:>8}  {:<18}  {:<5}  {:<site_w$}  {:<5} evidence", "payoff", "verdict", "role", "site", "rule");
+        for r in &rows {
+            let _ = writeln!(out, "{:>8}  {:<18}  {:<5}  {:<site_w$}  {:<5} {}", r[0], r[1], r[2], r[3], r[5], r[4]);
+        }
     }
     if rows.is_empty() {
         if cannot.is_empty() {

@@ -1,5 +1,6 @@
 //! The miner: from a recording to per-site verdicts with evidence, each rule's threshold and
-//! its source, and an estimated payoff weighted by the site's share of the recorded FLOPs.
+//! its source, and an estimated payoff weighted by the site's share of the recorded FLOPs, or of
+//! the measured time when time shares are given ([`mine_with`]).
 //!
 //! Metrics are computed per run (step) from the sketches and summarized by their median over
 //! runs; across-run verdicts need at least [`MIN_STEPS`] runs. Conventions: `P = sumsq / count`
@@ -19,6 +20,7 @@ pub mod calibrate;
 mod hist;
 mod series;
 mod tensor;
+mod time;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -31,6 +33,7 @@ pub use calibrate::{
 };
 pub use hist::{histograms_by_run, merged_histogram, merged_histograms, MergedHistogram, RunHistograms};
 pub use series::{load, no_data, series_from_rows, weighted_vector, Series, SeriesKey, StepStats};
+pub use time::{PayoffBasis, TimeShares, TimeSharesError, SUM_TOLERANCE};
 pub use tensor::{kinds, outlier_channels, payoff_fraction, sqnr8_per_token, OUTLIER_CHANNEL_RATIO};
 
 /// Runs needed before across-run verdicts (stationary, drifting, exact repeat) are made.
@@ -171,9 +174,19 @@ pub struct Verdict {
     pub rule: &'static str,
     /// Where the threshold comes from.
     pub source: &'static str,
-    /// Share of the recorded FLOPs at this site (0..1) times the fraction of the site's cost
-    /// the kernel could remove (an estimate, stated per kind in [`payoff_fraction`]).
+    /// Share of the site's cost (0..1; see [`Verdict::basis`]) times the fraction of the site's
+    /// cost the kernel could remove (an estimate, stated per kind in [`payoff_fraction`]).
     pub payoff: f64,
+    /// What the site's share in [`Verdict::payoff`] is: `None` (not serialized) when the verdicts
+    /// were mined without time shares ([`mine`]): the share of the recorded FLOPs;
+    /// `Some(Time)` the share of the measured time, `Some(Flops)` the FLOP share of a site the
+    /// time shares do not list ([`mine_with`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub basis: Option<PayoffBasis>,
+    /// The fraction of the site's cost the kernel could remove ([`payoff_fraction`]; 0 for the
+    /// kinds that are warnings or probes): `payoff = share x fraction`. Not serialized.
+    #[serde(skip)]
+    pub fraction: f64,
 }
 
 impl Verdict {
@@ -188,6 +201,8 @@ impl Verdict {
             rule,
             source,
             payoff: 0.0,
+            basis: None,
+            fraction: 0.0,
         }
     }
 }
@@ -195,12 +210,46 @@ impl Verdict {
 /// Mine every series with every registered rule: the verdicts, sorted by payoff (highest
 /// first), then site.
 pub fn mine(series: &BTreeMap<SeriesKey, Series>) -> Vec<Verdict> {
+    mine_with(series, None)
+}
+
+/// [`mine`], the payoff weighted by measured time shares when `time` is given: a verdict on a
+/// site `time` lists gets `payoff = time share x fraction` and basis [`PayoffBasis::Time`]; a
+/// verdict on a site it does not list keeps its FLOP-share payoff with basis
+/// [`PayoffBasis::Flops`] (never 0 for want of a time; [`untimed_sites`] lists those sites).
+/// With `time` `None` the verdicts are [`mine`]'s, basis `None`. Sorted by payoff, then site.
+pub fn mine_with(series: &BTreeMap<SeriesKey, Series>, time: Option<&TimeShares>) -> Vec<Verdict> {
     let mut out = Vec::new();
     for r in rules() {
         r.mine(series, &mut out);
     }
+    if let Some(t) = time {
+        for v in &mut out {
+            match t.get(&v.site) {
+                Some(share) => {
+                    v.payoff = share * v.fraction;
+                    v.basis = Some(PayoffBasis::Time);
+                }
+                None => v.basis = Some(PayoffBasis::Flops),
+            }
+        }
+    }
     out.sort_by(|a, b| b.payoff.total_cmp(&a.payoff).then(a.site.cmp(&b.site)));
     out
+}
+
+/// Sites of `series` holding tensor sketches that `time` does not list (their payoffs fall back
+/// to FLOP shares in [`mine_with`]), sorted.
+pub fn untimed_sites(series: &BTreeMap<SeriesKey, Series>, time: &TimeShares) -> Vec<String> {
+    let mut v: Vec<String> = series
+        .iter()
+        .filter(|(_, s)| s.runs.iter().any(|r| r.has(crate::sketch::tensor::COUNT)))
+        .map(|(k, _)| k.0.clone())
+        .filter(|site| time.get(site).is_none())
+        .collect();
+    v.sort();
+    v.dedup();
+    v
 }
 
 /// The median of the finite values, `None` if there are none.

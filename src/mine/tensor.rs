@@ -337,6 +337,8 @@ fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>)
                 rule,
                 source,
                 payoff: share * payoff_fraction(kind, density.unwrap_or(1.0)),
+                basis: None,
+                fraction: payoff_fraction(kind, density.unwrap_or(1.0)),
             });
         };
         let nonfinite: f64 = ms.iter().map(|m| m.nonfinite).sum();

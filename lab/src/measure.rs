@@ -141,6 +141,37 @@ fn compare(want: &[Vec<f32>], got: &[Vec<f32>]) -> (f64, f64, f64) {
     (mean, min, 10.0 * (s / n).log10())
 }
 
+/// The `attn` tap's per-head statistics (role `probs`) per site, each averaged over the runs
+/// weighted by the run's non-padding queries (as the attention rules weigh them): site -> stat ->
+/// per-index mean (NaN where no run recorded the index). Non-finite values are not recorded.
+pub fn attention_means(rows: &[Row]) -> BTreeMap<String, BTreeMap<String, Vec<f64>>> {
+    let mut queries: BTreeMap<(&str, u32, u64), f64> = BTreeMap::new();
+    for r in rows.iter().filter(|r| &*r.role == "probs" && &*r.stat == "queries") {
+        queries.insert((&r.site, r.compile, r.step), r.value as f64);
+    }
+    let mut acc: BTreeMap<&str, BTreeMap<&str, (Vec<f64>, Vec<f64>)>> = BTreeMap::new();
+    for r in rows.iter().filter(|r| &*r.role == "probs" && &*r.stat != "queries" && r.value.is_finite()) {
+        let w = queries.get(&(&*r.site, r.compile, r.step)).copied().unwrap_or(0.0);
+        let e = acc.entry(&r.site).or_default().entry(&r.stat).or_default();
+        let i = r.idx as usize;
+        if e.0.len() <= i {
+            e.0.resize(i + 1, 0.0);
+            e.1.resize(i + 1, 0.0);
+        }
+        e.0[i] += w * r.value as f64;
+        e.1[i] += w;
+    }
+    acc.into_iter()
+        .map(|(site, stats)| {
+            let means = stats
+                .into_iter()
+                .map(|(stat, (v, w))| (stat.to_string(), v.iter().zip(&w).map(|(v, w)| if *w > 0.0 { v / w } else { f64::NAN }).collect()))
+                .collect();
+            (site.to_string(), means)
+        })
+        .collect()
+}
+
 /// Spearman's rank correlation (average ranks for ties).
 pub fn spearman(a: &[f64], b: &[f64]) -> f64 {
     fn ranks(v: &[f64]) -> Vec<f64> {
@@ -186,29 +217,10 @@ pub fn measure(job: &Job, mut progress: impl FnMut(&str)) -> Result<Measurement>
         bail!("recorded {} runs for {} batches", order.len(), job.encoded().len());
     }
 
-    // Attention: weighted by each run's non-padding queries.
-    let mut attn: BTreeMap<String, BTreeMap<String, (Vec<f64>, Vec<f64>)>> = BTreeMap::new();
-    let mut queries: BTreeMap<(String, usize), f64> = BTreeMap::new();
-    for r in rows.iter().filter(|r| &*r.role == "probs" && &*r.stat == "queries") {
-        queries.insert((r.site.to_string(), run_of[&(r.compile, r.step)]), r.value as f64);
-    }
-    for r in rows.iter().filter(|r| &*r.role == "probs" && &*r.stat != "queries") {
-        let w = queries.get(&(r.site.to_string(), run_of[&(r.compile, r.step)])).copied().unwrap_or(0.0);
-        let e = attn.entry(r.site.to_string()).or_default().entry(r.stat.to_string()).or_default();
-        let i = r.idx as usize;
-        if e.0.len() <= i {
-            e.0.resize(i + 1, 0.0);
-            e.1.resize(i + 1, 0.0);
-        }
-        e.0[i] += w * r.value as f64;
-        e.1[i] += w;
-    }
-    let attention: Vec<AttnLayer> = attn
+    let attention: Vec<AttnLayer> = attention_means(&rows)
         .into_iter()
         .map(|(site, stats)| {
-            let get = |s: &str| -> Vec<f64> {
-                stats.get(s).map(|(v, w)| v.iter().zip(w).map(|(v, w)| if *w > 0.0 { v / w } else { f64::NAN }).collect()).unwrap_or_default()
-            };
+            let get = |s: &str| stats.get(s).cloned().unwrap_or_default();
             AttnLayer {
                 site,
                 peak: get("peak"),

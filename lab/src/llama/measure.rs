@@ -197,34 +197,16 @@ fn batches(rows: &[Row]) -> BTreeMap<(u32, u64), usize> {
     of
 }
 
-/// Query-weighted means of the attention statistics per site: site -> stat -> per head.
+/// The attention sinks per layer, from [`crate::measure::attention_means`].
 fn attention(rows: &[Row]) -> Vec<SinkLayer> {
-    let mut queries: BTreeMap<(&str, u32, u64), f64> = BTreeMap::new();
-    for r in rows.iter().filter(|r| &*r.role == "probs" && &*r.stat == "queries") {
-        queries.insert((&r.site, r.compile, r.step), r.value as f64);
-    }
-    let mut acc: BTreeMap<&str, BTreeMap<&str, (Vec<f64>, Vec<f64>)>> = BTreeMap::new();
-    for r in rows.iter().filter(|r| &*r.role == "probs" && &*r.stat != "queries" && r.value.is_finite()) {
-        let w = queries.get(&(&*r.site, r.compile, r.step)).copied().unwrap_or(0.0);
-        let e = acc.entry(&r.site).or_default().entry(&r.stat).or_default();
-        let i = r.idx as usize;
-        if e.0.len() <= i {
-            e.0.resize(i + 1, 0.0);
-            e.1.resize(i + 1, 0.0);
-        }
-        e.0[i] += w * r.value as f64;
-        e.1[i] += w;
-    }
-    let mut out: Vec<SinkLayer> = acc
+    let mut out: Vec<SinkLayer> = crate::measure::attention_means(rows)
         .into_iter()
         .map(|(site, stats)| {
-            let get = |s: &str| -> Vec<f64> {
-                stats.get(s).map(|(v, w)| v.iter().zip(w).map(|(v, w)| if *w > 0.0 { v / w } else { f64::NAN }).collect()).unwrap_or_default()
-            };
+            let get = |s: &str| stats.get(s).cloned().unwrap_or_default();
             let (sink_first, lift) = (get("sink_first"), get("sink_first_lift"));
             let sink_heads = sink_first.iter().zip(&lift).filter(|(m, l)| **m >= SINK_MASS && **l >= SINK_LIFT).count();
             SinkLayer {
-                site: site.to_string(),
+                site,
                 pad_mass_max: get("pad_mass").iter().copied().fold(0.0, f64::max),
                 entropy_norm: get("entropy_norm"),
                 sink_first,

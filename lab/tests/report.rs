@@ -474,7 +474,7 @@ fn row(step: u64, stat: &str, idx: u64, value: f32) -> Row {
 
 fn render(rows: &[Row]) -> String {
     let series = opscope::mine::series_from_rows(rows);
-    opscope_lab::report::render(&opscope_lab::report::Input { title: "t", manifests: &[], series: &series, verdicts: &[], notes: &[] }).unwrap()
+    opscope_lab::report::render(&opscope_lab::report::Input { title: "t", manifests: &[], series: &series, verdicts: &[], notes: &[], cost: None, time: None }).unwrap()
 }
 
 const LINE: &str = r##"stroke="#1F77B4""##;

@@ -1,6 +1,8 @@
 //! A self-contained HTML report of a recording, summarising every run (never the last run
-//! alone): a header naming the graphs, pipeline and run count (from the manifest sidecar), a
-//! contents list, a per-site table in execution order, the verdicts grouped by kind with each
+//! alone): a header naming the graphs, pipeline and run count (from the manifest sidecar), the
+//! overview a person reads first ([`Overview`]: where the time goes with the cost of the deployed
+//! graph when given, a roofline, the GEMM shapes, a per-layer heatmap of key statistics, one row
+//! per site with the kernels its data supports), then as drill-down a contents list, a per-site table in execution order, the verdicts grouped by kind with each
 //! rule and its source, and per site and role SVG plots (made with `plotters`): the value
 //! histogram merged over runs, the histogram per run, per-channel max|x|, per-row energy,
 //! per-head probe statistics and per-run absmax / rms. HTML is generated with `maud`, which

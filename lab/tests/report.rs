@@ -881,3 +881,32 @@ fn a_cost_of_another_graph_or_an_old_cost_file_is_refused_clearly() {
     assert!(!out.status.success() && err.contains("missing field `sites`") && err.contains("opscope cost ... --json FILE"), "{err}");
     assert!(!o.exists(), "nothing written");
 }
+
+#[test]
+fn measured_time_shares_replace_the_flop_share_and_reweight_the_payoff() {
+    // Two sites: `a` has 3/4 of the recorded FLOPs, `b` 1/4; measured time says 40% / 60%.
+    let rows: Vec<Row> = [("a", 300u64), ("b", 100)]
+        .iter()
+        .flat_map(|&(site, flops)| {
+            ["count", "min", "max"].into_iter().zip([8.0, -1.0, 2.0]).map(move |(stat, v)| Row { site: Arc::from(site), flops: Some(flops), ..row(0, stat, 0, v) })
+        })
+        .collect();
+    let series = opscope::mine::series_from_rows(&rows);
+    let key_a = ("a".to_string(), "out".to_string(), 0);
+    let mut v = opscope::mine::Verdict::new(&key_a, opscope::mine::kinds::PER_CHANNEL_INT8, vec![], "rule", "source");
+    v.payoff = 0.75 * 0.5; // the miner's: recorded FLOP share x the kernel's fraction
+    let time = opscope_lab::report::TimeShares { method: "differential runs".into(), sites: [("a".to_string(), 0.4), ("b".to_string(), 0.6)].into() };
+    let input = |time| opscope_lab::report::Input { title: "t", manifests: &[], series: &series, verdicts: std::slice::from_ref(&v), notes: &[], cost: None, time };
+    let (html, ov) = opscope_lab::report::render_with_overview(&input(Some(&time))).unwrap();
+    assert_eq!(ov.share_basis, opscope_lab::report::ShareBasis::MeasuredTime);
+    let shares: Vec<(&str, f64)> = ov.sites.iter().map(|s| (s.site.as_str(), s.share)).collect();
+    assert_eq!(shares, [("a", 0.4), ("b", 0.6)]);
+    assert!(close(ov.sites[0].payoff, 0.4 * 0.5, 1e-12), "payoff {}", ov.sites[0].payoff);
+    assert!(html.contains("time share (measured)") && html.contains("differential runs"));
+    // Without them: the recorded FLOP share, and the miner's payoff as it is.
+    let (html, ov) = opscope_lab::report::render_with_overview(&input(None)).unwrap();
+    let shares: Vec<f64> = ov.sites.iter().map(|s| s.share).collect();
+    assert_eq!(shares, [0.75, 0.25]);
+    assert!(close(ov.sites[0].payoff, 0.375, 1e-12));
+    assert!(html.contains("FLOP share of recorded sites") && !html.contains("time share (measured)"));
+}

@@ -299,6 +299,9 @@ pub struct CostReport {
     pub by_kind: Vec<Placed<KindCost>>,
     /// The `top` sites by their time lower bound.
     pub top_sites: Vec<Placed<NodeCost>>,
+    /// Every costed site (node of the deployed graph), in graph order: what `opscope report`
+    /// draws on its roofline and joins with a recording's sites.
+    pub sites: Vec<Placed<NodeCost>>,
     /// GEMM shapes, by FLOPs.
     pub gemm_shapes: Vec<ShapeBin>,
     /// RLX's own estimate, when asked for.
@@ -321,8 +324,9 @@ impl CostReport {
                 place(k, f, &b, &m)
             })
             .collect();
-        let mut sites: Vec<_> = cost.nodes.iter().map(|n| place(n.clone(), n.flops, &n.bytes, &m)).collect();
-        let min_seconds = sites.iter().map(|s| s.min_seconds).sum();
+        let all: Vec<_> = cost.nodes.iter().map(|n| place(n.clone(), n.flops, &n.bytes, &m)).collect();
+        let min_seconds = all.iter().map(|s| s.min_seconds).sum();
+        let mut sites = all.clone();
         sites.sort_by(|a, b| b.min_seconds.total_cmp(&a.min_seconds).then(a.cost.node.cmp(&b.cost.node)));
         sites.truncate(top);
         CostReport {
@@ -333,6 +337,7 @@ impl CostReport {
             min_seconds,
             by_kind,
             top_sites: sites,
+            sites: all,
             gemm_shapes: cost.gemm_histogram(),
             rlx_estimate: None,
         }
@@ -468,4 +473,37 @@ pub fn deployed_cost(graph: &Graph, inputs: &[(&str, &[usize])]) -> Result<(Grap
     let fused = opscope::activate::fuse(graph, Device::Cpu, &CompileOptions::default());
     let cost = opscope::analysis::cost::graph_cost(&fused, Some(graph), &bindings).context("costing the deployed graph")?;
     Ok((fused, cost))
+}
+
+/// The cost report of an ONNX model imported for `[batch, seq]` (as `opscope record` imports
+/// it), on the roofs measured by [`probe_machine`] with `probe`; `forwards` forward passes,
+/// the `top` sites listed in `top_sites`, RLX's own estimate beside it. Token ids do not change
+/// the cost, so no tokenizer or text is read.
+///
+/// Errors: the model does not import, or those of [`deployed_cost`] and [`probe_machine`].
+pub fn model_cost(onnx: &std::path::Path, batch: usize, seq: usize, probe: &ProbeOptions, forwards: usize, top: usize) -> Result<CostReport> {
+    let enc = crate::model::OnnxEncoder::load(onnx, batch, seq)?;
+    let shape = [batch, seq];
+    let inputs: Vec<(&str, &[usize])> = enc
+        .graph
+        .nodes()
+        .iter()
+        .filter_map(|n| match &n.op {
+            // Only symbolic inputs need binding (the importer fixes `[batch, seq]`; a model's
+            // `[1, seq]` position ids stay as declared).
+            rlx_ir::Op::Input { name } if n.shape.rank() == 2 && n.shape.dims().iter().any(|d| !d.is_static()) => Some((name.as_str(), &shape[..])),
+            _ => None,
+        })
+        .collect();
+    graph_cost(&enc.graph, &inputs, probe, forwards, top)
+}
+
+/// [`model_cost`] for a graph already built (e.g. the SmolLM2 prefill graph), `inputs` binding
+/// its symbolic input dims as [`deployed_cost`] does.
+///
+/// Errors: as [`deployed_cost`] and [`probe_machine`].
+pub fn graph_cost(graph: &Graph, inputs: &[(&str, &[usize])], probe: &ProbeOptions, forwards: usize, top: usize) -> Result<CostReport> {
+    let (fused, graph_cost) = deployed_cost(graph, inputs)?;
+    let machine = probe_machine(probe)?;
+    Ok(CostReport::new(&graph_cost, machine, forwards, top).with_rlx_estimate(&fused))
 }

@@ -194,37 +194,19 @@ fn cost(a: CostArgs) -> Result<()> {
     let entries = c.entries()?;
     let (batch, seq) = (c.batch as usize, c.seq as usize);
     let full = batch.min(entries.len());
-    let (fused, graph_cost) = if let Some(gguf) = &c.gguf {
-        // The prefill graph `record --gguf` runs (static shapes; packed weights at their width).
-        let model = opscope_lab::llama::LlamaModel::load(gguf)?;
-        opscope_lab::cost::deployed_cost(&model.prefill_graph(full, seq, false), &[])?
-    } else {
-        // The tokenizer must load for the corpus to be runnable; its ids do not change the cost.
-        opscope_lab::model::TextEncoder::load(c.text_files()?.0, seq)?;
-        let enc = opscope_lab::model::OnnxEncoder::load(c.onnx()?, full, seq)?;
-        let shape = [full, seq];
-        let inputs: Vec<(&str, &[usize])> = enc
-            .graph
-            .nodes()
-            .iter()
-            .filter_map(|n| match &n.op {
-                // Only symbolic inputs need binding (the importer fixes `[batch, seq]`; a model's
-                // `[1, seq]` position ids stay as declared).
-                rlx_ir::Op::Input { name } if n.shape.rank() == 2 && n.shape.dims().iter().any(|d| !d.is_static()) => Some((name.as_str(), &shape[..])),
-                _ => None,
-            })
-            .collect();
-        opscope_lab::cost::deployed_cost(&enc.graph, &inputs)?
-    };
     let bar = ProgressBar::new_spinner();
     bar.set_message("probing copy bandwidth and GEMM peak");
-    let machine = opscope_lab::cost::probe_machine(&opscope_lab::cost::ProbeOptions {
-        copy_bytes: (a.probe_mib as usize) << 20,
-        gemm_n: a.probe_gemm as usize,
-        ..Default::default()
-    })?;
+    let probe = opscope_lab::cost::ProbeOptions { copy_bytes: (a.probe_mib as usize) << 20, gemm_n: a.probe_gemm as usize, ..Default::default() };
+    let forwards = entries.len().div_ceil(batch);
+    let report = match &c.gguf {
+        // The prefill graph `record --gguf` runs (static shapes; packed weights at their width).
+        Some(gguf) => {
+            let model = opscope_lab::llama::LlamaModel::load(gguf)?;
+            opscope_lab::cost::graph_cost(&model.prefill_graph(full, seq, false), &[], &probe, forwards, a.top)?
+        }
+        None => opscope_lab::cost::model_cost(c.onnx()?, full, seq, &probe, forwards, a.top)?,
+    };
     bar.finish_and_clear();
-    let report = opscope_lab::cost::CostReport::new(&graph_cost, machine, entries.len().div_ceil(batch), a.top).with_rlx_estimate(&fused);
     write_json(a.json.as_deref(), &report, "the cost report")?;
     emit(&report.text())
 }
@@ -602,29 +584,105 @@ struct ReportArgs {
     /// The HTML file to write.
     #[arg(short, long)]
     out: PathBuf,
-    /// Overwrite `--out` even when it is the recording or an existing file that is not an
-    /// opscope report.
+    /// Also write the overview (where the time goes, roofline, GEMM shapes, heatmap, one row
+    /// per site) as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// The cost of the recorded graph, as `opscope cost --json` wrote it (FLOPs, bytes,
+    /// roofline, GEMM shapes in the overview).
+    #[arg(long, conflicts_with = "onnx")]
+    cost: Option<PathBuf>,
+    /// Instead of --cost: compute the cost here from the recorded ONNX model (roofs probed in
+    /// this process, as `opscope cost` does; token ids do not change the cost, so no tokenizer
+    /// or text is read).
+    #[arg(long)]
+    onnx: Option<PathBuf>,
+    /// With --onnx: sentences per batch the model is costed for (default: the batch of the
+    /// recording's graph name, `<model>_b<batch>_s<seq>`).
+    #[arg(long, requires = "onnx", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    batch: Option<u32>,
+    /// With --onnx: tokens per sentence (default: the recording's, as --batch).
+    #[arg(long, requires = "onnx", value_parser = clap::value_parser!(u32).range(2..=512))]
+    seq: Option<u32>,
+    /// With --onnx: MiB of the copy probe's tensor (see `opscope cost`).
+    #[arg(long, default_value_t = 256, requires = "onnx", value_parser = clap::value_parser!(u32).range(1..=8192))]
+    probe_mib: u32,
+    /// With --onnx: square size n of the GEMM probe (see `opscope cost`).
+    #[arg(long, default_value_t = 1024, requires = "onnx", value_parser = clap::value_parser!(u32).range(16..=8192))]
+    probe_gemm: u32,
+    /// Overwrite `--out` / `--json` even when it is an input or an existing file of another kind.
     #[arg(long)]
     force: bool,
 }
 
+/// `(batch, seq)` of an importer graph name `<model>_b<batch>_s<seq>`.
+fn batch_seq_of(graph: &str) -> Option<(u32, u32)> {
+    let (rest, s) = graph.rsplit_once("_s")?;
+    let (_, b) = rest.rsplit_once("_b")?;
+    Some((b.parse().ok()?, s.parse().ok()?))
+}
+
 fn report(a: ReportArgs) -> Result<()> {
-    opscope_lab::output::check(&a.out, &[&a.recording], Output::Report, a.force)?;
+    let inputs: Vec<&std::path::Path> = [Some(&a.recording), a.cost.as_ref(), a.onnx.as_ref()].into_iter().flatten().map(|p| p.as_path()).collect();
+    opscope_lab::output::check(&a.out, &inputs, Output::Report, a.force)?;
+    if let Some(path) = &a.json {
+        opscope_lab::output::check(path, &inputs, Output::Json, a.force)?;
+    }
     let series = opscope::mine::load(&a.recording)?;
     let verdicts = opscope::mine::mine(&series);
     let mut notes = opscope::mine::no_data(&a.recording, &series)?;
     notes.push(opscope::mine::NOT_OBSERVABLE.to_string());
     let manifests = opscope::recording::read_sidecar(&a.recording)?.map(|s| s.graphs).unwrap_or_default();
+    let cost = match (&a.cost, &a.onnx) {
+        (Some(path), _) => {
+            let bytes = std::fs::read(path).with_context(|| format!("reading --cost {}", path.display()))?;
+            let view = opscope_lab::report::CostView::from_json(&bytes).map_err(|e| anyhow::anyhow!("--cost {}: {e}", path.display()))?;
+            Some((view, opscope_lab::report::CostSource::File { path: path.display().to_string() }))
+        }
+        (None, Some(onnx)) => {
+            let recorded = manifests.iter().find_map(|m| batch_seq_of(&m.graph));
+            let batch = a.batch.or(recorded.map(|r| r.0)).unwrap_or(8) as usize;
+            let seq = a.seq.or(recorded.map(|r| r.1)).unwrap_or(64) as usize;
+            let runs: std::collections::BTreeSet<(u32, u64)> = series.values().flat_map(|s| s.runs.iter().map(|r| (r.compile, r.step))).collect();
+            let bar = ProgressBar::new_spinner();
+            bar.set_message("costing the model: probing copy bandwidth and GEMM peak");
+            let probe = opscope_lab::cost::ProbeOptions { copy_bytes: (a.probe_mib as usize) << 20, gemm_n: a.probe_gemm as usize, ..Default::default() };
+            let r = opscope_lab::cost::model_cost(onnx, batch, seq, &probe, runs.len(), opscope_lab::report::TOP_SITES)?;
+            bar.finish_and_clear();
+            let view = opscope_lab::report::CostView::from_report(&r).map_err(|e| anyhow::anyhow!(e))?;
+            Some((view, opscope_lab::report::CostSource::Computed { onnx: onnx.display().to_string() }))
+        }
+        (None, None) => None,
+    };
+    if let Some((view, _)) = &cost {
+        if !manifests.is_empty() && !manifests.iter().any(|m| m.graph == view.graph) {
+            let graphs: Vec<&str> = manifests.iter().map(|m| m.graph.as_str()).collect();
+            anyhow::bail!(
+                "the cost is of graph '{}', the recording's graph(s) are {}: cost the model at the batch and sequence length it was recorded with \
+                 (`opscope cost --batch B --seq S`, or `report --onnx` with --batch/--seq)",
+                view.graph,
+                graphs.join(", ")
+            );
+        }
+    }
     let title = format!("opscope report: {}", a.recording.display());
-    let html = opscope_lab::report::render(&opscope_lab::report::Input {
+    let (html, overview) = opscope_lab::report::render_with_overview(&opscope_lab::report::Input {
         title: &title,
         manifests: &manifests,
         series: &series,
         verdicts: &verdicts,
         notes: &notes,
+        cost: cost.as_ref().map(|(v, s)| (v, s)),
+        time: None,
     })?;
     opscope::recording::write_atomic(&a.out, html.as_bytes())?;
-    emit(&format!("wrote {} ({} verdicts, {} site/roles)\n", a.out.display(), verdicts.len(), series.len()))
+    write_json(a.json.as_deref(), &overview, "the overview")?;
+    let said = match &cost {
+        Some((_, opscope_lab::report::CostSource::File { .. })) => "cost read from --cost",
+        Some(_) => "cost computed from --onnx",
+        None => "no cost: pass --cost or --onnx for FLOPs, bytes and the roofline",
+    };
+    emit(&format!("wrote {} ({} verdicts, {} site/roles; {said})\n", a.out.display(), verdicts.len(), series.len()))
 }
 
 #[derive(clap::Args)]

@@ -3,6 +3,9 @@
 //! of real MiniLM recordings (`opscope::recording::read_rows`, plain loops here; numpy for the
 //! re-binned histogram), the site table against the graph order of the manifest, and the plots'
 //! SVG against what they must show: gaps for omitted rows, a visible bar for a single value.
+//! The overview the page opens on: one row per site in execution order, heatmap cells against
+//! the rows, roofline points against the `opscope cost --json` they were drawn from, and the
+//! page with and without a cost.
 //! (Rendering in a real browser: scripts/report-screenshot.sh.)
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -430,8 +433,9 @@ fn the_report_opens_with_header_contents_and_grouped_verdicts() {
     }
     assert!(header.contains("matmul{hist_bins=64,hist_range=-256:256},attn"), "pipeline in the header");
     assert!(header.contains("5 run(s) (executions) in 2 compile(s)"), "{header}");
-    // Order of the page: header, contents, site table, verdicts, notes, plots.
+    // Order of the page: header, overview, contents, site table, verdicts, notes, plots.
     let at = |s: &str| html.find(s).unwrap_or_else(|| panic!("{s}"));
+    assert!(at("</header>") < at(r#"id="overview""#) && at(r#"id="overview""#) < at("<nav>"));
     assert!(at("<nav>") < at(r#"id="sites""#) && at(r#"id="sites""#) < at(r#"id="verdicts""#));
     assert!(at(r#"id="verdicts""#) < at(r#"id="notes""#) && at(r#"id="notes""#) < at(r#"id="plots""#));
     // Verdicts: short site names (no common prefix), each kind's rule and source once.
@@ -474,7 +478,7 @@ fn row(step: u64, stat: &str, idx: u64, value: f32) -> Row {
 
 fn render(rows: &[Row]) -> String {
     let series = opscope::mine::series_from_rows(rows);
-    opscope_lab::report::render(&opscope_lab::report::Input { title: "t", manifests: &[], series: &series, verdicts: &[], notes: &[] }).unwrap()
+    opscope_lab::report::render(&opscope_lab::report::Input { title: "t", manifests: &[], series: &series, verdicts: &[], notes: &[], cost: None, time: None }).unwrap()
 }
 
 const LINE: &str = r##"stroke="#1F77B4""##;
@@ -617,4 +621,292 @@ fn probe_series_without_plottable_data_get_none() {
     let html = render(&rows);
     assert_eq!(html.matches("<svg").count(), 1, "{html}");
     assert!(html.contains(r#"data-plot="probe:peak""#) && html.contains("Nothing to plot"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The overview.
+
+/// The `fixed()` recording's report again, with the cost of its model (`opscope cost --json`,
+/// small probes), and the overview written with `--json`.
+struct Costed {
+    dir: tempfile::TempDir,
+    cost_path: PathBuf,
+    cost: Value,
+    html: String,
+    overview: Value,
+}
+
+fn opscope(args: &[&std::ffi::OsStr]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_opscope")).args(args).output().unwrap()
+}
+
+fn costed() -> &'static Costed {
+    static C: OnceLock<Costed> = OnceLock::new();
+    C.get_or_init(|| {
+        let rec = fixed();
+        let a = opscope_lab::model::MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
+        let cost_path = dir.path().join("cost.json");
+        let out = Command::new(env!("CARGO_BIN_EXE_opscope"))
+            .arg("cost")
+            .args(["--onnx".as_ref(), a.onnx.as_os_str(), "--tokenizer".as_ref(), a.tokenizer.as_os_str(), "--text".as_ref(), a.text.as_os_str()])
+            .args(["--limit", "18", "--batch", "4", "--seq", "32", "--probe-mib", "16", "--probe-gemm", "256", "--json"])
+            .arg(&cost_path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "cost: {}", String::from_utf8_lossy(&out.stderr));
+        let (html_path, json_path) = (dir.path().join("c.html"), dir.path().join("overview.json"));
+        let out = opscope(&["report".as_ref(), rec.recording.as_os_str(), "--cost".as_ref(), cost_path.as_os_str(), "-o".as_ref(), html_path.as_os_str(), "--json".as_ref(), json_path.as_os_str()]);
+        assert!(out.status.success(), "report --cost: {}", String::from_utf8_lossy(&out.stderr));
+        Costed {
+            cost: serde_json::from_slice(&std::fs::read(&cost_path).unwrap()).unwrap(),
+            html: std::fs::read_to_string(&html_path).unwrap(),
+            overview: serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap(),
+            cost_path,
+            dir,
+        }
+    })
+}
+
+/// The sites of a recording in execution order, from the rows and the manifest alone: by the
+/// site's node in the first compile's manifest, then by the first row of any of its series.
+fn sites_in_execution_order(recording: &Path) -> Vec<String> {
+    let refs = reference(recording);
+    let sidecar: Value = serde_json::from_slice(&std::fs::read(opscope::recording::sidecar_path(recording)).unwrap()).unwrap();
+    let mut node: BTreeMap<String, u64> = BTreeMap::new();
+    for site in sidecar["graphs"][0]["sites"].as_array().unwrap() {
+        node.entry(site["site"].as_str().unwrap().to_string()).or_insert(site["node"].as_u64().unwrap());
+    }
+    let mut first: BTreeMap<&str, usize> = BTreeMap::new();
+    for (k, s) in &refs {
+        let e = first.entry(k.0.as_str()).or_insert(usize::MAX);
+        *e = (*e).min(s.first_row);
+    }
+    let mut sites: Vec<&str> = first.keys().copied().collect();
+    sites.sort_by_key(|s| (node[*s], first[s]));
+    sites.into_iter().map(String::from).collect()
+}
+
+/// Values of attribute `attr` of every `<tr>` in `html` that has it, in document order.
+fn row_attrs<'a>(html: &'a str, attr: &str) -> Vec<&'a str> {
+    let open = format!(r#"<tr {attr}=""#);
+    html.match_indices(&open).map(|(i, m)| &html[i + m.len()..i + m.len() + html[i + m.len()..].find('"').unwrap()]).collect()
+}
+
+#[test]
+fn the_overview_has_one_row_per_site_in_execution_order() {
+    let want = sites_in_execution_order(&fixed().recording);
+    assert!(want.len() >= 24 + 3, "24 matmul sites and 3 attention probes: {}", want.len());
+    for (name, html) in [("no cost", &fixed().html), ("with cost", &costed().html)] {
+        let ov = &embedded(html)["overview"];
+        let got: Vec<&str> = ov["sites"].as_array().unwrap().iter().map(|s| s["site"].as_str().unwrap()).collect();
+        assert_eq!(got, want, "{name}: overview JSON");
+        let rows = row_attrs(html, "data-site");
+        assert_eq!(rows, want, "{name}: overview table rows");
+        // Each row links to the first series of its site (the drill-down).
+        for s in ov["sites"].as_array().unwrap() {
+            let anchor = s["anchor"].as_str().unwrap();
+            assert!(html.contains(&format!(r#"id="{anchor}""#)), "{anchor} has a section");
+        }
+    }
+    // `--json` writes what the page embeds.
+    let c = costed();
+    assert_eq!(c.overview, embedded(&c.html)["overview"], "--json == embedded overview");
+}
+
+/// The layer index in a MiniLM site name (`.../layer.2/...`), parsed here on its own.
+fn layer_in(site: &str) -> Option<usize> {
+    let i = site.find("/layer.")? + "/layer.".len();
+    site[i..].split('/').next()?.parse().ok()
+}
+
+#[test]
+fn heatmap_cells_are_the_statistics_of_the_rows() {
+    let rec = fixed();
+    let refs = reference(&rec.recording);
+    let ov = &embedded(&rec.html)["overview"];
+    let cells = ov["heatmap"]["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), refs.len(), "one cell per series (one pass per site here)");
+    let (mut outliers_seen, mut sparse_seen) = (0, 0);
+    for c in cells {
+        let key = (c["site"].as_str().unwrap().to_string(), c["role"].as_str().unwrap().to_string(), 0);
+        let key = if refs.contains_key(&key) { key } else { (key.0, key.1, 1) };
+        let r = &refs[&key];
+        let opt = |v: &Value| v.as_f64();
+        let eq = |what: &str, got: Option<f64>, want: Option<f64>| match (got, want) {
+            (Some(g), Some(w)) => assert!(close(g, w, 1e-9), "{what} of {key:?}: overview {g}, rows {w}"),
+            (g, w) => assert_eq!(g, w, "{what} of {key:?}"),
+        };
+        eq("absmax", opt(&c["absmax"]), r.absmax());
+        eq("kurtosis", opt(&c["kurtosis"]), r.kurtosis());
+        // Density: the upper median over runs of nnz / count.
+        let mut d: Vec<f64> = r.runs.values().filter_map(|x| Some(x.scalars.get("nnz")? / x.scalars.get("count").filter(|c| **c > 0.0)?)).collect();
+        d.sort_by(|a, b| a.total_cmp(b));
+        eq("density", opt(&c["density"]), d.get(d.len() / 2).copied());
+        sparse_seen += d.iter().any(|x| *x < 1.0) as usize;
+        // Outlier channels: per channel the largest max|x| over runs, against 8x the upper median.
+        let by_ch = r.by_index("chan_maxabs");
+        let want = (!by_ch.is_empty()).then(|| {
+            let m: Vec<f64> = by_ch.values().map(|v| v.iter().map(|x| x.0).fold(f64::NAN, f64::max)).collect();
+            let mut sorted = m.clone();
+            sorted.sort_by(|a, b| a.total_cmp(b));
+            let line = 8.0 * sorted[sorted.len() / 2];
+            m.iter().filter(|x| **x > line).count() as f64
+        });
+        eq("outlier channels", opt(&c["outlier_channels"]), want);
+        outliers_seen += want.is_some_and(|n| n > 0.0) as usize;
+        // Row: the layer of the name; column: the name without prefix and layer.
+        let site = key.0.as_str();
+        let row = layer_in(site).map_or("no layer".to_string(), |l| format!("layer {l}"));
+        assert_eq!(c["row"], row.as_str(), "{site}");
+        let col = c["column"].as_str().unwrap();
+        assert!(site.ends_with(col) && !col.contains("layer."), "{site}: column {col}");
+    }
+    assert!(outliers_seen > 0 && sparse_seen > 0, "the check saw outlier channels ({outliers_seen}) and zeros ({sparse_seen})");
+    let rows: Vec<&str> = ov["heatmap"]["rows"].as_array().unwrap().iter().map(|r| r.as_str().unwrap()).collect();
+    assert_eq!(rows, ["layer 0", "layer 1", "layer 2"]);
+    // Every cell is drawn in each heatmap of a recorded statistic, with its value.
+    let table = |stat: &str| {
+        let i = rec.html.find(&format!(r#"<table class="heat" data-stat="{stat}">"#)).unwrap_or_else(|| panic!("heatmap {stat}"));
+        &rec.html[i..i + rec.html[i..].find("</table>").unwrap()]
+    };
+    let absmax_cells = cells.iter().filter(|c| c["absmax"].is_number()).count();
+    assert_eq!(table("absmax").matches("<td style=").count(), absmax_cells);
+    assert_eq!(table("kurtosis").matches("<td style=").count(), cells.iter().filter(|c| c["kurtosis"].is_number()).count());
+}
+
+#[test]
+fn roofline_points_are_flops_over_bytes_of_the_cost() {
+    let c = costed();
+    let ov = &c.overview;
+    let roof = &ov["roofline"];
+    let (peak, bw) = (num(&c.cost["machine"]["machine"]["peak_flops"]), num(&c.cost["machine"]["machine"]["bandwidth"]));
+    let mut want = Vec::new();
+    let mut skipped = 0;
+    for s in c.cost["sites"].as_array().unwrap() {
+        let b = ["weights", "inputs", "outputs", "activations"].iter().map(|k| s["bytes"][k].as_u64().unwrap()).sum::<u64>();
+        match s["flops"].as_u64() {
+            Some(f) if f > 0 && b > 0 => want.push((s["site"].as_str().unwrap().to_string(), f as f64 / b as f64)),
+            _ => skipped += 1,
+        }
+    }
+    let points = roof["points"].as_array().unwrap();
+    assert_eq!(points.len(), want.len(), "one point per site with FLOPs and bytes");
+    assert_eq!(roof["not_drawn"], skipped);
+    assert!(want.len() > 50, "{} points", want.len());
+    for (p, (site, i)) in points.iter().zip(&want) {
+        assert_eq!(p["site"], site.as_str());
+        assert!(close(num(&p["intensity"]), *i, 1e-12), "{site}: intensity {} vs FLOPs/bytes {i}", p["intensity"]);
+        assert!(close(num(&p["attainable"]), peak.min(i * bw), 1e-12), "{site}: attainable");
+        assert_eq!(p["bound"], if *i >= peak / bw { "compute" } else { "memory" }, "{site}");
+    }
+    // The plot draws them all (one circle each).
+    let fig = &c.html[c.html.find(r#"data-plot="roofline""#).expect("a roofline figure")..];
+    let svg = &fig[..fig.find("</svg>").unwrap()];
+    assert_eq!(svg.matches("<circle").count(), want.len());
+    // The GEMM histogram and FLOP totals are the cost's.
+    assert_eq!(ov["gemm_shapes"], c.cost["gemm_shapes"]);
+    assert_eq!(num(&ov["total_flops"]), num(&c.cost["totals"]["flops"]));
+}
+
+#[test]
+fn the_overview_says_whether_the_cost_is_absent_read_or_computed() {
+    // Absent: said, and the shares are of the recorded FLOPs.
+    let html = &fixed().html;
+    let ov = &embedded(html)["overview"];
+    assert!(ov["cost_source"].is_null() && ov["roofline"].is_null());
+    assert_eq!(ov["share_basis"], "recorded_flops");
+    let overview = &html[html.find(r#"id="overview""#).unwrap()..html.find("<nav>").unwrap()];
+    assert!(overview.contains("<b>Cost: absent.</b>"), "says the cost is absent");
+    assert!(overview.contains("FLOP share of recorded sites"));
+    assert!(!overview.contains(r#"data-plot="roofline""#));
+    // The share column is the miner's FLOP weight: shares of sites with FLOPs sum to 1.
+    let total: f64 = ov["sites"].as_array().unwrap().iter().map(|s| num(&s["share"])).sum();
+    assert!(close(total, 1.0, 1e-9), "{total}");
+
+    // Read from a file: said, with the file; shares are of the forward pass's FLOPs.
+    let c = costed();
+    assert_eq!(c.overview["cost_source"]["kind"], "file");
+    assert_eq!(c.overview["share_basis"], "forward_flops");
+    assert!(c.html.contains("<b>Cost: read</b>") && c.html.contains(&c.cost_path.display().to_string()));
+    assert!(c.html.contains("FLOP share (no measured time)"), "the share column says it is not time");
+    let flops = num(&c.cost["totals"]["flops"]);
+    let nodes = c.cost["sites"].as_array().unwrap();
+    for s in c.overview["sites"].as_array().unwrap() {
+        let name = s["site"].as_str().unwrap();
+        let Some(node) = nodes.iter().find(|n| n["site"].as_str().unwrap().split('+').any(|p| p == name)) else {
+            assert!(s["cost"].is_null(), "{name}: no cost node, no cost");
+            continue;
+        };
+        let parts = node["site"].as_str().unwrap().split('+').count() as f64;
+        let f = num(&node["flops"]) / parts;
+        assert!(close(num(&s["cost"]["flops"]), f, 1e-12), "{name}");
+        assert!(close(num(&s["share"]), f / flops, 1e-12), "{name}: share");
+    }
+    assert!(c.overview["sites"].as_array().unwrap().iter().any(|s| s["cost"]["parts"] == 3), "the merged Q/K/V GEMM is split in three");
+
+    // Computed from the model (small probes): said, and the same FLOPs as the file's.
+    let a = opscope_lab::model::MiniLmAssets::from_cache().unwrap();
+    let (h, j) = (c.dir.path().join("m.html"), c.dir.path().join("m.json"));
+    let rec = &fixed().recording;
+    let out = opscope(&[
+        "report".as_ref(), rec.as_os_str(), "--onnx".as_ref(), a.onnx.as_os_str(), "--probe-mib".as_ref(), "16".as_ref(), "--probe-gemm".as_ref(), "256".as_ref(),
+        "-o".as_ref(), h.as_os_str(), "--json".as_ref(), j.as_os_str(),
+    ]);
+    assert!(out.status.success(), "report --onnx: {}", String::from_utf8_lossy(&out.stderr));
+    let m: Value = serde_json::from_slice(&std::fs::read(&j).unwrap()).unwrap();
+    assert_eq!(m["cost_source"]["kind"], "computed");
+    assert_eq!(m["cost_graph"], c.cost["graph"], "batch and seq taken from the recording's graph");
+    assert_eq!(m["total_flops"], c.overview["total_flops"]);
+    assert!(std::fs::read_to_string(&h).unwrap().contains("<b>Cost: computed</b>"));
+}
+
+#[test]
+fn a_cost_of_another_graph_or_an_old_cost_file_is_refused_clearly() {
+    let c = costed();
+    let rec = &fixed().recording;
+    let mut other = c.cost.clone();
+    other["graph"] = Value::from("paraphrase_MiniLM_L3_v2_b8_s64");
+    let p = c.dir.path().join("other.json");
+    std::fs::write(&p, serde_json::to_vec(&other).unwrap()).unwrap();
+    let o = c.dir.path().join("x.html");
+    let out = opscope(&["report".as_ref(), rec.as_os_str(), "--cost".as_ref(), p.as_os_str(), "-o".as_ref(), o.as_os_str()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("the cost is of graph 'paraphrase_MiniLM_L3_v2_b8_s64'") && err.contains("_b4_s32"), "{err}");
+    let mut old = c.cost.clone();
+    old.as_object_mut().unwrap().remove("sites");
+    std::fs::write(&p, serde_json::to_vec(&old).unwrap()).unwrap();
+    let out = opscope(&["report".as_ref(), rec.as_os_str(), "--cost".as_ref(), p.as_os_str(), "-o".as_ref(), o.as_os_str()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("missing field `sites`") && err.contains("opscope cost ... --json FILE"), "{err}");
+    assert!(!o.exists(), "nothing written");
+}
+
+#[test]
+fn measured_time_shares_replace_the_flop_share_and_reweight_the_payoff() {
+    // Two sites: `a` has 3/4 of the recorded FLOPs, `b` 1/4; measured time says 40% / 60%.
+    let rows: Vec<Row> = [("a", 300u64), ("b", 100)]
+        .iter()
+        .flat_map(|&(site, flops)| {
+            ["count", "min", "max"].into_iter().zip([8.0, -1.0, 2.0]).map(move |(stat, v)| Row { site: Arc::from(site), flops: Some(flops), ..row(0, stat, 0, v) })
+        })
+        .collect();
+    let series = opscope::mine::series_from_rows(&rows);
+    let key_a = ("a".to_string(), "out".to_string(), 0);
+    let mut v = opscope::mine::Verdict::new(&key_a, opscope::mine::kinds::PER_CHANNEL_INT8, vec![], "rule", "source");
+    v.payoff = 0.75 * 0.5; // the miner's: recorded FLOP share x the kernel's fraction
+    let time = opscope_lab::report::TimeShares { method: "differential runs".into(), sites: [("a".to_string(), 0.4), ("b".to_string(), 0.6)].into() };
+    let input = |time| opscope_lab::report::Input { title: "t", manifests: &[], series: &series, verdicts: std::slice::from_ref(&v), notes: &[], cost: None, time };
+    let (html, ov) = opscope_lab::report::render_with_overview(&input(Some(&time))).unwrap();
+    assert_eq!(ov.share_basis, opscope_lab::report::ShareBasis::MeasuredTime);
+    let shares: Vec<(&str, f64)> = ov.sites.iter().map(|s| (s.site.as_str(), s.share)).collect();
+    assert_eq!(shares, [("a", 0.4), ("b", 0.6)]);
+    assert!(close(ov.sites[0].payoff, 0.4 * 0.5, 1e-12), "payoff {}", ov.sites[0].payoff);
+    assert!(html.contains("time share (measured)") && html.contains("differential runs"));
+    // Without them: the recorded FLOP share, and the miner's payoff as it is.
+    let (html, ov) = opscope_lab::report::render_with_overview(&input(None)).unwrap();
+    let shares: Vec<f64> = ov.sites.iter().map(|s| s.share).collect();
+    assert_eq!(shares, [0.75, 0.25]);
+    assert!(close(ov.sites[0].payoff, 0.375, 1e-12));
+    assert!(html.contains("FLOP share of recorded sites") && !html.contains("time share (measured)"));
 }

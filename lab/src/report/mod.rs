@@ -1,6 +1,8 @@
 //! A self-contained HTML report of a recording, summarising every run (never the last run
-//! alone): a header naming the graphs, pipeline and run count (from the manifest sidecar), a
-//! contents list, a per-site table in execution order, the verdicts grouped by kind with each
+//! alone): a header naming the graphs, pipeline and run count (from the manifest sidecar), the
+//! overview a person reads first ([`Overview`]: where the time goes with the cost of the deployed
+//! graph when given, a roofline, the GEMM shapes, a per-layer heatmap of key statistics, one row
+//! per site with the kernels its data supports), then as drill-down a contents list, a per-site table in execution order, the verdicts grouped by kind with each
 //! rule and its source, and per site and role SVG plots (made with `plotters`): the value
 //! histogram merged over runs, the histogram per run, per-channel max|x|, per-row energy,
 //! per-head probe statistics and per-run absmax / rms. HTML is generated with `maud`, which
@@ -8,6 +10,8 @@
 //! (`<script type="application/json" id="opscope-data">`, made with serde_json; not executable).
 
 mod data;
+mod front;
+mod overview;
 mod plot;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -20,6 +24,10 @@ use opscope::mine::{Series, SeriesKey, Verdict, OUTLIER_CHANNEL_RATIO};
 use opscope::Error;
 
 pub use data::{summarize, ChannelData, HistData, Pooled, ProbeKind, SeriesData, PROBE_VECTORS};
+pub use overview::{
+    build as build_overview, layer_of, CostSource, CostView, HeatCell, Heatmap, Kernel, KernelTotal, KindRow, Overview, OverviewInput, Roofline, RooflinePoint,
+    ShareBasis, SiteCostShare, SiteRow, TimeShares, LAYER_WORDS, TOP_SITES,
+};
 pub use plot::{num, pool, segments, MAX_COLUMNS, MAX_POINTS};
 
 /// What a report is made of.
@@ -35,6 +43,11 @@ pub struct Input<'a> {
     pub verdicts: &'a [Verdict],
     /// Notes shown under the verdicts (sites without data, what sketches cannot see).
     pub notes: &'a [String],
+    /// The cost of the recorded graph (`opscope cost --json`, read or computed) and where it
+    /// came from; `None`: the overview says the cost is absent.
+    pub cost: Option<(&'a CostView, &'a CostSource)>,
+    /// Measured per-site time shares; `None`: the share column is the FLOP share, labelled so.
+    pub time: Option<&'a TimeShares>,
 }
 
 /// The JSON block: the header numbers and every series' summary, in execution order.
@@ -46,6 +59,8 @@ struct Embedded<'a> {
     compiles: usize,
     /// The prefix stripped from site names in the tables.
     prefix: &'a str,
+    /// The overview ([`Overview`]), as `opscope report --json` writes it.
+    overview: &'a Overview,
     series: &'a [SeriesData],
 }
 
@@ -214,6 +229,13 @@ fn verdict_groups(verdicts: &[Verdict]) -> Vec<((String, &'static str, &'static 
 ///
 /// Errors: a plot cannot be drawn, or the embedded data cannot be encoded.
 pub fn render(input: &Input<'_>) -> Result<String, Error> {
+    Ok(render_with_overview(input)?.0)
+}
+
+/// [`render`], and the overview the page opens on (what `opscope report --json` writes).
+///
+/// Errors: those of [`render`].
+pub fn render_with_overview(input: &Input<'_>) -> Result<(String, Overview), Error> {
     let ordered = execution_order(input.series, input.manifests);
     let names: Vec<&str> = ordered.iter().map(|(k, _)| k.0.as_str()).collect();
     let prefix = crate::summary::common_prefix(&names);
@@ -283,7 +305,9 @@ pub fn render(input: &Input<'_>) -> Result<String, Error> {
         });
     }
 
-    let json = serde_json::to_string(&Embedded { runs: runs.len(), compiles: compiles.len(), prefix, series: &data })
+    let ov = overview::build(&OverviewInput { ordered: &ordered, data: &data, prefix, verdicts: input.verdicts, cost: input.cost, time: input.time });
+    let overview_html = front::html(&ov)?;
+    let json = serde_json::to_string(&Embedded { runs: runs.len(), compiles: compiles.len(), prefix, overview: &ov, series: &data })
         .map_err(|e| Error::Internal(format!("report data: {e}")))?
         // Inside <script>, '<' could close the element: escape it (and '>' '&') as JSON does.
         .replace('<', "\\u003c")
@@ -320,9 +344,11 @@ pub fn render(input: &Input<'_>) -> Result<String, Error> {
                         dt { "verdicts" } dd { (input.verdicts.len()) " in " (groups.len()) " kind(s)" }
                     }
                 }
+                (overview_html)
                 nav {
                     h2 { "Contents" }
                     ol {
+                        li { a href="#overview" { "Overview" } }
                         li { a href="#sites" { "Sites in execution order" } }
                         li { a href="#verdicts" { "Verdicts" } " (" (input.verdicts.len()) ")"
                             ol { @for ((kind, ..), vs) in &groups { li { a href={ "#v-" (kind) } { (kind) } " (" (vs.len()) ")" } } }
@@ -412,7 +438,7 @@ pub fn render(input: &Input<'_>) -> Result<String, Error> {
             }
         }
     };
-    Ok(doc.into_string())
+    Ok((doc.into_string(), ov))
 }
 
 const STYLE: &str = "body{font-family:sans-serif;margin:24px;color:#222;max-width:1400px}\
@@ -426,4 +452,11 @@ p.rule{font-size:12px;color:#333;margin:2px 0 6px;max-width:1100px}\
 section.site{border-top:1px solid #ddd;margin-top:18px}p.meta{color:#555;font-size:12px;max-width:1100px}ul.verdicts{font-size:12px;margin:4px 0}span.rule{color:#666}\
 div.plots{display:flex;flex-wrap:wrap;gap:10px}figure.plot{margin:0;width:430px}figure.plot svg{display:block}\
 figcaption{font-size:11px;color:#444;margin-top:2px}\
+section#overview h3{font-size:16px;margin:18px 0 4px}div.row{display:flex;gap:24px;align-items:flex-start}div.col{flex:0 1 auto;min-width:0}\
+p.source{font-size:13px;background:#f7f7f2;border:1px solid #ddd;padding:6px 10px;max-width:1300px}\
+td.share{position:relative;min-width:64px;text-align:right;font-variant-numeric:tabular-nums}td.share span.bar{position:absolute;left:0;top:2px;bottom:2px;background:#cfe0f0}td.share span.v{position:relative}\
+span.mem{color:#c05a00}span.cmp{color:#1f5f9f}tr.rest td{color:#666}figure.roofline{width:620px}td.kernels{max-width:460px}span.none{color:#999}span.kernel.zero,span.kernel.zero a{color:#999}p.headline{font-size:14px;margin:8px 0}td.mono,table.gemm td,table.top td.num{white-space:nowrap}span.dot{display:inline-block;width:9px;height:9px;border-radius:50%;vertical-align:middle;margin:0 2px}\
+div.heat h4{font-size:13px;margin:10px 0 3px}span.cap{font-weight:normal;color:#555;font-size:12px}\
+table.heat{font-size:11px}table.heat td{text-align:center;min-width:40px;padding:2px 3px;font-variant-numeric:tabular-nums}table.heat td a{color:inherit;text-decoration:none}\
+table.heat th.col{font-weight:normal;font-size:11px;max-width:140px}table.heat th.role{font-weight:normal;color:#555}table.heat th.row{text-align:left;white-space:nowrap}table.heat td.none{background:#fafafa}\
 span.key{display:inline-block;width:14px;height:3px;vertical-align:middle;margin:0 2px}span.key.rule{border-top:2px dashed #787878;height:0}p.note{color:#555;font-size:12px}";

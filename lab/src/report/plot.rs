@@ -351,3 +351,79 @@ pub fn bars(x_desc: &str, y_desc: &str, values: &[f64]) -> Result<Option<String>
     }
     Ok(Some(svg))
 }
+
+/// Roofline plot width and height, in pixels.
+pub const ROOFLINE_W: u32 = 620;
+/// See [`ROOFLINE_W`].
+pub const ROOFLINE_H: u32 = 340;
+/// Marker colour of memory-bound points (tab10 orange) and compute-bound points (tab10 blue).
+pub const MEMORY_BOUND: RGBColor = RGBColor(255, 127, 14);
+/// See [`MEMORY_BOUND`].
+pub const COMPUTE_BOUND: RGBColor = RGBColor(31, 119, 180);
+
+/// A roofline (Williams, Waterman and Patterson, CACM 2009) on log-log axes: x arithmetic
+/// intensity (FLOP/byte), y FLOP/s; the memory roof `bandwidth x intensity` up to the ridge
+/// point and the compute roof `peak` after it (solid, grey), a dashed vertical line at the
+/// ridge, and one circle per point `(intensity, flop_per_s, memory_bound, weight)`, area
+/// proportional to `weight` (0..1, the share of the time bound), orange when memory-bound, blue
+/// when compute-bound. `None` when no point has a positive intensity and rate.
+pub fn roofline(points: &[(f64, f64, bool, f64)], peak: f64, bandwidth: f64) -> Result<Option<String>, Error> {
+    let ok: Vec<&(f64, f64, bool, f64)> = points.iter().filter(|p| p.0 > 0.0 && p.1 > 0.0 && p.0.is_finite() && p.1.is_finite()).collect();
+    if ok.is_empty() || !(peak > 0.0 && bandwidth > 0.0) {
+        return Ok(None);
+    }
+    let ridge = peak / bandwidth;
+    let (ilo, ihi) = ok.iter().fold((ridge, ridge), |a, p| (a.0.min(p.0), a.1.max(p.0)));
+    let (x0, x1) = (ilo / 3.0, ihi * 3.0);
+    let ylo = ok.iter().fold(peak.min(x0 * bandwidth), |a, p| a.min(p.1));
+    let (y0, y1) = (ylo / 3.0, peak * 3.0);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (ROOFLINE_W, ROOFLINE_H)).into_drawing_area();
+        root.fill(&WHITE).map_err(plot_err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .margin(10)
+            .x_label_area_size(34)
+            .y_label_area_size(60)
+            .build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())
+            .map_err(plot_err)?;
+        chart
+            .configure_mesh()
+            .max_light_lines(0)
+            .x_desc("arithmetic intensity, FLOP/byte")
+            .y_desc("FLOP/s")
+            .x_labels(8)
+            .y_labels(8)
+            .x_label_formatter(&|x| num(*x))
+            .y_label_formatter(&|y| num(*y))
+            .label_style(font(11))
+            .draw()
+            .map_err(plot_err)?;
+        let roof = RGBColor(90, 90, 90);
+        let mem_start = (x0, x0 * bandwidth);
+        chart.draw_series(LineSeries::new(vec![mem_start, (ridge, peak), (x1, peak)], roof.stroke_width(2))).map_err(plot_err)?;
+        // Dashed ridge line: 20 dashes on a log axis.
+        let dashes: Vec<f64> = (0..=40).map(|i| y0 * (peak / y0).powf(i as f64 / 40.0)).collect();
+        chart
+            .draw_series(dashes.chunks(2).filter(|d| d.len() == 2).map(|d| PathElement::new(vec![(ridge, d[0]), (ridge, d[1])], RULE)))
+            .map_err(plot_err)?;
+        let label = |text: String, at: (f64, f64)| Text::new(text, at, font(11));
+        chart.draw_series(std::iter::once(label(format!("peak {} GFLOP/s", num(peak / 1e9)), (x0 * 1.15, peak * 1.25)))).map_err(plot_err)?;
+        chart
+            .draw_series(std::iter::once(label(format!("bandwidth {} GB/s", num(bandwidth / 1e9)), (x0 * 1.15, x0 * bandwidth * 8.0))))
+            .map_err(plot_err)?;
+        chart.draw_series(std::iter::once(label(format!("ridge {} FLOP/B", num(ridge)), (ridge * 1.1, y0 * 1.6)))).map_err(plot_err)?;
+        // Largest first, so that small markers stay visible on top.
+        let mut sorted = ok.clone();
+        sorted.sort_by(|a, b| b.3.total_cmp(&a.3));
+        chart
+            .draw_series(sorted.iter().map(|p| {
+                let colour = if p.2 { MEMORY_BOUND } else { COMPUTE_BOUND };
+                let r = (3.0 + 14.0 * p.3.clamp(0.0, 1.0).sqrt()).round() as i32;
+                Circle::new((p.0, p.1), r, colour.mix(0.55).filled())
+            }))
+            .map_err(plot_err)?;
+        root.present().map_err(plot_err)?;
+    }
+    Ok(Some(svg))
+}

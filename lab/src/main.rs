@@ -465,10 +465,10 @@ struct Corpus {
     #[arg(long, required_unless_present = "gguf")]
     onnx: Option<PathBuf>,
     /// Instead of --onnx: a Llama-architecture GGUF decoder (e.g. SmolLM2-135M), its tokenizer
-    /// read from the file. `record` only: each batch is prefilled (one step of the prefill
-    /// compile), then decoded greedily for `--decode` tokens with a KV cache (each token one step
-    /// of the decode compile); prints the text's perplexity. `measure` scores it: perplexity,
-    /// sinks, massive activations, W4A8/W8A8 and the skip of each block.
+    /// read from the file. `record`: each batch is prefilled (one step of the prefill compile),
+    /// then decoded greedily for `--decode` tokens with a KV cache (each token one step of the
+    /// decode compile); prints the text's perplexity. `measure`: perplexity, sinks, massive
+    /// activations, W4A8/W8A8 and the skip of each block. `cost`: the prefill graph's cost.
     #[arg(long, conflicts_with_all = ["onnx", "tokenizer", "inputs"])]
     gguf: Option<PathBuf>,
     /// With --gguf: greedy decode steps after each prefill (0: prefill only).
@@ -592,6 +592,10 @@ struct ReportArgs {
     /// roofline, GEMM shapes in the overview).
     #[arg(long, conflicts_with = "onnx")]
     cost: Option<PathBuf>,
+    /// Measured per-site time shares, as `opscope time --json` wrote them: the overview's share
+    /// column and every payoff use them (sites the file lacks keep their FLOP share).
+    #[arg(long)]
+    time_shares: Option<PathBuf>,
     /// Instead of --cost: compute the cost here from the recorded ONNX model (roofs probed in
     /// this process, as `opscope cost` does; token ids do not change the cost, so no tokenizer
     /// or text is read).
@@ -623,13 +627,19 @@ fn batch_seq_of(graph: &str) -> Option<(u32, u32)> {
 }
 
 fn report(a: ReportArgs) -> Result<()> {
-    let inputs: Vec<&std::path::Path> = [Some(&a.recording), a.cost.as_ref(), a.onnx.as_ref()].into_iter().flatten().map(|p| p.as_path()).collect();
+    let inputs: Vec<&std::path::Path> =
+        [Some(&a.recording), a.cost.as_ref(), a.onnx.as_ref(), a.time_shares.as_ref()].into_iter().flatten().map(|p| p.as_path()).collect();
     opscope_lab::output::check(&a.out, &inputs, Output::Report, a.force)?;
     if let Some(path) = &a.json {
         opscope_lab::output::check(path, &inputs, Output::Json, a.force)?;
     }
     let series = opscope::mine::load(&a.recording)?;
-    let verdicts = opscope::mine::mine(&series);
+    let measured = a.time_shares.as_deref().map(opscope::mine::TimeShares::load).transpose()?;
+    let verdicts = opscope::mine::mine_with(&series, measured.as_ref());
+    let time = measured.as_ref().map(|t| opscope_lab::report::TimeShares {
+        method: format!("measured by `opscope time` ({}): each deployed node timed alone", t.source),
+        sites: t.shares.iter().chain(&t.parts).map(|(k, v)| (k.clone(), *v)).collect(),
+    });
     let mut notes = opscope::mine::no_data(&a.recording, &series)?;
     notes.push(opscope::mine::NOT_OBSERVABLE.to_string());
     let manifests = opscope::recording::read_sidecar(&a.recording)?.map(|s| s.graphs).unwrap_or_default();
@@ -673,7 +683,7 @@ fn report(a: ReportArgs) -> Result<()> {
         verdicts: &verdicts,
         notes: &notes,
         cost: cost.as_ref().map(|(v, s)| (v, s)),
-        time: None,
+        time: time.as_ref(),
     })?;
     opscope::recording::write_atomic(&a.out, html.as_bytes())?;
     write_json(a.json.as_deref(), &overview, "the overview")?;

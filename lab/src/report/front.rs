@@ -281,7 +281,7 @@ pub fn html(o: &Overview) -> Result<Markup, Error> {
                                 }
                             }
                         }
-                        p.meta { "After RLX's fusion: its merged Q/K/V projection is one GEMM (N = 3 × hidden)." }
+                        p.meta { "The shapes of the deployed graph, after RLX's fusion (which may merge projections that share an input, such as Q/K/V, into one GEMM)." }
                     }
                 }
             }

@@ -484,18 +484,21 @@ pub fn deployed_cost(graph: &Graph, inputs: &[(&str, &[usize])]) -> Result<(Grap
 pub fn model_cost(onnx: &std::path::Path, batch: usize, seq: usize, probe: &ProbeOptions, forwards: usize, top: usize) -> Result<CostReport> {
     let enc = crate::model::OnnxEncoder::load(onnx, batch, seq)?;
     let shape = [batch, seq];
-    let inputs: Vec<(&str, &[usize])> = enc
-        .graph
+    graph_cost(&enc.graph, &text_input_dims(&enc.graph, &shape), probe, forwards, top)
+}
+
+/// The bindings of a text model's symbolic `[batch, seq]` inputs to `shape`, for
+/// [`deployed_cost`] and `opscope::analysis::cost::Bindings`. Only symbolic rank-2 inputs are
+/// bound: the importer fixes `[batch, seq]`, and a model's `[1, seq]` position ids stay as declared.
+pub fn text_input_dims<'a>(graph: &'a Graph, shape: &'a [usize; 2]) -> Vec<(&'a str, &'a [usize])> {
+    graph
         .nodes()
         .iter()
         .filter_map(|n| match &n.op {
-            // Only symbolic inputs need binding (the importer fixes `[batch, seq]`; a model's
-            // `[1, seq]` position ids stay as declared).
             rlx_ir::Op::Input { name } if n.shape.rank() == 2 && n.shape.dims().iter().any(|d| !d.is_static()) => Some((name.as_str(), &shape[..])),
             _ => None,
         })
-        .collect();
-    graph_cost(&enc.graph, &inputs, probe, forwards, top)
+        .collect()
 }
 
 /// [`model_cost`] for a graph already built (e.g. the SmolLM2 prefill graph), `inputs` binding

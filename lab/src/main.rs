@@ -160,15 +160,7 @@ fn time(a: TimeArgs) -> Result<()> {
     let model = opscope_lab::model::OnnxEncoder::load(c.onnx()?, batch, seq)?;
     let enc = opscope_lab::model::TextEncoder::load(tokenizer, seq)?.encode(&entries[..batch])?;
     let shape = [batch, seq];
-    let inputs: Vec<(&str, &[usize])> = model
-        .graph
-        .nodes()
-        .iter()
-        .filter_map(|n| match &n.op {
-            rlx_ir::Op::Input { name } if n.shape.rank() == 2 && n.shape.dims().iter().any(|d| !d.is_static()) => Some((name.as_str(), &shape[..])),
-            _ => None,
-        })
-        .collect();
+    let inputs = opscope_lab::cost::text_input_dims(&model.graph, &shape);
     let bindings = opscope::analysis::cost::Bindings::from_inputs(&model.graph, &inputs)?;
     let opts = opscope_lab::shares::ShareOptions {
         warmup: std::time::Duration::from_secs_f64(a.warmup_secs),

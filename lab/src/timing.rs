@@ -268,6 +268,13 @@ pub fn bootstrap_ratio_of_medians(a: &[f64], b: &[f64], resamples: usize, confid
     Ok((quantile(&ratios, alpha / 2.0), quantile(&ratios, 1.0 - alpha / 2.0)))
 }
 
+/// Pairs left after dropping those where either time is a severe outlier (as [`analyze`] does).
+fn kept_pairs(a: &[f64], b: &[f64]) -> usize {
+    let (_, sev_a) = outliers(a);
+    let (_, sev_b) = outliers(b);
+    (0..a.len()).filter(|&i| !sev_a[i] && !sev_b[i]).count()
+}
+
 /// Analyse measured pairs (`a[i]`, `b[i]` in seconds): drop severe outliers, ratio of medians,
 /// bootstrap interval (see the module doc). `warmup_pairs` is only reported.
 ///
@@ -325,10 +332,14 @@ pub fn ab_timed(
     let pair = median(&warm).max(1e-9);
     let pairs = ((opts.budget.as_secs_f64() / pair) as usize).clamp(opts.min_pairs, opts.max_pairs);
     let (mut ta, mut tb) = (Vec::with_capacity(pairs), Vec::with_capacity(pairs));
-    for i in 0..pairs {
+    let mut i = 0;
+    // The budget's pairs, then more (up to `max_pairs`) while fewer than MIN_PAIRS survive the
+    // severe-outlier cut: a busy machine's spikes must cost time, not the measurement.
+    while i < pairs || (i < opts.max_pairs && kept_pairs(&ta, &tb) < MIN_PAIRS) {
         let (x, y) = if i % 2 == 0 { (a()?, b()?) } else { let y = b()?; (a()?, y) };
         ta.push(x.as_secs_f64());
         tb.push(y.as_secs_f64());
+        i += 1;
     }
     analyze(&ta, &tb, opts, warm.len())
 }

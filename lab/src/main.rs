@@ -534,11 +534,11 @@ struct MeasureArgs {
     force: bool,
     /// With --gguf: leave out the skip of each residual block (one full pass over the text per
     /// block: 60 for SmolLM2-135M).
-    #[arg(long, requires = "gguf")]
+    #[arg(long)]
     no_skip: bool,
     /// With --gguf: leave out the W8A8 rows (they load a second copy of the model with f32
     /// projections, about 4x the packed size).
-    #[arg(long, requires = "gguf")]
+    #[arg(long)]
     no_w8a8: bool,
 }
 
@@ -546,6 +546,9 @@ fn measure(a: MeasureArgs) -> Result<()> {
     let c = &a.corpus;
     if let Some(path) = &a.json {
         opscope_lab::output::check(path, &c.inputs(), Output::Json, a.force)?;
+    }
+    if c.gguf.is_none() && (a.no_skip || a.no_w8a8) {
+        anyhow::bail!("--no-skip and --no-w8a8 apply to --gguf only: the ONNX measurement always runs every skip and W8A8 configuration");
     }
     if let Some(gguf) = &c.gguf {
         use opscope_lab::llama::job::LlamaJob;

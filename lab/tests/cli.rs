@@ -282,3 +282,21 @@ fn a_percentile_out_of_range_is_one_error_before_the_recording_is_read() {
     assert_eq!(err.trim(), "opscope: --percentile: percentile must be in [0, 100] (got 150)");
     assert!(!dir.path().join("t.json").exists());
 }
+
+/// `measure` flags that apply to `--gguf` only are refused on an ONNX model, before anything is
+/// loaded (they used to be accepted and ignored: the full measurement ran), and a missing GGUF
+/// says how to fetch it.
+#[test]
+fn measure_refuses_gguf_only_flags_on_onnx_and_names_a_missing_gguf() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, "one two\n%\nthree four\n").unwrap();
+    for flag in ["--no-skip", "--no-w8a8"] {
+        let out = opscope().args(["measure", "--onnx", "missing.onnx", "--tokenizer", "missing.json", "--text"]).arg(&text).arg(flag).output().unwrap();
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert!(!out.status.success() && err.contains("apply to --gguf only"), "{flag}: {err}");
+    }
+    let out = opscope().args(["measure", "--gguf", "missing.gguf", "--text"]).arg(&text).arg("--no-skip").output().unwrap();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(!out.status.success() && err.contains("fetch-assets.sh") && !err.contains("panicked"), "{err}");
+}

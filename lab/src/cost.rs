@@ -42,10 +42,26 @@ pub struct MachineProbe {
     pub gemm: Probe,
     /// Square size `n` of the GEMM probe (0 for a given machine).
     pub gemm_n: usize,
+    /// Bandwidth by working set, smallest first, ending with the DRAM point of `copy` (empty for a
+    /// given machine): the cache-aware roofs ([`MachineProbe::roof_at`]).
+    pub curve: Vec<CurvePoint>,
+}
+
+/// One point of the bandwidth-by-working-set curve: the fastest of [`CURVE_KERNELS`] on tensors
+/// sized so that one op moves `working_set` bytes.
+#[derive(Debug, Clone, Serialize)]
+pub struct CurvePoint {
+    /// Bytes one probe op reads and writes (its inputs and its output), which is also the data it
+    /// keeps live: the level of the memory hierarchy it fits in.
+    pub working_set: u64,
+    /// Bytes/s of the fastest kernel at this size.
+    pub bandwidth: f64,
+    /// That kernel's probe.
+    pub probe: Probe,
 }
 
 /// Options of [`probe_machine`].
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ProbeOptions {
     /// Bytes of the copy probe's input tensor (the output is as large). Make the pair larger than
     /// the last-level cache to measure DRAM bandwidth.
@@ -54,13 +70,29 @@ pub struct ProbeOptions {
     pub gemm_n: usize,
     /// Repetitions of each probe (the best run of each chain length is used; [`time_per_op`]).
     pub reps: usize,
+    /// Working sets (bytes moved by one op) of the bandwidth curve, ascending; empty for none.
+    pub curve: Vec<u64>,
 }
+
+/// The working sets of the default bandwidth curve: 48 KiB to 192 MiB in steps of 2x to 4x
+/// (`3 * 2^k` KiB, so the `add` kernel's three tensors are powers of two), placed on both sides of
+/// this machine class's cache sizes (L1d 48 KiB, L2 2 MiB per core, L3 300 MiB shared). The DRAM
+/// point is the copy probe's.
+pub const CURVE_WORKING_SETS: [u64; 9] = [48 << 10, 192 << 10, 768 << 10, 3 << 19, 3 << 20, 6 << 20, 12 << 20, 48 << 20, 192 << 20];
+
+/// The kernels of the bandwidth curve: RLX's binary streaming kernels, measured here 1.3x to 2x
+/// faster than its unary ones on the same bytes at every size (the roof is the fastest kernel's).
+pub const CURVE_KERNELS: [&str; 3] = ["mul_scalar", "add_self", "add"];
+
+/// Wall time the curve spends per kernel and size, seconds: sets the repetitions of small sizes
+/// (whose per-op time is microseconds) between `reps` and 1000.
+const CURVE_SECONDS: f64 = 0.15;
 
 impl Default for ProbeOptions {
     /// 256 MiB copies (input + output 512 MiB, above this machine class's 300 MiB L3), 1024^3
-    /// GEMMs, 7 repetitions.
+    /// GEMMs, 7 repetitions, the curve at [`CURVE_WORKING_SETS`].
     fn default() -> ProbeOptions {
-        ProbeOptions { copy_bytes: 256 << 20, gemm_n: 1024, reps: 7 }
+        ProbeOptions { copy_bytes: 256 << 20, gemm_n: 1024, reps: 7, curve: CURVE_WORKING_SETS.to_vec() }
     }
 }
 
@@ -223,6 +255,11 @@ pub fn probe_machine(o: &ProbeOptions) -> Result<MachineProbe> {
     let gemm = time_per_op(o.reps, gemm_graph, &[("w", &w)], &xg)?;
     let gemm_work = 2 * (n as u64).pow(3);
 
+    // The curve ends at the copy probe's working set (its DRAM point).
+    let sizes: Vec<u64> = o.curve.iter().copied().filter(|&w| w < copy.work).collect();
+    let mut curve = bandwidth_curve(&sizes, o.reps)?;
+    curve.push(CurvePoint { working_set: copy.work, bandwidth: copy.rate, probe: copy.clone() });
+
     let machine = Machine { peak_flops: gemm_work as f64 / gemm.per_op, bandwidth: copy.rate };
     Ok(MachineProbe {
         machine,
@@ -231,7 +268,52 @@ pub fn probe_machine(o: &ProbeOptions) -> Result<MachineProbe> {
         streams,
         gemm: Probe { op: format!("matmul [{n},{n}]x[{n},{n}] f32"), work: gemm_work, timing: Some(gemm), rate: machine.peak_flops },
         gemm_n: n,
+        curve,
     })
+}
+
+/// Bandwidth by working set: at each size in `sizes` (bytes one op moves, ascending), the fastest
+/// of [`CURVE_KERNELS`] timed as [`time_per_op`] does, with at least `reps` repetitions and more
+/// for small sizes (about [`CURVE_SECONDS`] per kernel and size, at most 1000). The shape of the
+/// Empirical Roofline Toolkit's bandwidth sweep (Lo et al., Berkeley Lab, 2014): the plateaus of
+/// this curve are the cache levels' roofs of a hierarchical roofline (Yang et al., "Hierarchical
+/// Roofline Analysis", 2020).
+///
+/// Errors: sizes not ascending or below 48 bytes; those of [`time_per_op`].
+pub fn bandwidth_curve(sizes: &[u64], reps: usize) -> Result<Vec<CurvePoint>> {
+    if let Some(w) = sizes.windows(2).find(|w| w[0] >= w[1]) {
+        bail!("the bandwidth curve's working sets must be ascending: {} then {}", w[0], w[1]);
+    }
+    if let Some(s) = sizes.iter().find(|&&s| s < 48) {
+        bail!("a bandwidth-curve working set of {s} bytes is below 48 (four f32 values per tensor)");
+    }
+    let mut curve = Vec::with_capacity(sizes.len());
+    for &ws in sizes {
+        let mut best: Option<Probe> = None;
+        for kind in CURVE_KERNELS {
+            let per = stream_bytes_per_element(kind);
+            let len = (ws / per) as usize;
+            let x: Vec<f32> = (0..len).map(|i| (i % 251) as f32 * 0.01 + 1.0).collect();
+            let one = [1.0f32];
+            let params: Vec<(&str, &[f32])> = match kind {
+                "mul_scalar" => vec![("one", &one)],
+                "add" => vec![("p", &x)],
+                _ => vec![],
+            };
+            // Six ops per repetition (SHORT + LONG) at an assumed 50 GB/s plus 50 us of dispatch.
+            let per_rep = (SHORT + LONG) as f64 * (per * len as u64) as f64 / 50e9 + 50e-6;
+            let r = ((CURVE_SECONDS / per_rep) as usize).clamp(reps.max(1), 1000);
+            let t = time_per_op(r, |l| stream_chain(kind, len, l).expect("a kernel of CURVE_KERNELS"), &params, &x)?;
+            let work = per * len as u64;
+            let p = Probe { op: format!("{kind} over [{len}] f32"), work, rate: work as f64 / t.per_op, timing: Some(t) };
+            if best.as_ref().is_none_or(|b| p.rate > b.rate) {
+                best = Some(p);
+            }
+        }
+        let probe = best.expect("CURVE_KERNELS is not empty");
+        curve.push(CurvePoint { working_set: ws, bandwidth: probe.rate, probe });
+    }
+    Ok(curve)
 }
 
 /// One row of the per-kind or per-site table: a cost with its roofline placement.
@@ -247,12 +329,29 @@ pub struct Placed<T> {
     /// Lower bound on the time of one execution at the measured roofs, seconds
     /// (`max(flops/peak, bytes/bandwidth)`).
     pub min_seconds: f64,
+    /// Sites only (`None` for op kinds, whose bytes are a sum over nodes, not a working set): the
+    /// bandwidth roof at the site's working set ([`MachineProbe::roof_at`] of its bytes), bytes/s.
+    pub working_set_bandwidth: Option<f64>,
+    /// Sites only: roofline class against the ridge at that roof (`peak / working_set_bandwidth`),
+    /// the hierarchical roofline's class; `None` with the intensity.
+    pub working_set_bound: Option<Bound>,
 }
 
-fn place<T>(cost: T, flops: Option<u64>, bytes: &Bytes, m: &Machine) -> Placed<T> {
+/// Place a cost on the roofline of `m`; `site`: also on the roof at its working set.
+fn place<T>(cost: T, flops: Option<u64>, bytes: &Bytes, m: &MachineProbe, site: bool) -> Placed<T> {
     let b = bytes.total();
     let intensity = flops.filter(|_| b > 0).map(|f| f as f64 / b as f64);
-    Placed { cost, intensity, bound: intensity.map(|i| m.bound(i)), min_seconds: m.min_time(flops.unwrap_or(0), b) }
+    let mm = m.machine;
+    let ws = site.then(|| m.roof_at(b));
+    let ws_machine = ws.map(|bandwidth| Machine { peak_flops: mm.peak_flops, bandwidth });
+    Placed {
+        cost,
+        intensity,
+        bound: intensity.map(|i| mm.bound(i)),
+        min_seconds: mm.min_time(flops.unwrap_or(0), b),
+        working_set_bandwidth: ws,
+        working_set_bound: ws_machine.zip(intensity).map(|(w, i)| w.bound(i)),
+    }
 }
 
 /// Totals of one forward pass.
@@ -311,7 +410,7 @@ pub struct CostReport {
 impl CostReport {
     /// Place `cost` on the roofline of `machine`, keeping the `top` sites by time lower bound.
     pub fn new(cost: &GraphCost, machine: MachineProbe, forwards: usize, top: usize) -> CostReport {
-        let m = machine.machine;
+        let m = &machine;
         let mut unmodelled: Vec<String> = cost.nodes.iter().filter(|n| n.flops.is_none()).map(|n| n.op.clone()).collect();
         unmodelled.sort();
         unmodelled.dedup();
@@ -321,10 +420,10 @@ impl CostReport {
             .map(|k| {
                 let f = (!k.flops_unknown).then_some(k.flops);
                 let b = k.bytes;
-                place(k, f, &b, &m)
+                place(k, f, &b, m, false)
             })
             .collect();
-        let all: Vec<_> = cost.nodes.iter().map(|n| place(n.clone(), n.flops, &n.bytes, &m)).collect();
+        let all: Vec<_> = cost.nodes.iter().map(|n| place(n.clone(), n.flops, &n.bytes, m, true)).collect();
         let min_seconds = all.iter().map(|s| s.min_seconds).sum();
         let mut sites = all.clone();
         sites.sort_by(|a, b| b.min_seconds.total_cmp(&a.min_seconds).then(a.cost.node.cmp(&b.cost.node)));
@@ -380,6 +479,10 @@ impl CostReport {
             let rates: Vec<String> = m.streams.iter().map(|p| format!("{} {:.2}", p.op.split(' ').next().unwrap_or(""), p.rate / 1e9)).collect();
             s.push_str(&format!("streaming kernels (GB/s; the fastest is the bandwidth roof): {}\n", rates.join(", ")));
         }
+        if !m.curve.is_empty() {
+            let pts: Vec<String> = m.curve.iter().map(|p| format!("{} {:.1}", human_bytes(p.working_set), p.bandwidth / 1e9)).collect();
+            s.push_str(&format!("bandwidth by working set (GB/s; a site's roof is the point at or below its bytes): {}\n", pts.join(", ")));
+        }
         let t = &self.totals;
         s.push_str(&format!(
             "per forward: {:.3} GFLOP ({:.3} GFLOP in GEMMs), {:.2} MB moved (weights {:.2}, activations {:.2}, inputs {:.3}, outputs {:.3}), roofline time bound {:.3} ms\n",
@@ -418,11 +521,11 @@ impl CostReport {
                 k.min_seconds * 1e3
             ));
         }
-        s.push_str("\n| site | op | shape | GFLOP | MB moved | FLOP/byte | bound | time bound ms |\n|---|---|---|---|---|---|---|---|\n");
+        s.push_str("\n| site | op | shape | GFLOP | MB moved | FLOP/byte | bound (DRAM) | roof at its bytes GB/s | bound there | time bound ms |\n|---|---|---|---|---|---|---|---|---|---|\n");
         for p in &self.top_sites {
             let c = &p.cost;
             s.push_str(&format!(
-                "| {} | {} | {:?} | {} | {:.3} | {} | {} | {:.4} |\n",
+                "| {} | {} | {:?} | {} | {:.3} | {} | {} | {} | {} | {:.4} |\n",
                 c.site,
                 c.op,
                 c.shape,
@@ -430,6 +533,8 @@ impl CostReport {
                 c.bytes.total() as f64 / 1e6,
                 ai(p.intensity),
                 bound(p.bound),
+                p.working_set_bandwidth.map(|b| format!("{:.1}", b / 1e9)).unwrap_or_else(|| "-".into()),
+                bound(p.working_set_bound),
                 p.min_seconds * 1e3
             ));
         }
@@ -453,11 +558,41 @@ impl CostReport {
     }
 }
 
+/// `48 KiB`, `1.5 MiB`: a byte count in binary units, for the curve's line.
+fn human_bytes(b: u64) -> String {
+    match b {
+        b if b >= 1 << 30 => format!("{} GiB", b as f64 / (1u64 << 30) as f64),
+        b if b >= 1 << 20 => format!("{} MiB", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{} KiB", b as f64 / 1024.0),
+        b => format!("{b} B"),
+    }
+}
+
 impl MachineProbe {
     /// A machine given by its roofs, without probing (for tests and what-if reports).
     pub fn given(machine: Machine) -> MachineProbe {
         let p = |op: &str, rate: f64| Probe { op: op.into(), work: 0, timing: None, rate };
-        MachineProbe { machine, ridge: machine.ridge(), copy: p("given", machine.bandwidth), streams: vec![], gemm: p("given", machine.peak_flops), gemm_n: 0 }
+        MachineProbe {
+            machine,
+            ridge: machine.ridge(),
+            copy: p("given", machine.bandwidth),
+            streams: vec![],
+            gemm: p("given", machine.peak_flops),
+            gemm_n: 0,
+            curve: vec![],
+        }
+    }
+
+    /// The bandwidth roof of an op that moves `bytes` (its working set), bytes/s: the curve's
+    /// bandwidth at the largest probed working set not above `bytes` (an op cannot stream faster
+    /// than one with a smaller working set: its data sits in the same or a slower level); the
+    /// smallest point's for an op below every probed size (L1-resident; such ops are
+    /// dispatch-bound in RLX); the DRAM bandwidth without a curve.
+    pub fn roof_at(&self, bytes: u64) -> f64 {
+        match self.curve.iter().take_while(|p| p.working_set <= bytes).last().or(self.curve.first()) {
+            Some(p) => p.bandwidth,
+            None => self.machine.bandwidth,
+        }
     }
 }
 

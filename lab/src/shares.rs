@@ -144,6 +144,12 @@ pub struct SiteTime {
     pub flops: Option<u64>,
     /// Share of the graph's modelled FLOPs, in [0, 1] (0 when not modelled).
     pub flop_share: f64,
+    /// Bytes one execution moves (`opscope::analysis::cost`: operands, weights at their stored
+    /// width, output); `None` from [`analyze`] alone and in files written before it was recorded.
+    /// `bytes / median_s` is the node's achieved bandwidth, to hold against the roof at its
+    /// working set (`opscope_lab::cost::MachineProbe::roof_at`).
+    #[serde(default)]
+    pub bytes: Option<u64>,
 }
 
 /// One op kind of [`TimeShares`]: the sum over its nodes.
@@ -304,6 +310,7 @@ pub fn analyze(
                 share_ci_high: hi,
                 flops: n.3,
                 flop_share: flop_share(n.3.unwrap_or(0)),
+                bytes: None,
             }
         })
         .collect();
@@ -372,6 +379,7 @@ pub fn time_shares(input: &ParityInput, bindings: &opscope::analysis::cost::Bind
     let deployed = opscope::activate::fuse(&input.graph, Device::Cpu, &input.options);
     let cost = opscope::analysis::cost::graph_cost(&deployed, Some(&input.graph), bindings).context("costing the deployed graph")?;
     let flops: HashMap<u32, Option<u64>> = cost.nodes.iter().map(|n| (n.node, n.flops)).collect();
+    let bytes: HashMap<u32, u64> = cost.nodes.iter().map(|n| (n.node, n.bytes.total())).collect();
     let (names, _) = opscope::analysis::site_names(&deployed, Some(&input.graph));
     let values = reference_values(&deployed, input).context("computing every node's operands")?;
     let session = Session::new(Device::Cpu);
@@ -408,7 +416,11 @@ pub fn time_shares(input: &ParityInput, bindings: &opscope::analysis::cost::Bind
     let (times, whole_times, warm) = run_rounds(&mut runners, &mut whole, opts);
     drop(runners);
     drop(whole);
-    analyze(&deployed.name, &nodes, &times, &whole_times, opts, warm)
+    let mut shares = analyze(&deployed.name, &nodes, &times, &whole_times, opts, warm)?;
+    for s in &mut shares.sites {
+        s.bytes = bytes.get(&s.node).copied();
+    }
+    Ok(shares)
 }
 
 /// Run rounds (see the module doc, steps 2-3): warm-up, then as many rounds as the budget

@@ -804,6 +804,14 @@ fn roofline_points_are_flops_over_bytes_of_the_cost() {
     let fig = &c.html[c.html.find(r#"data-plot="roofline""#).expect("a roofline figure")..];
     let svg = &fig[..fig.find("</svg>").unwrap()];
     assert_eq!(svg.matches("<circle").count(), want.len());
+    // The dashed cache roof is the fastest point of the cost's bandwidth curve, when it beats DRAM.
+    let fastest = c.cost["machine"]["curve"].as_array().unwrap().iter().map(|p| num(&p["bandwidth"])).fold(0.0, f64::max);
+    if fastest > bw {
+        assert_eq!(num(&roof["cache_bandwidth"]), fastest);
+        assert!(svg.lines().any(|l| l.trim_start().starts_with("cache ") && l.trim_end().ends_with(" GB/s")), "the cache roof is labelled");
+    } else {
+        assert!(roof["cache_bandwidth"].is_null());
+    }
     // The GEMM histogram and FLOP totals are the cost's.
     assert_eq!(ov["gemm_shapes"], c.cost["gemm_shapes"]);
     assert_eq!(num(&ov["total_flops"]), num(&c.cost["totals"]["flops"]));

@@ -146,6 +146,7 @@ pub fn html(o: &Overview) -> Result<Markup, Error> {
             &r.points.iter().map(|p| (p.intensity, p.attainable, p.bound == "memory", p.bound_share)).collect::<Vec<_>>(),
             r.roofs.peak_flops,
             r.roofs.bandwidth,
+            r.cache_bandwidth,
         )?,
         None => None,
     };
@@ -241,7 +242,11 @@ pub fn html(o: &Overview) -> Result<Markup, Error> {
                                     "One point per costed site of the deployed graph (" (r.points.len()) "), at its arithmetic intensity (FLOPs / bytes moved), on the roof: "
                                     "the height is the attainable rate min(peak, intensity × bandwidth), not a measured one. Area: share of the time bound. "
                                     span.dot style="background:#ff7f0e" {} " memory-bound, " span.dot style="background:#1f77b4" {} " compute-bound (against the measured ridge point). "
-                                    @if r.not_drawn > 0 { (r.not_drawn) " data-movement site(s) with 0 or unknown FLOPs are not drawn (log axes)." }
+                                    @if r.not_drawn > 0 { (r.not_drawn) " data-movement site(s) with 0 or unknown FLOPs are not drawn (log axes). " }
+                                    @if r.cache_bandwidth.is_some() {
+                                        "Dashed: the fastest cache level's bandwidth (the cost's bandwidth-by-working-set curve); an op whose working set fits in cache "
+                                        "can run above the DRAM roof, up to its level's (" code { "opscope cost" } " lists the roof at each site's bytes)."
+                                    }
                                 }
                             }
                         }

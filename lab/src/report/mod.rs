@@ -452,7 +452,7 @@ p.rule{font-size:12px;color:#333;margin:2px 0 6px;max-width:1100px}\
 section.site{border-top:1px solid #ddd;margin-top:18px}p.meta{color:#555;font-size:12px;max-width:1100px}ul.verdicts{font-size:12px;margin:4px 0}span.rule{color:#666}\
 div.plots{display:flex;flex-wrap:wrap;gap:10px}figure.plot{margin:0;width:430px}figure.plot svg{display:block}\
 figcaption{font-size:11px;color:#444;margin-top:2px}\
-section#overview h3{font-size:16px;margin:18px 0 4px}div.row{display:flex;gap:24px;align-items:flex-start}div.col{flex:0 1 auto;min-width:0}\
+section#overview h3{font-size:16px;margin:18px 0 4px}div.row{display:flex;flex-wrap:wrap;gap:24px;align-items:flex-start}div.col{flex:0 1 auto;min-width:0;max-width:100%;overflow-x:auto}\
 p.source{font-size:13px;background:#f7f7f2;border:1px solid #ddd;padding:6px 10px;max-width:1300px}\
 td.share{position:relative;min-width:64px;text-align:right;font-variant-numeric:tabular-nums}td.share span.bar{position:absolute;left:0;top:2px;bottom:2px;background:#cfe0f0}td.share span.v{position:relative}\
 span.mem{color:#c05a00}span.cmp{color:#1f5f9f}tr.rest td{color:#666}figure.roofline{width:620px}td.kernels{max-width:460px}span.none{color:#999}span.kernel.zero,span.kernel.zero a{color:#999}p.headline{font-size:14px;margin:8px 0}td.mono,table.gemm td,table.top td.num{white-space:nowrap}span.dot{display:inline-block;width:9px;height:9px;border-radius:50%;vertical-align:middle;margin:0 2px}\

@@ -47,6 +47,14 @@ pub struct Roofs {
 struct MachineView {
     machine: Roofs,
     ridge: f64,
+    /// The bandwidth-by-working-set curve (absent in cost files written before it).
+    #[serde(default)]
+    curve: Vec<CurvePointView>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct CurvePointView {
+    bandwidth: f64,
 }
 
 /// One op kind of the cost report.
@@ -254,6 +262,9 @@ pub struct Roofline {
     pub points: Vec<RooflinePoint>,
     /// Sites with 0 FLOPs (data movement) or unknown FLOPs, not drawn on the log axes.
     pub not_drawn: usize,
+    /// The fastest point of the bandwidth-by-working-set curve (bytes/s): the roof of a
+    /// cache-resident op (hierarchical roofline); `None` without a curve.
+    pub cache_bandwidth: Option<f64>,
 }
 
 /// A recorded site's share of a costed node: the node, divided among the logical sites RLX
@@ -639,7 +650,8 @@ pub fn build(input: &OverviewInput<'_>) -> Overview {
                 _ => not_drawn += 1,
             }
         }
-        roofline = Some(Roofline { roofs, ridge: c.machine.ridge, points, not_drawn });
+        let cache_bandwidth = c.machine.curve.iter().map(|p| p.bandwidth).reduce(f64::max).filter(|&b| b > roofs.bandwidth);
+        roofline = Some(Roofline { roofs, ridge: c.machine.ridge, points, not_drawn, cache_bandwidth });
         gemm_shapes = c.gemm_shapes.clone();
         total_bytes = Some(c.totals.bytes.total());
         min_seconds = Some(c.min_seconds);

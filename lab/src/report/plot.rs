@@ -366,8 +366,10 @@ pub const COMPUTE_BOUND: RGBColor = RGBColor(31, 119, 180);
 /// point and the compute roof `peak` after it (solid, grey), a dashed vertical line at the
 /// ridge, and one circle per point `(intensity, flop_per_s, memory_bound, weight)`, area
 /// proportional to `weight` (0..1, the share of the time bound), orange when memory-bound, blue
-/// when compute-bound. `None` when no point has a positive intensity and rate.
-pub fn roofline(points: &[(f64, f64, bool, f64)], peak: f64, bandwidth: f64) -> Result<Option<String>, Error> {
+/// when compute-bound. `cache`: the fastest cache level's bandwidth, drawn as a dashed memory
+/// roof up to its own ridge (the hierarchical roofline's upper roof; Yang et al. 2020); points
+/// keep their DRAM class. `None` when no point has a positive intensity and rate.
+pub fn roofline(points: &[(f64, f64, bool, f64)], peak: f64, bandwidth: f64, cache: Option<f64>) -> Result<Option<String>, Error> {
     let ok: Vec<&(f64, f64, bool, f64)> = points.iter().filter(|p| p.0 > 0.0 && p.1 > 0.0 && p.0.is_finite() && p.1.is_finite()).collect();
     if ok.is_empty() || !(peak > 0.0 && bandwidth > 0.0) {
         return Ok(None);
@@ -413,6 +415,17 @@ pub fn roofline(points: &[(f64, f64, bool, f64)], peak: f64, bandwidth: f64) -> 
             .draw_series(std::iter::once(label(format!("bandwidth {} GB/s", num(bandwidth / 1e9)), (x0 * 1.15, x0 * bandwidth * 8.0))))
             .map_err(plot_err)?;
         chart.draw_series(std::iter::once(label(format!("ridge {} FLOP/B", num(ridge)), (ridge * 1.1, y0 * 1.6)))).map_err(plot_err)?;
+        if let Some(c) = cache.filter(|&c| c > bandwidth && c.is_finite()) {
+            // Dashed cache roof from x0 to its ridge, 20 dashes on the log axis.
+            let cr = (peak / c).max(x0);
+            let xs: Vec<f64> = (0..=40).map(|i| x0 * (cr / x0).powf(i as f64 / 40.0)).collect();
+            chart
+                .draw_series(xs.chunks(2).filter(|d| d.len() == 2).map(|d| PathElement::new(vec![(d[0], d[0] * c), (d[1], d[1] * c)], roof.stroke_width(1))))
+                .map_err(plot_err)?;
+            chart
+                .draw_series(std::iter::once(label(format!("cache {} GB/s", num(c / 1e9)), (x0 * 1.15, x0 * c * 2.2))))
+                .map_err(plot_err)?;
+        }
         // Largest first, so that small markers stay visible on top.
         let mut sorted = ok.clone();
         sorted.sort_by(|a, b| b.3.total_cmp(&a.3));

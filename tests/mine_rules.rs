@@ -132,3 +132,73 @@ fn a_recording_too_thin_for_a_rule_names_the_rule_and_what_it_needs() {
     // One run: the across-run rules say they need MIN_STEPS runs.
     assert!(cannot.iter().any(|c| c.kind == opscope::mine::kinds::STATIONARY && c.runs_needed == opscope::mine::MIN_STEPS && c.missing.is_empty()));
 }
+
+/// A memoized weight is recorded once per compile while the activation is recorded every run:
+/// the across-run rules do not list the weight as short of runs (it is a constant), while a
+/// tensor that really ran once is listed. Also: a verdict kind prints as its name.
+#[test]
+fn a_weight_recorded_once_per_compile_is_not_short_of_runs() {
+    use opscope::mine::kinds::STATIONARY;
+    let sink = MemorySink::default();
+    let p = Pipeline::parse("matmul{roles=[lhs,rhs]}").unwrap();
+    opscope::scope(&p, Box::new(sink.clone()), || {
+        let mut c = Session::new(Device::Cpu).compile(matmul_2d(64, 128, 16));
+        c.set_param("w", &randn(128 * 16, 1));
+        for i in 0..opscope::mine::MIN_STEPS as u64 + 2 {
+            c.run(&[("x", &randn(64 * 128, 200 + i))]);
+        }
+    })
+    .unwrap();
+    let series = opscope::mine::series_from_rows(&sink.rows());
+    let runs = |role: &str| series.iter().find(|(k, _)| k.1 == role).map(|(_, s)| s.runs.len()).unwrap();
+    // The premise: the weight has one run, the activation every run.
+    assert_eq!((runs("rhs"), runs("lhs")), (1, opscope::mine::MIN_STEPS + 2));
+    let cannot = opscope::mine::cannot_run(&series);
+    assert!(cannot.iter().all(|c| c.runs_needed == 0), "{cannot:?}");
+    // The same weight alone (no series ran more often): it is short of runs.
+    let weight_only: std::collections::BTreeMap<_, _> = series.into_iter().filter(|(k, _)| k.1 == "rhs").collect();
+    let cannot = opscope::mine::cannot_run(&weight_only);
+    assert!(cannot.iter().any(|c| c.kind == STATIONARY && c.runs_needed == opscope::mine::MIN_STEPS), "{cannot:?}");
+    assert_eq!(STATIONARY.to_string(), STATIONARY.name);
+    assert_eq!(format!("{}", opscope::mine::kinds::CHANNEL_OUTLIERS), "channel_outliers");
+}
+
+/// `untimed_sites`: the recorded sites a time-share file does not list, by name.
+#[test]
+fn untimed_sites_are_the_recorded_sites_without_a_time_share() {
+    let x = randn(64 * 128, 9);
+    let sink = MemorySink::default();
+    let p = Pipeline::parse("matmul{roles=[lhs]}").unwrap();
+    opscope::scope(&p, Box::new(sink.clone()), || {
+        let mut c = Session::new(Device::Cpu).compile(matmul_2d(64, 128, 16));
+        c.set_param("w", &randn(128 * 16, 1));
+        c.run(&[("x", &x)]);
+    })
+    .unwrap();
+    let series = opscope::mine::series_from_rows(&sink.rows());
+    let shares = |site: &str| opscope::mine::TimeShares::from_sites([(site.to_string(), 1.0)], "test").unwrap();
+    assert_eq!(opscope::mine::untimed_sites(&series, &shares("matmul.0")), Vec::<String>::new());
+    assert_eq!(opscope::mine::untimed_sites(&series, &shares("elsewhere")), vec!["matmul.0".to_string()]);
+}
+
+/// The merged histogram's total is the recorded element count (every value of a finite tensor
+/// falls in the per-run absmax range).
+#[test]
+fn merged_histogram_total_is_the_element_count() {
+    let sink = MemorySink::default();
+    let p = Pipeline::parse("matmul{roles=[lhs],hist_bins=16}").unwrap();
+    opscope::scope(&p, Box::new(sink.clone()), || {
+        let mut c = Session::new(Device::Cpu).compile(matmul_2d(64, 128, 16));
+        c.set_param("w", &randn(128 * 16, 1));
+        for i in 0..3 {
+            c.run(&[("x", &randn(64 * 128, 300 + i))]);
+        }
+    })
+    .unwrap();
+    let series = opscope::mine::series_from_rows(&sink.rows());
+    let s = series.values().next().unwrap();
+    let h = opscope::mine::merged_histogram(s, None).unwrap();
+    assert_eq!((h.runs, h.counts.len()), (3, 16));
+    // Runs with different ranges are re-binned proportionally (`exact` false): equal up to rounding.
+    assert!(close(h.total(), (3 * 64 * 128) as f64, 1e-12), "{}", h.total());
+}

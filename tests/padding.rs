@@ -120,3 +120,41 @@ fn a_per_head_activation_masks_each_heads_padding_positions() {
     let rhs = stats_of(&sink.rows(), "matmul.0", "rhs", 0);
     assert_eq!(rhs["count"], vec![(B * H * K * S) as f64], "K^T is not masked");
 }
+
+/// An `attention_mask` of int64, as Hugging Face ONNX exports declare it (MiniLM's), masks the
+/// same rows as an f32 one: the tap casts it to f32 for the sketch (the kernel reads an f32 row
+/// mask and would reject the raw int64 bytes).
+#[test]
+fn an_int64_attention_mask_masks_like_an_f32_one() {
+    let mut g = Graph::new("masked_i64");
+    let x = g.input("x", Shape::new(&[B, S, K], DType::F32));
+    let mask_in = g.input("attention_mask", Shape::new(&[B, S], DType::I64));
+    let w = g.param("w", Shape::new(&[K, N], DType::F32));
+    let y = g.matmul(x, w, Shape::new(&[B, S, N], DType::F32));
+    g.set_outputs(vec![y, mask_in]);
+    let mask: Vec<i64> = vec![1, 1, 1, 1, 0, 1, 1, 0, 0, 0];
+    let mut xv = randn(B * S * K, 11);
+    for (r, &m) in mask.iter().enumerate() {
+        if m == 0 {
+            xv[r * K..(r + 1) * K].fill(-1e6);
+        }
+    }
+    let wv = randn(K * N, 12);
+    let le = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let (xb, mb) = (le(&xv), mask.iter().flat_map(|m| m.to_le_bytes()).collect::<Vec<u8>>());
+    let p = opscope::Pipeline::parse("matmul{roles=[lhs],stats=[min,max,sumsq]}").unwrap();
+    let sink = opscope::MemorySink::default();
+    opscope::scope(&p, Box::new(sink.clone()), || {
+        let mut c = rlx_runtime::Session::new(rlx_runtime::Device::Cpu).compile(g.clone());
+        c.set_param("w", &wv);
+        c.run_typed(&[("x", &xb, DType::F32), ("attention_mask", &mb, DType::I64)])
+    })
+    .unwrap();
+    let real: Vec<f64> = (0..B * S).filter(|&r| mask[r] != 0).flat_map(|r| xv[r * K..(r + 1) * K].iter().map(|&v| v as f64)).collect();
+    let s = stats_of(&sink.rows(), "matmul.0", "lhs", 0);
+    assert_eq!(s["count"], vec![real.len() as f64], "{s:?}");
+    assert_eq!(s["min"], vec![real.iter().copied().fold(f64::MAX, f64::min)]);
+    assert_eq!(s["max"], vec![real.iter().copied().fold(f64::MIN, f64::max)]);
+    assert!(close(s["sumsq"][0], real.iter().map(|v| v * v).sum(), 1e-6));
+    assert!(sink.manifests()[0].padding.as_deref().is_some_and(|p| p.contains("I64")), "{:?}", sink.manifests()[0].padding);
+}

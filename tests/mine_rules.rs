@@ -202,3 +202,19 @@ fn merged_histogram_total_is_the_element_count() {
     // Runs with different ranges are re-binned proportionally (`exact` false): equal up to rounding.
     assert!(close(h.total(), (3 * 64 * 128) as f64, 1e-12), "{}", h.total());
 }
+
+/// The sparse-GEMM payoff is the zero fraction (`1 - density`), on a tensor with exactly 85%
+/// zeros, and the payoff is share x fraction (one site: share 1).
+#[test]
+fn the_sparse_gemm_payoff_is_one_minus_the_density() {
+    use opscope::mine::kinds::SPARSE_GEMM;
+    // 64 x 128 = 8192 values; every value whose index mod 20 is below 17 is zero: 85% zeros.
+    let x: Vec<f32> = randn(64 * 128, 5).iter().enumerate().map(|(i, v)| if i % 20 < 17 { 0.0 } else { v + 3.0 }).collect();
+    let nnz = x.iter().filter(|v| **v != 0.0).count();
+    let density = nnz as f64 / x.len() as f64;
+    let v = mine_once(&x);
+    let s = v.iter().find(|v| v.kind == SPARSE_GEMM).unwrap_or_else(|| panic!("{:?}", kinds(&v)));
+    assert!(close(s.fraction, 1.0 - density, 1e-12), "fraction {} vs 1 - {density}", s.fraction);
+    assert!(close(s.payoff, s.fraction, 1e-12), "one site: payoff {} = fraction {}", s.payoff, s.fraction);
+    assert!(close(opscope::mine::payoff_fraction(SPARSE_GEMM, 0.25), 0.75, 0.0));
+}

@@ -133,23 +133,30 @@ fn a_recording_too_thin_for_a_rule_names_the_rule_and_what_it_needs() {
     assert!(cannot.iter().any(|c| c.kind == opscope::mine::kinds::STATIONARY && c.runs_needed == opscope::mine::MIN_STEPS && c.missing.is_empty()));
 }
 
+/// Record each of `runs` (64 tokens x 128 channels) through one compile of a tapped matmul
+/// (weight `randn(128 x 16, 1)`) under `pipeline`; the series the miner reads.
+fn record_runs(pipeline: &str, runs: &[Vec<f32>]) -> std::collections::BTreeMap<opscope::mine::SeriesKey, opscope::mine::Series> {
+    let sink = MemorySink::default();
+    let p = Pipeline::parse(pipeline).unwrap();
+    opscope::scope(&p, Box::new(sink.clone()), || {
+        let mut c = Session::new(Device::Cpu).compile(matmul_2d(64, 128, 16));
+        c.set_param("w", &randn(128 * 16, 1));
+        for x in runs {
+            c.run(&[("x", x)]);
+        }
+    })
+    .unwrap();
+    opscope::mine::series_from_rows(&sink.rows())
+}
+
 /// A memoized weight is recorded once per compile while the activation is recorded every run:
 /// the across-run rules do not list the weight as short of runs (it is a constant), while a
 /// tensor that really ran once is listed. Also: a verdict kind prints as its name.
 #[test]
 fn a_weight_recorded_once_per_compile_is_not_short_of_runs() {
     use opscope::mine::kinds::STATIONARY;
-    let sink = MemorySink::default();
-    let p = Pipeline::parse("matmul{roles=[lhs,rhs]}").unwrap();
-    opscope::scope(&p, Box::new(sink.clone()), || {
-        let mut c = Session::new(Device::Cpu).compile(matmul_2d(64, 128, 16));
-        c.set_param("w", &randn(128 * 16, 1));
-        for i in 0..opscope::mine::MIN_STEPS as u64 + 2 {
-            c.run(&[("x", &randn(64 * 128, 200 + i))]);
-        }
-    })
-    .unwrap();
-    let series = opscope::mine::series_from_rows(&sink.rows());
+    let runs: Vec<Vec<f32>> = (0..opscope::mine::MIN_STEPS as u64 + 2).map(|i| randn(64 * 128, 200 + i)).collect();
+    let series = record_runs("matmul{roles=[lhs,rhs]}", &runs);
     let runs = |role: &str| series.iter().find(|(k, _)| k.1 == role).map(|(_, s)| s.runs.len()).unwrap();
     // The premise: the weight has one run, the activation every run.
     assert_eq!((runs("rhs"), runs("lhs")), (1, opscope::mine::MIN_STEPS + 2));
@@ -166,16 +173,7 @@ fn a_weight_recorded_once_per_compile_is_not_short_of_runs() {
 /// `untimed_sites`: the recorded sites a time-share file does not list, by name.
 #[test]
 fn untimed_sites_are_the_recorded_sites_without_a_time_share() {
-    let x = randn(64 * 128, 9);
-    let sink = MemorySink::default();
-    let p = Pipeline::parse("matmul{roles=[lhs]}").unwrap();
-    opscope::scope(&p, Box::new(sink.clone()), || {
-        let mut c = Session::new(Device::Cpu).compile(matmul_2d(64, 128, 16));
-        c.set_param("w", &randn(128 * 16, 1));
-        c.run(&[("x", &x)]);
-    })
-    .unwrap();
-    let series = opscope::mine::series_from_rows(&sink.rows());
+    let series = record_runs("matmul{roles=[lhs]}", &[randn(64 * 128, 9)]);
     let shares = |site: &str| opscope::mine::TimeShares::from_sites([(site.to_string(), 1.0)], "test").unwrap();
     assert_eq!(opscope::mine::untimed_sites(&series, &shares("matmul.0")), Vec::<String>::new());
     assert_eq!(opscope::mine::untimed_sites(&series, &shares("elsewhere")), vec!["matmul.0".to_string()]);
@@ -185,17 +183,8 @@ fn untimed_sites_are_the_recorded_sites_without_a_time_share() {
 /// falls in the per-run absmax range).
 #[test]
 fn merged_histogram_total_is_the_element_count() {
-    let sink = MemorySink::default();
-    let p = Pipeline::parse("matmul{roles=[lhs],hist_bins=16}").unwrap();
-    opscope::scope(&p, Box::new(sink.clone()), || {
-        let mut c = Session::new(Device::Cpu).compile(matmul_2d(64, 128, 16));
-        c.set_param("w", &randn(128 * 16, 1));
-        for i in 0..3 {
-            c.run(&[("x", &randn(64 * 128, 300 + i))]);
-        }
-    })
-    .unwrap();
-    let series = opscope::mine::series_from_rows(&sink.rows());
+    let runs: Vec<Vec<f32>> = (0..3).map(|i| randn(64 * 128, 300 + i)).collect();
+    let series = record_runs("matmul{roles=[lhs],hist_bins=16}", &runs);
     let s = series.values().next().unwrap();
     let h = opscope::mine::merged_histogram(s, None).unwrap();
     assert_eq!((h.runs, h.counts.len()), (3, 16));

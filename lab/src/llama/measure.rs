@@ -404,7 +404,7 @@ impl LlmMeasurement {
             let _ = writeln!(o, "| {} | {}/{} | {} | {} | {:.1e} |", l.site, l.sink_heads, l.sink_first.len(), f(&l.sink_first, 2), f(&l.lift, 1), l.pad_mass_max);
         }
         let _ = writeln!(o, "\n### Massive activations (block output h = x + f(x); Sun et al. 2024: |h| > 100 and ~1000x the median)\n");
-        let _ = writeln!(o, "| block | largest h | channel | position | token | median abs | ratio | channels > 100 | share at token 0 |");
+        let _ = writeln!(o, "| block | largest h | channel | position | token | median abs (median over batches of each batch's median) | ratio | channels > 100 | share at token 0 |");
         let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|");
         for m in &self.massive {
             let _ = writeln!(

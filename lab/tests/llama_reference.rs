@@ -91,6 +91,7 @@ fn logits_and_sketches_match_numpy_on_fortunes() {
     let sink = MemorySink::default();
     let p = Pipeline::parse("matmul").unwrap();
     let tapped = opscope::scope(&p, Box::new(sink.clone()), || job.prefill(&mut job.model.compile(&session, &graph), &job.seqs, false).unwrap().logits).unwrap();
+    assert!(!plain.is_empty() && plain.len() == tapped.len(), "{} plain logits, {} tapped", plain.len(), tapped.len());
     assert!(plain.iter().zip(&tapped).all(|(a, b)| a.to_bits() == b.to_bits()), "logits must be bit-identical with taps on");
 
     let r = reference(&gguf, serde_json::json!({"texts": entries, "seq": seq, "sites": SITES}));

@@ -219,6 +219,8 @@ fn measure_on_minilm_is_pinned_and_matches_onnxruntime() {
     assert_eq!(m.tokens, PIN_TOKENS);
     assert!((m.padding - (1.0 - PIN_TOKENS as f64 / 640.0)).abs() < 1e-12, "padding share {}", m.padding);
     let close = |what: &str, got: f64, want: f64, tol: f64| assert!((got - want).abs() <= tol, "{what}: opscope {got}, expected {want} (tolerance {tol})");
+    // Every measured row has its pin and every pin its row (a zip alone would pass a short list).
+    assert_eq!((m.w8a8.len(), m.blocks.len(), m.attention.len()), (PIN_W8A8.len(), PIN_BLOCKS.len(), PIN_ATTN.len()));
     for (q, (cos_mean, cos_min, sqnr)) in m.w8a8.iter().zip(PIN_W8A8) {
         close(&format!("{} cos_mean", q.pipeline), q.cos_mean, cos_mean, 2e-5);
         close(&format!("{} cos_min", q.pipeline), q.cos_min, cos_min, 2e-5);

@@ -540,6 +540,10 @@ struct MeasureArgs {
     /// projections, about 4x the packed size).
     #[arg(long)]
     no_w8a8: bool,
+    /// With --onnx: also measure this actuation pipeline against fp32, as a W8A8 row (repeat for
+    /// more), e.g. `smoothquant{alpha=0.5},fakequant{scope=tensor,weights=true}`.
+    #[arg(long, value_name = "PIPELINE")]
+    also: Vec<String>,
 }
 
 fn measure(a: MeasureArgs) -> Result<()> {
@@ -549,6 +553,9 @@ fn measure(a: MeasureArgs) -> Result<()> {
     }
     if c.gguf.is_none() && (a.no_skip || a.no_w8a8) {
         anyhow::bail!("--no-skip and --no-w8a8 apply to --gguf only: the ONNX measurement always runs every skip and W8A8 configuration");
+    }
+    if c.gguf.is_some() && !a.also.is_empty() {
+        anyhow::bail!("--also applies to --onnx only: SmolLM2's measurement has its own W4A8/W8A8 rows");
     }
     if let Some(gguf) = &c.gguf {
         use opscope_lab::llama::job::LlamaJob;
@@ -566,7 +573,7 @@ fn measure(a: MeasureArgs) -> Result<()> {
     }
     let job = Job::new(c.onnx()?, c.text_files()?.0, c.entries()?, c.batch as usize, c.seq as usize)?;
     let bar = ProgressBar::new_spinner();
-    let m = opscope_lab::measure::measure(&job, |stage| bar.set_message(stage.to_string()))?;
+    let m = opscope_lab::measure::measure_with(&job, &a.also, |stage| bar.set_message(stage.to_string()))?;
     bar.finish_and_clear();
     write_json(a.json.as_deref(), &m, "the measurement")?;
     emit(&m.markdown())

@@ -94,6 +94,8 @@ pub struct Measurement {
     pub attention: Vec<AttnLayer>,
     /// W8A8 configurations.
     pub w8a8: Vec<Quant>,
+    /// Other actuation pipelines asked for (`opscope measure --also`), measured as the W8A8 rows.
+    pub also: Vec<Quant>,
     /// Residual blocks in execution order.
     pub blocks: Vec<Block>,
     /// Spearman rank correlation between `influence` and `skip_change` over the blocks.
@@ -201,7 +203,16 @@ pub fn spearman(a: &[f64], b: &[f64]) -> f64 {
 }
 
 /// Run every measurement. `progress` is told each stage's name.
-pub fn measure(job: &Job, mut progress: impl FnMut(&str)) -> Result<Measurement> {
+pub fn measure(job: &Job, progress: impl FnMut(&str)) -> Result<Measurement> {
+    measure_with(job, &[], progress)
+}
+
+/// [`measure`], plus each pipeline of `also` (an actuation such as
+/// `smoothquant,fakequant{scope=tensor,weights=true}`) against fp32, as the W8A8 rows are.
+///
+/// Errors: those of [`measure`]; a pipeline of `also` that does not parse (named).
+pub fn measure_with(job: &Job, also: &[String], mut progress: impl FnMut(&str)) -> Result<Measurement> {
+    let also_parsed = also.iter().map(|p| Pipeline::parse(p).with_context(|| format!("--also {p}"))).collect::<Result<Vec<_>>>()?;
     progress("fp32 with attn + residual taps");
     let (fp32, rows, _) = embed(job, &Pipeline::parse(BASELINE)?)?;
     // Runs in execution order: (compile, step) of each batch as first seen.
@@ -264,6 +275,13 @@ pub fn measure(job: &Job, mut progress: impl FnMut(&str)) -> Result<Measurement>
         let (cos_mean, cos_min, sqnr_db) = compare(&fp32, &q);
         w8a8.push(Quant { name: name.into(), pipeline: p.into(), cos_mean, cos_min, sqnr_db });
     }
+    let mut also_rows = Vec::new();
+    for (text, p) in also.iter().zip(&also_parsed) {
+        progress(text);
+        let (q, _, _) = embed(job, p)?;
+        let (cos_mean, cos_min, sqnr_db) = compare(&fp32, &q);
+        also_rows.push(Quant { name: "--also".into(), pipeline: text.clone(), cos_mean, cos_min, sqnr_db });
+    }
 
     let mut blocks = Vec::new();
     for (&k, &(s, n)) in &infl {
@@ -295,6 +313,7 @@ pub fn measure(job: &Job, mut progress: impl FnMut(&str)) -> Result<Measurement>
         padding: 1.0 - tokens as f64 / positions as f64,
         attention,
         w8a8,
+        also: also_rows,
         blocks,
         spearman,
     })
@@ -330,7 +349,7 @@ impl Measurement {
             ));
         }
         s.push_str("\n### W8A8 fake-quant vs fp32 sentence embeddings\n\n| configuration | pipeline | mean cos | worst cos | SQNR |\n|---|---|---|---|---|\n");
-        for q in &self.w8a8 {
+        for q in self.w8a8.iter().chain(&self.also) {
             s.push_str(&format!("| {} | `{}` | {:.5} | {:.4} | {:.1} dB |\n", q.name, q.pipeline, q.cos_mean, q.cos_min, q.sqnr_db));
         }
         s.push_str("\n### Block influence (residual tap) vs skipping the block (skip actuation)\n\n| block | influence 1-cos(x, x+f(x)) | norm ratio | embedding change 1-cos when skipped | worst cos |\n|---|---|---|---|---|\n");

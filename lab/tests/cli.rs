@@ -44,7 +44,7 @@ fn record_with_bogus_pipeline_fails_listing_the_passes() {
     assert!(!out.status.success());
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.contains("unknown pass 'bogus'") && err.contains("known passes (closest first): "), "{err}");
-    for name in ["attn", "fakequant", "matmul", "residual", "route", "skip"] {
+    for name in ["attn", "fakequant", "matmul", "residual", "route", "skip", "smoothquant"] {
         assert!(err.contains(name), "{name} listed: {err}");
     }
     assert!(!err.contains("panicked"), "{err}");

@@ -117,7 +117,8 @@ struct Quantizer {
 }
 
 /// True if `id` is a weight: reachable only from parameters through reshapes, transposes and
-/// concats. Constants do not count: RLX 0.2.19's constant folder (`rlx-compile` `const_fold.rs`)
+/// concats, or a weight `smoothquant` migrated (`diag(s) W`, quantized as the weight a
+/// deployment would fold its static scales into). Constants do not count: RLX 0.2.19's constant folder (`rlx-compile` `const_fold.rs`)
 /// evaluates `Round` as `f32::round` (half away from zero), unlike its kernels, so a quantizer
 /// over a constant-only tensor could be folded with other tie-breaking.
 fn is_weight(g: &Graph, id: NodeId) -> bool {
@@ -125,7 +126,7 @@ fn is_weight(g: &Graph, id: NodeId) -> bool {
     match n.op {
         Op::Param { .. } => true,
         Op::Reshape { .. } | Op::Transpose { .. } | Op::Concat { .. } => n.inputs.iter().all(|&i| is_weight(g, i)),
-        _ => false,
+        _ => super::smoothquant::is_migrated_weight(g, id),
     }
 }
 

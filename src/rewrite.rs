@@ -315,8 +315,7 @@ impl Rewrite {
             }
             if let (true, None) = (lower, &why_not) {
                 let mask = if op == SKETCH2_OP { inputs.get(1).copied() } else { None };
-                let anchor = if invariant { self.anchor } else { None };
-                let low = crate::sketch::lower::lower(&mut self.graph, tensor, mask, anchor, &spec);
+                let low = crate::sketch::lower::lower(&mut self.graph, tensor, mask, &spec);
                 for (stat, why) in low.not_computed {
                     self.skip(site, Some(use_.role.clone()), Some(tensor), format!("{} not computed by the lowered sketch: {why}", stat.as_str()));
                 }

@@ -262,3 +262,31 @@ fn fixed_range_histogram_at_bin_edges_is_numpys() {
     assert_eq!(s["hist_outside"], vec![outside]);
     assert_same(&collect(&native.rows()), &collect(&lowered.rows()), &absent_by_design(false), 1e-5);
 }
+
+/// Under `cache_param_invariant` RLX hoists weight-only work into a run-once prepare graph
+/// whose graph outputs come back unfilled: the lowered sketch of a weight reads a run-time
+/// tensor so that it stays in the main graph, and records the native kernel's values.
+#[test]
+fn lowered_weight_sketch_survives_param_hoisting() {
+    use rlx_runtime::{Device, Session};
+    let g = matmul_2d(3, 5, 4);
+    let w = randn(20, 1);
+    let x = randn(15, 2);
+    let record = |pipeline: &str| {
+        let p = Pipeline::parse(pipeline).unwrap();
+        let sink = opscope::MemorySink::default();
+        let outs = opscope::scope(&p, Box::new(sink.clone()), || {
+            let opts = rlx_runtime::CompileOptions::default().with_cache_param_invariant(true);
+            let mut c = Session::new(Device::Cpu).compile_with(g.clone(), &opts);
+            c.set_param("w", &w);
+            (0..2).map(|_| c.run(&[("x", &x)])).collect::<Vec<_>>()
+        })
+        .unwrap();
+        (outs, collect(&sink.rows()))
+    };
+    let (n_out, native) = record("matmul{hist_bins=8,hist_range=-3:3}");
+    let (l_out, lowered) = record("matmul{hist_bins=8,hist_range=-3:3,lower=true}");
+    assert_eq!(n_out.iter().map(|o| bits(o)).collect::<Vec<_>>(), l_out.iter().map(|o| bits(o)).collect::<Vec<_>>());
+    assert!(lowered.contains_key(&("matmul.0".into(), "rhs".into(), "sumsq".into())));
+    assert_same(&native, &lowered, &absent_by_design(false), 1e-5);
+}

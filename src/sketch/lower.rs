@@ -69,12 +69,12 @@ pub fn unlowerable(spec: &SketchSpec, shape: &Shape) -> Option<String> {
 }
 
 /// Build the lowered sketch of `x` (static shape, F32) with an optional row mask (`R` values,
-/// or `B x S` for a per-head `[B, H, S, D]` tensor; a row whose mask is 0 adds to nothing), and
-/// an optional run-time `anchor` the output is made to depend on (so a weight's sketch is not
-/// hoisted into RLX's run-once prepare graph, whose graph outputs come back unfilled).
+/// or `B x S` for a per-head `[B, H, S, D]` tensor; a row whose mask is 0 adds to nothing).
+/// A weight's lowered sketch needs no `keep` anchor: under `cache_param_invariant` it records
+/// the kernel's values (tested; the native op needs `keep`, see [`super::KEEP_OP`]).
 ///
 /// Requires [`unlowerable`] to be `None`.
-pub fn lower(g: &mut Graph, x: NodeId, mask: Option<NodeId>, anchor: Option<NodeId>, spec: &SketchSpec) -> Lowered {
+pub fn lower(g: &mut Graph, x: NodeId, mask: Option<NodeId>, spec: &SketchSpec) -> Lowered {
     let dims = super::static_dims(g.shape(x)).expect("lower: static dims (checked by unlowerable)");
     let c = dims.last().copied().unwrap_or(1).max(1);
     let n: usize = dims.iter().product();
@@ -178,9 +178,9 @@ pub fn lower(g: &mut Graph, x: NodeId, mask: Option<NodeId>, anchor: Option<Node
                 let v2 = b.g.mul(var, var);
                 let m4n = b.g.div(m4, count);
                 let k = b.g.div(m4n, v2);
-                // Undefined for a constant (min == max) or no finite value; kurtosis >= 1.
-                let varying = b.cmp(CmpOp::Gt, max, min);
-                let k = b.where_(varying, k, nan1);
+                // Undefined for a constant: every scaled value is exactly 1 (v / v), the mean
+                // of n ones (n < 2^24) exactly 1, so m2 = 0 and k = 0/0 = NaN; likewise for no
+                // finite value. Kurtosis is >= 1: anything below is f32 trouble, not recorded.
                 let k = b.finite_or_nan(k);
                 let ge1 = b.k1(0.999);
                 let ok = b.cmp(CmpOp::Gt, k, ge1);
@@ -305,17 +305,7 @@ pub fn lower(g: &mut Graph, x: NodeId, mask: Option<NodeId>, anchor: Option<Node
         };
         pieces.push(piece);
     }
-    let mut out = b.cat(pieces);
-    if let Some(a) = anchor {
-        // where(a0 == a0 | true, out, out): the value is `out`, and it reads a run-time tensor.
-        let an = super::static_dims(b.g.shape(a)).map(|d| d.iter().product::<usize>()).unwrap_or(0);
-        if an > 0 {
-            let flat = b.g.reshape_(a, vec![an as i64]);
-            let a0 = b.g.narrow_(flat, 0, 0, 1);
-            let t = b.cmp(CmpOp::Eq, a0, a0);
-            out = b.where_(t, out, out);
-        }
-    }
+    let out = b.cat(pieces);
     Lowered { node: out, not_computed }
 }
 

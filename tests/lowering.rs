@@ -282,7 +282,11 @@ fn lowered_weight_sketch_survives_param_hoisting() {
             (0..2).map(|_| c.run(&[("x", &x)])).collect::<Vec<_>>()
         })
         .unwrap();
-        (outs, collect(&sink.rows()))
+        let rows = sink.rows();
+        // A weight is recorded once, also when its sketch holds not-computed (NaN) slots.
+        assert!(rows.iter().filter(|r| &*r.role == "rhs").all(|r| r.step == 0), "{pipeline}: weight recorded at step 0 only");
+        assert!(rows.iter().any(|r| &*r.role == "lhs" && r.step == 1));
+        (outs, collect(&rows))
     };
     let (n_out, native) = record("matmul{hist_bins=8,hist_range=-3:3}");
     let (l_out, lowered) = record("matmul{hist_bins=8,hist_range=-3:3,lower=true}");

@@ -42,7 +42,7 @@ fn chain_mlp(m: usize, d: usize, layers: usize) -> (Graph, Vec<(String, Vec<f32>
 
 /// Statistics the lowering leaves out for `pipeline` (must equal what the manifest lists).
 fn absent_by_design(absmax_hist: bool) -> BTreeSet<String> {
-    let mut s: BTreeSet<String> = ["adj_sumsq".to_string()].into();
+    let mut s = BTreeSet::new();
     if absmax_hist {
         s.insert("hist".into());
         s.insert("hist_outside".into());

@@ -28,7 +28,6 @@
 //!   numpy's edge correction (rlx-cpu 0.2.19 `exec_histogram`), so counts at edges could differ.
 //! - `hist` with more than [`MAX_LOWERED_BINS`] bins: one compare and sum per edge over the
 //!   whole tensor.
-//! - `adj_sumsq`: not implemented yet (needs a narrowed difference of adjacent rows per block).
 //! - Any statistic of a tensor with a symbolic dim (the subgraph is built for static shapes).
 
 use rlx_ir::infer::GraphExt;
@@ -298,6 +297,40 @@ pub fn lower(g: &mut Graph, x: NodeId, mask: Option<NodeId>, spec: &SketchSpec) 
                 }
                 b.total(f, ReduceOp::Sum)
             }
+            tensor::ADJ_SUMSQ => {
+                // Rows as [L, block, C] (block = the second-to-last dim): pairs (row - 1, row)
+                // inside a block, both elements finite and both rows kept; on values / max|x|.
+                let block = if dims.len() >= 2 { dims[dims.len() - 2].max(1) } else { 1 };
+                if block < 2 || r % block != 0 {
+                    b.k1(0.0)
+                } else {
+                    let l = (r / block) as i64;
+                    let (bl, cc) = (block as i64, c as i64);
+                    let x3 = b.g.reshape_(xs, vec![l, bl, cc]);
+                    let v3 = b.g.reshape_(validf, vec![l, bl, cc]);
+                    let cur = b.g.narrow_(x3, 1, 1, block - 1);
+                    let prev = b.g.narrow_(x3, 1, 0, block - 1);
+                    let vc = b.g.narrow_(v3, 1, 1, block - 1);
+                    let vp = b.g.narrow_(v3, 1, 0, block - 1);
+                    let both = b.g.mul(vc, vp);
+                    let d = b.g.sub(cur, prev);
+                    let sq = b.g.mul(d, d);
+                    let sq = b.g.mul(sq, both); // xs is 0 where not valid; both masks the pair
+                    let pairs = (r / block * (block - 1)) as i64;
+                    let sq = b.g.reshape_(sq, vec![pairs, cc]);
+                    let saved = b.r;
+                    b.r = pairs as usize;
+                    let t = b.total(sq, ReduceOp::Sum);
+                    b.r = saved;
+                    let scaled = t;
+                    let t = b.g.mul(t, safe);
+                    let t = b.g.mul(t, safe);
+                    // An exact zero (identical rows) is recorded; a non-zero sum f32 cannot hold
+                    // is not.
+                    let t = b.f32_sum_or_nan(t, scaled);
+                    b.where_(s_pos, t, zero1)
+                }
+            }
             other => {
                 not_computed.push((other, "no lowering into RLX primitive ops yet".to_string()));
                 b.nan(len)
@@ -368,10 +401,11 @@ impl B<'_> {
         let nan = self.g.full(&[1], f32::NAN, DType::F32);
         self.where_(ok, v, nan)
     }
-    /// A sum of squares `t` as the kernel records it: itself when finite and 0 or at least
-    /// `f32::MIN_POSITIVE`; 0 when `scale` (the max |x| it was scaled by) is 0; NaN otherwise
-    /// (f32 cannot hold it to 6e-8 relative).
-    fn f32_sum_or_nan(&mut self, t: NodeId, scale: NodeId) -> NodeId {
+    /// A sum of squares `t` as the kernel records it: itself when finite and at least
+    /// `f32::MIN_POSITIVE`; an exact 0 when `zero_if` is 0 (the scale it was multiplied by, or
+    /// the sum before scaling); NaN otherwise (f32 cannot hold it to 6e-8 relative).
+    fn f32_sum_or_nan(&mut self, t: NodeId, zero_if: NodeId) -> NodeId {
+        let scale = zero_if;
         let t = self.finite_or_nan(t);
         let minp = self.g.full(&[1], f32::MIN_POSITIVE, DType::F32);
         let normal = self.cmp(CmpOp::Ge, t, minp);

@@ -319,8 +319,23 @@ impl Pipeline {
     /// then recovered from `source`), with a compile tag written as the first value of every
     /// sketch, so that a recorder receiving outputs can tell which compiled graph produced them.
     pub fn apply_tagged(&self, graph: &Graph, source: Option<&Graph>, tag: u32) -> Result<(Graph, Manifest), Error> {
+        self.apply_on(graph, source, tag, rlx_runtime::Device::Cpu)
+    }
+
+    /// [`Pipeline::apply_tagged`] for a compile on `device`: where the device has no native
+    /// sketch kernel ([`crate::sketch::lower::native_kernel`]: every device but the CPU), tensor
+    /// sketches are lowered into RLX primitive ops, and sketches with no lowering (the probes)
+    /// are listed in the manifest's `skipped` with the reason.
+    pub fn apply_on(
+        &self,
+        graph: &Graph,
+        source: Option<&Graph>,
+        tag: u32,
+        device: rlx_runtime::Device,
+    ) -> Result<(Graph, Manifest), Error> {
         crate::sketch::register_kernels();
         let mut rw = Rewrite::new(graph, source, self.to_string(), tag);
+        rw.set_native_kernel(crate::sketch::lower::native_kernel(device));
         for (i, p) in self.passes.iter().enumerate() {
             rw.begin_pass(i, p.pass.name());
             p.pass.run(&p.options, &mut rw)?;

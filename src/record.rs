@@ -123,7 +123,9 @@ fn writer(mut sink: Box<dyn Sink>, run_id: Arc<str>, rx: Receiver<Msg>) -> Resul
                     .or_insert_with(|| Arc::new(Interned::new(&manifest)))
                     .clone();
                 let mut changed = |k: usize, v: &[f32]| match weights.get_mut(&(manifest.tag, k)) {
-                    Some(last) if last.as_slice() == v => false,
+                    // Bitwise: a sketch holding NaN (a statistic not defined or not computed)
+                    // is unchanged when its bits are (NaN != NaN would record it every run).
+                    Some(last) if last.iter().map(|x| x.to_bits()).eq(v.iter().map(|x| x.to_bits())) => false,
                     Some(last) => {
                         last.clear();
                         last.extend_from_slice(v);

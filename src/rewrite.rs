@@ -34,6 +34,12 @@ pub struct Rewrite {
     blocks: Option<Vec<ResidualBlock>>,
     /// Tensors RLX's CPU backend never writes (see [`backend_elided`]), with the reason.
     elided: HashMap<u32, String>,
+    /// The target device has a native sketch kernel ([`crate::sketch::lower::native_kernel`]);
+    /// when false every tensor sketch is lowered into primitive ops.
+    native: bool,
+    /// The running pass asked for lowered sketches on a device with a native kernel
+    /// ([`Rewrite::force_lowering`]); reset at each pass.
+    force_lower: bool,
 }
 
 impl Rewrite {
@@ -65,6 +71,8 @@ impl Rewrite {
             live: vec![true; graph.len()],
             blocks: None,
             elided: backend_elided(graph),
+            native: true,
+            force_lower: false,
         };
         let mut dynamic = vec![false; graph.len()];
         for n in graph.nodes() {
@@ -191,12 +199,27 @@ impl Rewrite {
     /// now on are attributed to it.
     pub fn begin_pass(&mut self, idx: usize, name: &'static str) {
         self.current = (idx, name);
+        self.force_lower = false;
         if self.restructured {
             let keep = reachable(&self.graph, self.manifest.user_outputs);
             for (i, l) in self.live.iter_mut().enumerate() {
                 *l = keep[i];
             }
         }
+    }
+
+    /// Set whether the target device has a native sketch kernel (true by default: the CPU).
+    /// Without one every tensor sketch is lowered into RLX primitive ops
+    /// ([`crate::sketch::lower`]), and a sketch that has no lowering is skipped with the reason.
+    pub fn set_native_kernel(&mut self, native: bool) {
+        self.native = native;
+    }
+
+    /// Lower the tensor sketches the running pass appends from now on, even where a native
+    /// kernel exists (a pass option such as `matmul{lower=true}`; for testing the lowering on
+    /// the CPU against the kernel). Reset when the next pass begins.
+    pub fn force_lowering(&mut self, on: bool) {
+        self.force_lower = on;
     }
 
     /// Record a site at `node`, named [`Rewrite::site_name`].
@@ -284,6 +307,34 @@ impl Rewrite {
             None
         } else {
             let name = format!("opscope/{site}/{}", use_.role.as_str());
+            let lower = !self.native || self.force_lower;
+            let why_not = if lower { crate::sketch::lower::unlowerable(&spec, &shape) } else { None };
+            if let (false, Some(why)) = (self.native, &why_not) {
+                self.skip(site, Some(use_.role.clone()), Some(tensor), format!("no native sketch kernel on the device, and {why}"));
+                return;
+            }
+            if let (true, None) = (lower, &why_not) {
+                let mask = if op == SKETCH2_OP { inputs.get(1).copied() } else { None };
+                let low = crate::sketch::lower::lower(&mut self.graph, tensor, mask, &spec);
+                for (stat, why) in low.not_computed {
+                    self.skip(site, Some(use_.role.clone()), Some(tensor), format!("{} not computed by the lowered sketch: {why}", stat.as_str()));
+                }
+                self.graph.node_mut(low.node).name = Some(format!("{name}/lowered"));
+                self.graph.outputs.push(low.node);
+                let i = self.manifest.outputs.len();
+                self.dedupe.insert((tensor.0, attrs), i);
+                self.manifest.outputs.push(TapOutput {
+                    output_index: Some(self.graph.outputs.len() - 1),
+                    tensor: tensor.0,
+                    shape: shape_text(&shape),
+                    numel,
+                    uses: vec![use_],
+                    invariant,
+                    layout,
+                    spec,
+                });
+                return;
+            }
             let mut id = self.graph.custom_op(op, spec.to_attrs(), inputs.to_vec());
             self.graph.node_mut(id).name = Some(name.clone());
             if let (true, Some(anchor)) = (invariant, self.anchor) {

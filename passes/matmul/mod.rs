@@ -43,8 +43,14 @@ const PADDING: Opt<Word> = Opt::word(
     "exclude: rows of an activation at padding positions (graph input attention_mask, one value per row) add to no statistic; include: every row counts",
 );
 
+const LOWER: Opt<bool> = Opt::bool(
+    "lower",
+    "false",
+    "compute sketches with RLX primitive ops (the lowering a device without a native sketch kernel uses) even on the CPU; statistics it cannot compute are listed in the manifest",
+);
+
 const OPTIONS: &[OptionSpec] =
-    &[SITES.spec, ROLES.spec, STATS.spec, HIST_BINS.spec, HIST_RANGE.spec, ELEMSIG.spec, PADDING.spec];
+    &[SITES.spec, ROLES.spec, STATS.spec, HIST_BINS.spec, HIST_RANGE.spec, ELEMSIG.spec, PADDING.spec, LOWER.spec];
 
 /// The `matmul` tap pass.
 pub struct MatmulTap;
@@ -130,6 +136,7 @@ impl Pass for MatmulTap {
         let hist_bins = opts.get(&HIST_BINS)? as usize;
         let elemsig = opts.get(&ELEMSIG)? as usize;
         let exclude_padding = opts.get(&PADDING)? == "exclude";
+        rw.force_lowering(opts.get(&LOWER)?);
 
         rw.note_removed(|op| crate::rewrite::family(op) == "matmul");
         let nodes: Vec<NodeId> = rw.original_nodes().collect();

@@ -19,6 +19,7 @@
 //! `f32::MAX`, or non-zero below `f32::MIN_POSITIVE`).
 
 mod kernel;
+pub mod lower;
 mod ops;
 pub mod probe;
 mod stat;

@@ -313,6 +313,12 @@ impl Rewrite {
                 self.skip(site, Some(use_.role.clone()), Some(tensor), format!("no native sketch kernel on the device, and {why}"));
                 return;
             }
+            // Forced lowering that cannot lower: not recorded at all, rather than silently by the
+            // native kernel the caller asked not to use.
+            if let (true, Some(why)) = (self.force_lower, &why_not) {
+                self.skip(site, Some(use_.role.clone()), Some(tensor), format!("lower=true asked for the lowered sketch, and {why}"));
+                return;
+            }
             if let (true, None) = (lower, &why_not) {
                 let mask = if op == SKETCH2_OP { inputs.get(1).copied() } else { None };
                 let low = crate::sketch::lower::lower(&mut self.graph, tensor, mask, &spec);

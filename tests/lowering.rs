@@ -294,3 +294,23 @@ fn lowered_weight_sketch_survives_param_hoisting() {
     assert!(lowered.contains_key(&("matmul.0".into(), "rhs".into(), "sumsq".into())));
     assert_same(&native, &lowered, &absent_by_design(false), 1e-5);
 }
+
+/// `lower=true` on a tensor the lowering cannot take (a symbolic dim) records nothing for it and
+/// says why, rather than computing it with the native kernel the caller asked not to use.
+#[test]
+fn forced_lowering_that_cannot_lower_is_skipped_not_silently_native() {
+    use rlx_ir::{DType, Dim, Graph, Shape};
+    let mut g = Graph::new("sym");
+    let x = g.input("x", Shape::from_dims(&[Dim::Dynamic(0), Dim::Static(8)], DType::F32));
+    let w = g.param("w", Shape::new(&[8, 4], DType::F32));
+    let y = g.matmul(x, w, Shape::from_dims(&[Dim::Dynamic(0), Dim::Static(4)], DType::F32));
+    g.set_outputs(vec![y]);
+    let (_, m) = opscope::Pipeline::parse("matmul{roles=[lhs,rhs],lower=true}").unwrap().apply(&g).unwrap();
+    let lhs: Vec<_> = m.skipped.iter().filter(|s| s.role == Some(opscope::Role::LHS)).collect();
+    assert!(lhs.iter().any(|s| s.reason.contains("lower=true asked") && s.reason.contains("symbolic")), "{:?}", m.skipped);
+    // The static weight is lowered and recorded; no native sketch op is in the graph for the lhs.
+    assert_eq!(m.outputs.len(), 1, "{:?}", m.outputs);
+    // Without lower=true the native kernel takes the symbolic lhs.
+    let (_, m) = opscope::Pipeline::parse("matmul{roles=[lhs,rhs]}").unwrap().apply(&g).unwrap();
+    assert_eq!(m.outputs.len(), 2, "{:?}", m.outputs);
+}

@@ -177,6 +177,10 @@ fn untimed_sites_are_the_recorded_sites_without_a_time_share() {
     let shares = |site: &str| opscope::mine::TimeShares::from_sites([(site.to_string(), 1.0)], "test").unwrap();
     assert_eq!(opscope::mine::untimed_sites(&series, &shares("matmul.0")), Vec::<String>::new());
     assert_eq!(opscope::mine::untimed_sites(&series, &shares("elsewhere")), vec!["matmul.0".to_string()]);
+    // The same through the JSON `opscope time --json` writes.
+    let json = opscope::mine::TimeShares::from_json(r#"{"sites": [{"site": "matmul.0", "share": 1.0}]}"#, "test").unwrap();
+    assert_eq!(json.get("matmul.0"), Some(1.0));
+    assert_eq!(opscope::mine::untimed_sites(&series, &json), Vec::<String>::new());
 }
 
 /// The merged histogram's total is the recorded element count (every value of a finite tensor
@@ -206,4 +210,20 @@ fn the_sparse_gemm_payoff_is_one_minus_the_density() {
     assert!(close(s.fraction, 1.0 - density, 1e-12), "fraction {} vs 1 - {density}", s.fraction);
     assert!(close(s.payoff, s.fraction, 1e-12), "one site: payoff {} = fraction {}", s.payoff, s.fraction);
     assert!(close(opscope::mine::payoff_fraction(SPARSE_GEMM, 0.25), 0.75, 0.0));
+}
+
+/// The scale-drift rule's run boundary: a clean 4x ramp over exactly `MIN_STEPS` runs fires; the
+/// same ramp over one run fewer does not (too few runs for a trend).
+#[test]
+fn scale_drift_needs_min_steps_runs_and_fires_at_exactly_that_many() {
+    use opscope::mine::kinds::SCALE_DRIFT;
+    let base = randn(64 * 128, 77);
+    let ramp = [1.0f32, 2.0, 3.1, 4.0, 5.0];
+    let runs = |n: usize| -> Vec<Vec<f32>> { ramp[..n].iter().map(|s| base.iter().map(|v| v * s).collect()).collect() };
+    let n = opscope::mine::MIN_STEPS;
+    assert_eq!(n, 4, "the ramp is written for MIN_STEPS = 4");
+    let at = opscope::mine::mine(&record_runs("matmul{roles=[lhs]}", &runs(n)));
+    assert!(kinds(&at).contains(&SCALE_DRIFT.name), "{:?}", kinds(&at));
+    let below = opscope::mine::mine(&record_runs("matmul{roles=[lhs]}", &runs(n - 1)));
+    assert!(!kinds(&below).contains(&SCALE_DRIFT.name), "{:?}", kinds(&below));
 }

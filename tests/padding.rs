@@ -158,3 +158,34 @@ fn an_int64_attention_mask_masks_like_an_f32_one() {
     assert!(close(s["sumsq"][0], real.iter().map(|v| v * v).sum(), 1e-6));
     assert!(sink.manifests()[0].padding.as_deref().is_some_and(|p| p.contains("I64")), "{:?}", sink.manifests()[0].padding);
 }
+
+/// A batch that is all padding has no real row: the activation's per-channel absmax is not
+/// recorded (absent, never a row of zeros), and its count is 0; natively and lowered. (Found by
+/// a cargo-mutants survivor: it was recorded as a row of zeros while `max` was absent.)
+#[test]
+fn an_all_padding_batch_records_no_per_channel_absmax() {
+    let mask = vec![0.0f32; B * S];
+    let x = randn(B * S * K, 13);
+    let w = randn(K * N, 14);
+    let (_, sink) = run_tapped(
+        "matmul{roles=[lhs],stats=[max,chan_maxabs]}",
+        &masked_matmul(),
+        &[("w", &w)],
+        &[("x", &x), ("attention_mask", &mask)],
+    );
+    let s = stats_of(&sink.rows(), "matmul.0", "lhs", 0);
+    assert_eq!(s["count"], vec![0.0], "{s:?}");
+    assert!(!s.contains_key("chan_maxabs"), "chan_maxabs recorded for a batch with no real row: {s:?}");
+    // The lowered sketch (RLX primitive ops) agrees.
+    let (_, sink) = run_tapped(
+        "matmul{roles=[lhs],stats=[max,chan_maxabs],lower=true}",
+        &masked_matmul(),
+        &[("w", &w)],
+        &[("x", &x), ("attention_mask", &mask)],
+    );
+    let s = stats_of(&sink.rows(), "matmul.0", "lhs", 0);
+    assert!(!s.contains_key("chan_maxabs") && !s.contains_key("max"), "lowered: {s:?}");
+    // The same with real rows records one value per channel.
+    let (_, sink) = run_tapped("matmul{roles=[lhs],stats=[max,chan_maxabs]}", &masked_matmul(), &[("w", &w)], &[("x", &x), ("attention_mask", &vec![1.0; B * S])]);
+    assert_eq!(stats_of(&sink.rows(), "matmul.0", "lhs", 0)["chan_maxabs"].len(), K);
+}

@@ -729,7 +729,7 @@ pub fn compute_masked(data: &[f32], dims: &[usize], spec: &SketchSpec, mask: Opt
                 }
             }
             tensor::CHAN_MAXABS => {
-                if rows == 0 || chan.len() != slot.len {
+                if rows == 0 || acc.count == 0 || chan.len() != slot.len {
                     dst.fill(f32::NAN);
                 } else {
                     dst.copy_from_slice(&chan);

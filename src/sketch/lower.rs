@@ -240,7 +240,14 @@ pub fn lower(g: &mut Graph, x: NodeId, mask: Option<NodeId>, spec: &SketchSpec) 
                 }
                 b.cat(vals)
             }
-            tensor::CHAN_MAXABS => b.chan_maxabs(az),
+            tensor::CHAN_MAXABS => {
+                // No counted value (every row padding or non-finite): NaN, as the kernel writes.
+                let ch = b.chan_maxabs(az);
+                let any = b.cmp(CmpOp::Gt, count, zero1);
+                let (z, n1) = (b.k1(0.0), b.k1(f32::NAN));
+                let add = b.where_(any, z, n1);
+                b.g.add(ch, add)
+            }
             tensor::CHAN_OUTLIER => {
                 let ch = b.chan_maxabs(az); // [C]
                 let peak = b.reduce(ch, ReduceOp::Max, 0);

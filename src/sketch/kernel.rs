@@ -797,6 +797,13 @@ mod tests {
             let (c, d) = ((a.centred)(&x, -1e-3), (b.centred)(&x, -1e-3));
             assert_eq!((c.0.to_bits(), c.1.to_bits()), (d.0.to_bits(), d.1.to_bits()), "centred, len {len}");
             assert_eq!((a.pairs)(&x, &y).to_bits(), (b.pairs)(&x, &y).to_bits(), "pairs, len {len}");
+            // Unit-scale data about a mean of the same scale (above, the wide spread of
+            // magnitudes hides the mean: an `x + mean` slip gave the same sums).
+            let u: Vec<f32> = (0..len).map(|i| (i * 7919 % 1000) as f32 / 1000.0 - 0.3).collect();
+            let (c, d) = ((a.centred)(&u, 0.2), (b.centred)(&u, 0.2));
+            assert_eq!((c.0.to_bits(), c.1.to_bits()), (d.0.to_bits(), d.1.to_bits()), "centred unit-scale, len {len}");
+            let want: (f64, f64) = u.iter().fold((0.0, 0.0), |t, &v| (t.0 + (v as f64 - 0.2).powi(2), t.1 + (v as f64 - 0.2).powi(4)));
+            assert!((c.0 - want.0).abs() <= 1e-12 * want.0.max(1.0) && (c.1 - want.1).abs() <= 1e-12 * want.1.max(1.0), "centred vs host, len {len}");
         }
     }
 
@@ -843,5 +850,24 @@ mod tests {
             }
         }
         assert!(checked > 100_000, "{checked}");
+    }
+
+    /// A range near f32's limits has no f32 binner; `count_all` then bins in f64, and its four
+    /// counter lanes add up to each value's own bin.
+    #[test]
+    fn count_all_without_the_f32_binner_counts_each_value_once() {
+        let (lo, hi, bins) = (-3e38f64, 3e38f64, 8usize);
+        let b = Binner::new(lo, hi, bins);
+        assert!(b.fast.is_none(), "the range is too wide for the f32 binner");
+        let row: Vec<f32> = (0..37).map(|i| ((i * 37 % 29) as f32 / 14.0 - 1.0) * 2.9e38).collect();
+        let mut lanes = vec![0u64; 4 * bins];
+        b.count_all(&row, &mut lanes);
+        let got: Vec<u64> = (0..bins).map(|k| (0..4).map(|l| lanes[l * bins + k]).sum()).collect();
+        let mut want = vec![0u64; bins];
+        for &x in &row {
+            want[b.bin(x as f64)] += 1;
+        }
+        assert_eq!(got, want);
+        assert_eq!(got.iter().sum::<u64>(), row.len() as u64);
     }
 }

@@ -782,6 +782,40 @@ fn fused_attention_without_a_key_mask_takes_padding_from_attention_mask() {
     }
 }
 
+/// The unfused form of the test above: a BERT-layout `softmax((Q K^T) * scale) @ V` with no
+/// additive mask, in a program with a graph input `attention_mask` (batch 0 whole, batch 1
+/// right-padded after 3 tokens): the probe reads the Softmax output and takes padding from the
+/// row mask per batch (batch 1's padding is its own, not batch 0's). Padding keys get mass.
+#[test]
+fn unfused_attention_without_a_mask_takes_padding_from_attention_mask() {
+    let Geom { b, h, sq: s, d, .. } = BERT;
+    let mut g = Graph::new("bert_rows");
+    let q = g.input("q", f32s(&[b, h, s, d]));
+    let k = g.input("k", f32s(&[b, h, s, d]));
+    let v = g.input("v", f32s(&[b, h, s, d]));
+    let am = g.input("attention_mask", f32s(&[b, s]));
+    let kt = g.add_node(Op::Transpose { perm: vec![0, 1, 3, 2] }, vec![k], f32s(&[b, h, d, s]));
+    let scores = g.matmul(q, kt, f32s(&[b, h, s, s]));
+    let c = scalar(&mut g, (d as f32).powf(-0.5));
+    let scaled = g.binary(BinaryOp::Mul, scores, c, f32s(&[b, h, s, s]));
+    let p = g.softmax(scaled, -1, f32s(&[b, h, s, s]));
+    let ctx = g.matmul(p, v, f32s(&[b, h, s, d]));
+    g.set_outputs(vec![ctx, am]);
+    let (qv, kv, vv, _) = bert_inputs();
+    let rows_mask = key_mask(b, s, 3);
+    assert!(rows_mask[..s].iter().all(|m| *m > 0.5) && rows_mask[s + 3] < 0.5, "batch 0 whole, batch 1 padded");
+    let (p, allowed) = ref_probs(&BERT, &qv, &kv, (d as f64).powf(-0.5), None, &|_, _, _, _| Some(0.0));
+    let allowed: Vec<bool> = allowed.iter().enumerate().map(|(i, &a)| a && rows_mask[(i / (h * s * s)) * s + i % s] > 0.5).collect();
+    let want = host_stats(&BERT, &p, &allowed, 8);
+    assert_eq!(want["queries"][0], (0, (s + 3) as f64), "per head: 5 + 3 real queries");
+    let inputs: Vec<(&str, &[f32])> = vec![("q", &qv), ("k", &kv), ("v", &vv), ("attention_mask", &rows_mask)];
+    let (rows, manifests) = run_both("unfused rows", "attn", &g, &inputs, &ref_output(&BERT, &p, &vv));
+    let (_, got) = recorded(&rows);
+    assert_stats("unfused rows", &got, &want);
+    assert!(manifests.last().unwrap().padding.as_deref().is_some_and(|p| p.contains("attention_mask")));
+    assert!(got["pad_mass"].iter().all(|(_, v)| *v > 1e-2), "padding keys get mass without a mask: {:?}", got["pad_mass"]);
+}
+
 /// Uniform attention under a causal mask is no sink: query `q` sees `q + 1` keys, so the first
 /// key's mean mass over queries 1..4 of a 5-token prefix (query 0 is the key's own position) is
 /// (1/2 + 1/3 + 1/4 + 1/5) / 4 = 0.321, above the rule's 0.2 and 1.6x the share `1 / keys`; its

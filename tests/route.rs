@@ -148,6 +148,29 @@ fn router_over_logits_uses_their_softmax() {
     assert!((s["kept_mass"][0] - kept).abs() < 1e-6, "{} vs {kept}", s["kept_mass"][0]);
 }
 
+/// Router probabilities reshaped before the TopK (`[T, E]` -> `[1, T, E]`): the probe looks
+/// through the reshape to the softmax and reads gate values, not logits (a second softmax over
+/// probabilities would flatten them towards 1/E).
+#[test]
+fn router_probabilities_seen_through_a_reshape() {
+    let mut g = Graph::new("reshaped_router");
+    let x = g.input("x", f32s(&[3, E]));
+    let p = g.softmax(x, -1, f32s(&[3, E]));
+    let r = g.reshape(p, vec![1, 3, E as i64], f32s(&[1, 3, E]));
+    let top = g.add_node(Op::TopK { k: 1 }, vec![r], f32s(&[1, 3, 1]));
+    g.set_outputs(vec![top]);
+    let logits = [0.0f32, 1.0, 2.0, 3.0, 5.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 4.0];
+    let (_, sink) = run_tapped("route", &g, &[], &[("x", &logits)]);
+    let s = stats_of(&sink.rows(), "topk.0", "router", 0);
+    assert_eq!(s["load"], vec![1.0, 0.0, 0.0, 2.0]);
+    let sm = |row: &[f32], e: usize| {
+        let z: f64 = row.iter().map(|&l| (l as f64).exp()).sum();
+        (row[e] as f64).exp() / z
+    };
+    let kept = (sm(&logits[0..4], 3) + sm(&logits[4..8], 0) + sm(&logits[8..12], 3)) / 3.0;
+    assert!((s["kept_mass"][0] - kept).abs() < 1e-6, "{} vs {kept}", s["kept_mass"][0]);
+}
+
 #[test]
 fn moe_snapshot() {
     let (g, m) = opscope::Pipeline::parse("route").unwrap().apply(&moe()).unwrap();

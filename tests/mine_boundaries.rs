@@ -163,6 +163,22 @@ fn a_massive_activation_needs_100_and_1000_times_the_median() {
     assert_eq!(kinds(&massive(200.0, 0.199)), vec!["massive_activation"]);
 }
 
+/// Over several runs the rule judges the largest |h| of any run, with that run's median: a
+/// massive entry in the second run of two is found whichever run comes first.
+#[test]
+fn a_massive_activation_in_any_run_is_found() {
+    let at = |step: u64, top: f32, median: f32| {
+        let top3 = [top, 0.0, 7.0, 1.0, 0.0, 1.0, 0.5, 0.0, 2.0, 0.25, 0.0, 3.0];
+        run_rows("block.0", "block", "[8,576]", step, &[("rows", 8.0), ("out_median_abs", median)], &[("out_top", &top3)])
+    };
+    let mut rows = at(0, 2.0, 0.1);
+    rows.extend(at(1, 150.0, 0.1));
+    assert_eq!(kinds(&rows), vec!["massive_activation"]);
+    let mut rows = at(0, 150.0, 0.1);
+    rows.extend(at(1, 2.0, 0.1));
+    assert_eq!(kinds(&rows), vec!["massive_activation"]);
+}
+
 // ---------------------------------------------------------------- routing probe
 
 fn route(load: &[f32]) -> Vec<Row> {

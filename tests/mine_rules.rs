@@ -227,3 +227,19 @@ fn scale_drift_needs_min_steps_runs_and_fires_at_exactly_that_many() {
     let below = opscope::mine::mine(&record_runs("matmul{roles=[lhs]}", &runs(n - 1)));
     assert!(!kinds(&below).contains(&SCALE_DRIFT.name), "{:?}", kinds(&below));
 }
+
+/// A ramp that starts at zero (the first run all zeros: absmax 0, 1, 2, 3 exactly, so the fitted
+/// start is exactly 0) has no scale-drift ratio (end / start is undefined): no verdict, and no
+/// verdict carries an infinite ratio as evidence.
+#[test]
+fn a_scale_ramp_from_zero_has_no_drift_ratio() {
+    use opscope::mine::kinds::SCALE_DRIFT;
+    let raw = randn(64 * 128, 78);
+    let m = raw.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let base: Vec<f32> = raw.iter().map(|v| v / m).collect();
+    assert_eq!(base.iter().fold(0f32, |a, v| a.max(v.abs())), 1.0);
+    let runs: Vec<Vec<f32>> = [0.0f32, 1.0, 2.0, 3.0].iter().map(|s| base.iter().map(|v| v * s).collect()).collect();
+    let v = opscope::mine::mine(&record_runs("matmul{roles=[lhs]}", &runs));
+    assert!(!kinds(&v).contains(&SCALE_DRIFT.name), "{:?}", kinds(&v));
+    assert!(v.iter().all(|v| v.evidence.iter().all(|(_, x)| x.is_finite())), "{v:?}");
+}

@@ -30,6 +30,17 @@ fn random_2d_with_offset_mean() {
 }
 
 #[test]
+fn all_negative_and_all_positive_tensors() {
+    // Every value of x below zero (max < 0) and every value of w above zero (min > 0): the
+    // extremes start from the infinities, not from 0 (a mutation survivor showed no test had a
+    // tensor without a value on both sides of zero).
+    let x: Vec<f32> = randn(24 * 16, 7).iter().map(|v| -1.5 - v.abs()).collect();
+    let w: Vec<f32> = randn(16 * 8, 8).iter().map(|v| 0.25 + v.abs()).collect();
+    assert!(x.iter().all(|v| *v < 0.0) && w.iter().all(|v| *v > 0.0));
+    check_2d(24, 16, 8, x, w);
+}
+
+#[test]
 fn m_equals_one() {
     check_2d(1, 31, 5, randn(31, 5), randn(31 * 5, 6));
 }

@@ -327,27 +327,15 @@ impl Rewrite {
                 }
                 self.graph.node_mut(low.node).name = Some(format!("{name}/lowered"));
                 self.graph.outputs.push(low.node);
-                let i = self.manifest.outputs.len();
-                self.dedupe.insert((tensor.0, attrs), i);
-                self.manifest.outputs.push(TapOutput {
-                    output_index: Some(self.graph.outputs.len() - 1),
-                    tensor: tensor.0,
-                    shape: shape_text(&shape),
-                    numel,
-                    uses: vec![use_],
-                    invariant,
-                    layout,
-                    spec,
-                });
-                return;
+            } else {
+                let mut id = self.graph.custom_op(op, spec.to_attrs(), inputs.to_vec());
+                self.graph.node_mut(id).name = Some(name.clone());
+                if let (true, Some(anchor)) = (invariant, self.anchor) {
+                    id = self.graph.custom_op(KEEP_OP, Vec::new(), vec![id, anchor]);
+                    self.graph.node_mut(id).name = Some(format!("{name}/keep"));
+                }
+                self.graph.outputs.push(id);
             }
-            let mut id = self.graph.custom_op(op, spec.to_attrs(), inputs.to_vec());
-            self.graph.node_mut(id).name = Some(name.clone());
-            if let (true, Some(anchor)) = (invariant, self.anchor) {
-                id = self.graph.custom_op(KEEP_OP, Vec::new(), vec![id, anchor]);
-                self.graph.node_mut(id).name = Some(format!("{name}/keep"));
-            }
-            self.graph.outputs.push(id);
             Some(self.graph.outputs.len() - 1)
         };
         self.dedupe.insert((tensor.0, attrs), self.manifest.outputs.len());

@@ -792,6 +792,36 @@ pub fn trt_cache(tensors: &[TensorCalibration], trt_version: u32) -> Result<Stri
 mod tests {
     use super::*;
 
+    /// Mutation survivors (the lab's onnxruntime comparison does not reach these): the bin-count
+    /// line is 2, a zero-width histogram is refused, `amax` is the larger magnitude.
+    #[test]
+    fn options_line_zero_width_histogram_and_amax() {
+        let mut o = CalibrationOptions::new(CalibrationMethod::Entropy);
+        o.quantized_bins = 2;
+        assert!(o.validate().is_ok());
+        o.quantized_bins = 1;
+        assert!(matches!(o.validate(), Err(CalibrationError::Options(_))));
+        let flat = Histogram { lo: 1.5, hi: 1.5, counts: vec![4.0, 0.0] };
+        assert!(matches!(centred(&flat, "test"), Err(CalibrationError::NotCentred { .. })));
+        let t = TensorCalibration {
+            name: "x".into(),
+            site: "s".into(),
+            role: "lhs".into(),
+            pass_idx: 0,
+            method: CalibrationMethod::MinMax,
+            lowest: -3.0,
+            highest: 2.0,
+            data_min: -3.0,
+            data_max: 2.0,
+            quant: quant_params(-3.0, 2.0, true),
+            histogram: None,
+            runs: 1,
+            notes: vec![],
+        };
+        assert_eq!(t.amax(), 3.0);
+        assert_eq!(TensorCalibration { lowest: -1.0, highest: 4.0, ..t }.amax(), 4.0);
+    }
+
     #[test]
     fn scale_and_zero_point_follow_ort() {
         // uint8: [-1, 3] -> scale 4/255, zp round(255/4) = round(63.75) = 64.

@@ -243,3 +243,22 @@ fn a_scale_ramp_from_zero_has_no_drift_ratio() {
     assert!(!kinds(&v).contains(&SCALE_DRIFT.name), "{:?}", kinds(&v));
     assert!(v.iter().all(|v| v.evidence.iter().all(|(_, x)| x.is_finite())), "{v:?}");
 }
+
+/// Calibration notes every non-finite value the recording counted: NaN, +Inf and -Inf alike
+/// (2 + 3 + 4 = 9), and leaves them out of the range (a mutation survivor subtracted -Inf).
+#[test]
+fn calibration_counts_nan_and_both_infinities() {
+    let mut x = randn(64 * 128, 79);
+    for (i, v) in [f32::NAN, f32::NAN, f32::INFINITY, f32::INFINITY, f32::INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY]
+        .into_iter()
+        .enumerate()
+    {
+        x[i * 37] = v;
+    }
+    let finite_max = x.iter().filter(|v| v.is_finite()).fold(f32::MIN, |a, &v| a.max(v));
+    let series = record_runs("matmul{roles=[lhs]}", &[x]);
+    let t = opscope::mine::calibrate_all(&series, &opscope::mine::CalibrationOptions::new(opscope::mine::CalibrationMethod::MinMax));
+    let c = &t.tensors[0];
+    assert!(c.notes.contains(&opscope::mine::CalibrationNote::NonFinite(9.0)), "{:?}", c.notes);
+    assert_eq!(c.highest, finite_max);
+}

@@ -122,12 +122,7 @@ struct Quantizer {
 /// evaluates `Round` as `f32::round` (half away from zero), unlike its kernels, so a quantizer
 /// over a constant-only tensor could be folded with other tie-breaking.
 fn is_weight(g: &Graph, id: NodeId) -> bool {
-    let n = g.node(id);
-    match n.op {
-        Op::Param { .. } => true,
-        Op::Reshape { .. } | Op::Transpose { .. } | Op::Concat { .. } => n.inputs.iter().all(|&i| is_weight(g, i)),
-        _ => super::smoothquant::is_migrated_weight(g, id),
-    }
+    super::smoothquant::is_param_weight(g, id) || super::smoothquant::is_migrated_weight(g, id)
 }
 
 /// Why `id` cannot be fake-quantized, if it cannot.

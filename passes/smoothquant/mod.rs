@@ -53,8 +53,9 @@ pub const PREFIX: &str = "opscope/smoothquant/";
 /// The `smoothquant` actuation pass.
 pub struct SmoothQuant;
 
-/// True if `id` is a parameter reached through reshapes, transposes and concats only.
-fn is_param_weight(g: &Graph, id: NodeId) -> bool {
+/// True if `id` is a parameter reached through reshapes, transposes and concats only (also
+/// `fakequant`'s test of a weight).
+pub(crate) fn is_param_weight(g: &Graph, id: NodeId) -> bool {
     let n = g.node(id);
     match n.op {
         Op::Param { .. } => true,

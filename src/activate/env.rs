@@ -1,12 +1,21 @@
 //! The environment mode: `RLX_OPSCOPE=<pipeline>` in any program that links opscope taps every
-//! CPU compile and strips the tap outputs from every run.
+//! compile, on every device RLX was built with, and strips the tap outputs from every run.
 //!
-//! At load time opscope registers a CPU backend that forwards to RLX's own. The variables are
-//! read at the first compile, through `rlx_ir::env` (so RLX's code-side overrides,
-//! `rlx_ir::env::set` and `rlx_ir::env::scoped`, work as they do for RLX's own `RLX_*`
-//! settings), and the decision then holds for the process. While `RLX_OPSCOPE` is unset or
-//! empty at that compile, every compile goes straight to RLX's CPU backend with the caller's
-//! module untouched and the executable is RLX's own (no wrapper at run time).
+//! At load time opscope wraps the backend of every device registered in RLX's backend registry
+//! (the CPU, and Metal, CUDA, wgpu, ... when `rlx-runtime` was built with their features): each
+//! wrapper forwards to the backend it replaced. The variables are read at the first compile,
+//! through `rlx_ir::env` (so RLX's code-side overrides, `rlx_ir::env::set` and
+//! `rlx_ir::env::scoped`, work as they do for RLX's own `RLX_*` settings), and the decision then
+//! holds for the process. While `RLX_OPSCOPE` is unset or empty at that compile, every compile
+//! goes straight to the wrapped backend with the caller's module untouched and the executable is
+//! the backend's own (no wrapper at run time).
+//!
+//! On a device without opscope's native sketch kernel (every device but the CPU) the tensor
+//! sketches are lowered into RLX primitive ops ([`crate::sketch::lower`]) and what cannot be
+//! lowered is listed in the manifest's `skipped`, per compile.
+//!
+//! A backend registered after load (an external crate's `register()` called from `main`)
+//! replaces the wrapper of its device; call [`init`] again after it to wrap it too.
 
 use std::sync::{Arc, OnceLock};
 
@@ -73,12 +82,32 @@ pub(super) fn env_state() -> Option<&'static Result<EnvState, String>> {
     }))
 }
 
-/// Install the environment mode's CPU backend (it forwards to RLX's and decides at the first
-/// compile whether to tap; see the module docs). Runs at load time in any program that links
-/// opscope (`use opscope as _;`); calling it again is harmless.
+/// Wrap the backend of every device registered in RLX's backend registry that is not wrapped
+/// yet (each wrapper forwards to the backend it replaced and decides at the first compile
+/// whether to tap; see the module docs). Runs at load time in any program that links opscope
+/// (`use opscope as _;`); call it again after registering a backend of your own so that its
+/// device is tapped too. A device already wrapped is left as it is.
 pub fn init() {
-    static DONE: OnceLock<()> = OnceLock::new();
-    DONE.get_or_init(|| rlx_runtime::register_backend(rlx_runtime::Device::Cpu, || Box::new(backend::TappingCpu)));
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    for device in rlx_runtime::registered_devices() {
+        if backend::SLOTS.iter().any(|s| s.get().is_some_and(|(d, _)| *d == device)) {
+            continue;
+        }
+        let Some(free) = backend::SLOTS.iter().position(|s| s.get().is_none()) else {
+            eprintln!("opscope: warning: more than {} devices registered; {device:?} is not tapped", backend::SLOTS.len());
+            return;
+        };
+        let Some(inner) = rlx_runtime::backend_for(device) else { continue };
+        if backend::SLOTS[free].set((device, inner)).is_ok() {
+            rlx_runtime::register_backend(device, backend::FACTORIES[free]);
+        }
+    }
+}
+
+/// The devices whose compiles the environment mode taps (those wrapped by [`init`]).
+pub fn tapped_devices() -> Vec<rlx_runtime::Device> {
+    backend::SLOTS.iter().filter_map(|s| s.get().map(|(d, _)| *d)).collect()
 }
 
 /// Finish the environment recording (rename it into place, write the sidecar). Runs at exit;
@@ -102,23 +131,50 @@ pub fn finish() -> Result<(), Error> {
 
 
 mod backend {
-    //! A CPU backend that taps every MIR compile and strips the tap outputs from every run.
-    //! Every `ExecutableGraph` method is forwarded, so the wrapper is transparent.
+    //! A backend that forwards to the one it replaced, taps every MIR compile and strips the
+    //! tap outputs from every run. Every `Backend` and `ExecutableGraph` method is forwarded,
+    //! so the wrapper is transparent.
 
-    use std::sync::Arc;
+    use std::sync::{Arc, OnceLock};
 
-    use rlx_runtime::backend::cpu_backend::CpuBackend;
     use rlx_runtime::backend::{Backend, ExecutableGraph};
-    use rlx_runtime::CompileOptions;
+    use rlx_runtime::{CompileOptions, Device};
 
     use super::env_state;
     use crate::activate::tap_graph;
     use crate::manifest::Manifest;
     use crate::record::Recorder;
 
-    pub(super) struct TappingCpu;
+    /// The replaced backends, one per wrapped device. RLX's registry takes a plain `fn()`
+    /// factory, so each slot has its own factory ([`FACTORIES`]); RLX 0.2.19 has 24 devices.
+    pub(super) static SLOTS: [OnceLock<(Device, Box<dyn Backend>)>; 32] = [const { OnceLock::new() }; 32];
 
-    impl TappingCpu {
+    fn factory<const SLOT: usize>() -> Box<dyn Backend> {
+        Box::new(Tapping { slot: SLOT })
+    }
+
+    /// `factory::<i>` for every slot `i`.
+    pub(super) static FACTORIES: [rlx_runtime::BackendFactory; 32] = [
+        factory::<0>, factory::<1>, factory::<2>, factory::<3>, factory::<4>, factory::<5>, factory::<6>, factory::<7>,
+        factory::<8>, factory::<9>, factory::<10>, factory::<11>, factory::<12>, factory::<13>, factory::<14>, factory::<15>,
+        factory::<16>, factory::<17>, factory::<18>, factory::<19>, factory::<20>, factory::<21>, factory::<22>, factory::<23>,
+        factory::<24>, factory::<25>, factory::<26>, factory::<27>, factory::<28>, factory::<29>, factory::<30>, factory::<31>,
+    ];
+
+    /// The wrapper of slot `slot` (its device and the backend it forwards to).
+    pub(super) struct Tapping {
+        slot: usize,
+    }
+
+    impl Tapping {
+        fn device(&self) -> Device {
+            SLOTS[self.slot].get().expect("a wrapper is registered only after its slot is set").0
+        }
+
+        fn inner(&self) -> &dyn Backend {
+            SLOTS[self.slot].get().expect("a wrapper is registered only after its slot is set").1.as_ref()
+        }
+
         fn wrap(
             exec: Box<dyn ExecutableGraph>,
             tapped: Option<(Arc<Manifest>, Arc<Recorder>)>,
@@ -138,12 +194,14 @@ mod backend {
         fn tap(
             &self,
             graph: rlx_ir::Graph,
+            device: Device,
             options: &CompileOptions,
         ) -> (rlx_ir::Graph, Option<(Arc<Manifest>, Arc<Recorder>)>) {
             match env_state() {
                 Some(Ok(st)) => {
-                    // The backend is given the caller's options: fuse exactly as the compile will.
-                    let (g, m) = tap_graph(&st.pipeline, &st.recorder, graph, st.stage, options);
+                    // The backend is given the caller's options and device: fuse exactly as
+                    // the compile will, and lower the sketches where the device has no kernel.
+                    let (g, m) = tap_graph(&st.pipeline, &st.recorder, graph, st.stage, device, options);
                     (g, m.map(|m| (m, st.recorder.clone())))
                 }
                 Some(Err(msg)) => {
@@ -157,31 +215,45 @@ mod backend {
         }
     }
 
-    impl Backend for TappingCpu {
+    impl Backend for Tapping {
         fn compile(&self, graph: rlx_ir::Graph, options: &CompileOptions) -> Box<dyn ExecutableGraph> {
-            CpuBackend.compile(graph, options)
+            self.inner().compile(graph, options)
+        }
+
+        fn compile_lir(&self, lir: rlx_ir::LirModule, options: &CompileOptions) -> Box<dyn ExecutableGraph> {
+            self.inner().compile_lir(lir, options)
+        }
+
+        fn compile_hir(
+            &self,
+            hir: rlx_ir::HirModule,
+            device: Device,
+            options: &CompileOptions,
+        ) -> Result<Box<dyn ExecutableGraph>, rlx_ir::hir::LowerError> {
+            self.inner().compile_hir(hir, device, options)
         }
 
         fn compile_module(
             &self,
             module: rlx_ir::GraphModule,
-            device: rlx_runtime::Device,
+            device: Device,
             options: &CompileOptions,
         ) -> Result<Box<dyn ExecutableGraph>, rlx_ir::hir::LowerError> {
-            // Off: RLX's own compile of the caller's module, and RLX's own executable.
+            // Off: the wrapped backend's own compile of the caller's module, and its executable.
             if env_state().is_none() {
-                return CpuBackend.compile_module(module, device, options);
+                return self.inner().compile_module(module, device, options);
             }
             let Some(graph) = module.as_graph().cloned() else {
-                return CpuBackend.compile_module(module, device, options);
+                return self.inner().compile_module(module, device, options);
             };
-            let (graph, tapped) = self.tap(graph, options);
-            let exec = CpuBackend.compile_module(rlx_ir::GraphModule::from_graph(graph), device, options)?;
+            debug_assert_eq!(device, self.device());
+            let (graph, tapped) = self.tap(graph, device, options);
+            let exec = self.inner().compile_module(rlx_ir::GraphModule::from_graph(graph), device, options)?;
             Ok(Self::wrap(exec, tapped))
         }
 
         fn supported_ops(&self) -> &'static [rlx_ir::OpKind] {
-            CpuBackend.supported_ops()
+            self.inner().supported_ops()
         }
     }
 

@@ -1,6 +1,6 @@
 //! Activation: a scope around unchanged code ([`Scope`], built on `rlx_runtime::taps`), the
-//! environment (`RLX_OPSCOPE`, read at the first compile by a CPU backend registered at load
-//! time: [`env`]), RLX's IR-pass registry for actuations (`RLX_OPSCOPE_IR`: [`ir`]), or direct
+//! environment (`RLX_OPSCOPE`, read at the first compile by wrappers of every registered
+//! device's backend, installed at load time: [`env`]), RLX's IR-pass registry for actuations (`RLX_OPSCOPE_IR`: [`ir`]), or direct
 //! ([`Pipeline::apply`]). All of them rewrite through [`rewrite`].
 
 pub mod env;
@@ -19,11 +19,13 @@ use crate::sketch::{is_sketch_op, KEEP_OP};
 
 pub use scope::{scope, Scope, Summary};
 
-/// True if a graph already carries opscope sketches (never tap twice).
+/// True if a graph already carries opscope sketches, native or lowered (never tap twice: a
+/// scope's tap and the environment mode's wrapper can both see one compile).
 fn already_tapped(g: &Graph) -> bool {
-    g.nodes()
-        .iter()
-        .any(|n| matches!(&n.op, Op::Custom { name, .. } if is_sketch_op(name) || name == KEEP_OP))
+    g.nodes().iter().any(|n| {
+        matches!(&n.op, Op::Custom { name, .. } if is_sketch_op(name) || name == KEEP_OP)
+            || n.name.as_deref().is_some_and(|s| s.starts_with("opscope/") && s.ends_with("/lowered"))
+    })
 }
 
 /// Which program a tap observes.
@@ -73,12 +75,28 @@ pub fn rewrite(
     options: &rlx_runtime::CompileOptions,
     tag: u32,
 ) -> Result<(Graph, Manifest), Error> {
+    rewrite_on(pipeline, graph, stage, rlx_runtime::Device::Cpu, options, tag)
+}
+
+/// [`rewrite`] for a compile on `device`: the deployed program is the graph as RLX's stage
+/// pipeline fuses it for that device, and the sketches are lowered into RLX primitive ops where
+/// the device has no native sketch kernel ([`Pipeline::apply_on`]).
+///
+/// Errors: as [`rewrite`].
+pub fn rewrite_on(
+    pipeline: &Pipeline,
+    graph: &Graph,
+    stage: Stage,
+    device: rlx_runtime::Device,
+    options: &rlx_runtime::CompileOptions,
+    tag: u32,
+) -> Result<(Graph, Manifest), Error> {
     match stage {
         Stage::Deployed => {
-            let fused = fuse(graph, rlx_runtime::Device::Cpu, options);
-            pipeline.apply_tagged(&fused, Some(graph), tag)
+            let fused = fuse(graph, device, options);
+            pipeline.apply_on(&fused, Some(graph), tag, device)
         }
-        Stage::Source => pipeline.apply_tagged(graph, None, tag),
+        Stage::Source => pipeline.apply_on(graph, None, tag, device),
     }
 }
 
@@ -90,13 +108,14 @@ pub(crate) fn tap_graph(
     recorder: &Recorder,
     graph: Graph,
     stage: Stage,
+    device: rlx_runtime::Device,
     options: &rlx_runtime::CompileOptions,
 ) -> (Graph, Option<Arc<Manifest>>) {
     if already_tapped(&graph) {
         return (graph, None);
     }
     let tag = recorder.next_tag();
-    match rewrite(pipeline, &graph, stage, options, tag) {
+    match rewrite_on(pipeline, &graph, stage, device, options, tag) {
         Ok((tapped, manifest)) => {
             let appended = manifest.outputs.iter().any(|o| o.output_index.is_some());
             let actuated = !manifest.actuations.is_empty();

@@ -18,6 +18,7 @@ struct ScopeTap {
     pipeline: Pipeline,
     recorder: Arc<Recorder>,
     stage: Stage,
+    device: rlx_runtime::Device,
 }
 
 impl GraphTap for ScopeTap {
@@ -26,7 +27,7 @@ impl GraphTap for ScopeTap {
         // (`CompileOptions::new()`, `RLX_*` overrides applied), which is what
         // `Session::compile` and `compile_with(CompileOptions::default())` use.
         let options = rlx_runtime::CompileOptions::new();
-        let (g, m) = tap_graph(&self.pipeline, &self.recorder, graph, self.stage, &options);
+        let (g, m) = tap_graph(&self.pipeline, &self.recorder, graph, self.stage, self.device, &options);
         let n = m.map_or(0, |m| m.outputs.iter().filter(|o| o.output_index.is_some()).count());
         (g, n)
     }
@@ -48,6 +49,7 @@ pub struct Scope<'a> {
     pipeline: &'a Pipeline,
     sink: Box<dyn Sink>,
     stage: Stage,
+    device: rlx_runtime::Device,
     interrupt: Option<&'static AtomicBool>,
 }
 
@@ -69,7 +71,19 @@ pub struct Summary {
 impl<'a> Scope<'a> {
     /// A scope recording `pipeline` to `sink`, observing the deployed program.
     pub fn new(pipeline: &'a Pipeline, sink: Box<dyn Sink>) -> Scope<'a> {
-        Scope { pipeline, sink, stage: Stage::Deployed, interrupt: None }
+        Scope { pipeline, sink, stage: Stage::Deployed, device: rlx_runtime::Device::Cpu, interrupt: None }
+    }
+
+    /// The device the code inside the scope compiles for (default the CPU). RLX 0.2.19's
+    /// `GraphTap::on_compile` is not told the session's device, so a scope around code that
+    /// compiles for another device must say which: the deployed program is then fused as that
+    /// device fuses it, and sketches are lowered into RLX primitive ops where it has no native
+    /// sketch kernel. A scope left on the CPU around a GPU compile appends CPU-only sketch ops,
+    /// which that backend cannot run. The environment mode needs no such call: it wraps each
+    /// device's backend and knows the device.
+    pub fn device(mut self, device: rlx_runtime::Device) -> Scope<'a> {
+        self.device = device;
+        self
     }
 
     /// When `flag` is set by the time `f` returns (a Ctrl-C handler sets it and `f` stops
@@ -96,6 +110,7 @@ impl<'a> Scope<'a> {
             pipeline: self.pipeline.clone(),
             recorder: recorder.clone(),
             stage: self.stage,
+            device: self.device,
         });
         let value = taps::with_tap(tap, f);
         let (compiles, appending, runs) = recorder.counts();

@@ -11,6 +11,11 @@
 //! parsed at the first compile. A bad pipeline, or one holding a tap, stops the program at its
 //! first compile with the error (exit status 2).
 //!
+//! With RLX patched to take a pass list in `CompileOptions` (`upstream/rlx-compile-options-ir-passes.patch`,
+//! see the README) and opscope's feature `rlx-ir-pass-list`, the same pass is also registered as
+//! the opt-in pass `opscope`: `CompileOptions::new().with_ir_passes(["opscope:fakequant{bits=8}"])`
+//! runs the actuation in that compile only, with no environment variable.
+//!
 //! A graph this pass already rewrote is left alone: RLX stamps the nodes a registered pass
 //! leaves without provenance with the pass's name, and the pass skips a graph holding such a
 //! node (opscope's own fusion of a program, for a tap, runs the registered passes too).
@@ -75,11 +80,31 @@ impl rlx_fusion::pass::Pass for ActuationPass {
     }
 }
 
-/// At load time: register the actuation pass when `RLX_OPSCOPE_IR` is set and not empty.
-/// Calling it again is harmless.
+/// The opt-in pass `opscope:<pipeline>` of a compile's pass list (patched RLX; see the module
+/// docs): the actuation pipeline, parsed when the list is resolved.
+///
+/// Errors: the text does not parse, or holds a tap (whose outputs nothing would strip).
+#[cfg(feature = "rlx-ir-pass-list")]
+fn listed(args: &str) -> Result<Arc<dyn rlx_fusion::pass::Pass + Send + Sync>, String> {
+    let p = Pipeline::parse(args).map_err(|e| e.to_string())?;
+    if p.has_tap() {
+        return Err(format!(
+            "'{args}' holds a tap: a pass in the compile's pass list cannot strip the outputs a tap appends; use RLX_OPSCOPE or opscope::scope for taps"
+        ));
+    }
+    let parsed = OnceLock::new();
+    let _ = parsed.set(Ok(p));
+    Ok(Arc::new(ActuationPass { text: args.to_string(), parsed }))
+}
+
+/// At load time: register the actuation pass when `RLX_OPSCOPE_IR` is set and not empty (and,
+/// with the feature `rlx-ir-pass-list`, the opt-in pass `opscope` for compiles whose
+/// `CompileOptions::ir_passes` name it). Calling it again is harmless.
 pub fn init() {
     static DONE: OnceLock<()> = OnceLock::new();
     DONE.get_or_init(|| {
+        #[cfg(feature = "rlx-ir-pass-list")]
+        rlx_fusion::pass::register_named_ir_pass("opscope", listed);
         if let Some(text) = rlx_ir::env::var(ENV_IR).filter(|t| !t.trim().is_empty()) {
             rlx_fusion::pass::register_ir_pass(Arc::new(ActuationPass { text, parsed: OnceLock::new() }));
         }

@@ -4,7 +4,8 @@
 //! `env_override OUT` sets `RLX_OPSCOPE=matmul` and `RLX_OPSCOPE_OUT=OUT` in code, compiles
 //! `gelu(x @ w + b)` and runs it twice, printing each output as `step s: [v, ...]`.
 //! `env_override OUT --late` sets them only after the first compile: nothing is recorded (the
-//! decision is taken at the first compile).
+//! decision is taken at the first compile). `--device NAME` compiles for that RLX device
+//! (e.g. `gpu`, with RLX's wgpu backend built in) instead of the CPU.
 
 use opscope as _;
 
@@ -14,8 +15,12 @@ use rlx_runtime::{Device, Session};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let out = args.get(1).expect("usage: env_override OUT [--late]").clone();
+    let out = args.get(1).expect("usage: env_override OUT [--late] [--device NAME]").clone();
     let late = args.iter().any(|a| a == "--late");
+    let device: Device = match args.iter().position(|a| a == "--device") {
+        Some(i) => args.get(i + 1).expect("--device NAME").parse().expect("an RLX device name"),
+        None => Device::Cpu,
+    };
     let set = || (rlx_ir::env::scoped("RLX_OPSCOPE", "matmul"), rlx_ir::env::scoped("RLX_OPSCOPE_OUT", out.clone()));
     let early = (!late).then(set);
 
@@ -28,7 +33,7 @@ fn main() {
     let z = g.binary(BinaryOp::Add, y, b, Shape::new(&[m, n], DType::F32));
     let a = g.activation(Activation::Gelu, z, Shape::new(&[m, n], DType::F32));
     g.set_outputs(vec![a]);
-    let mut c = Session::new(Device::Cpu).compile(g);
+    let mut c = Session::new(device).compile(g);
     let _late = late.then(set);
     c.set_param("w", &(0..k * n).map(|i| ((i * 5 % 13) as f32 - 6.0) / 8.0).collect::<Vec<_>>());
     c.set_param("b", &(0..n).map(|i| i as f32 / 4.0 - 0.5).collect::<Vec<_>>());

@@ -6,6 +6,7 @@
 
 #![warn(missing_docs)]
 
+pub mod compare;
 pub mod cost;
 pub mod diff;
 pub mod llama;

@@ -39,6 +39,10 @@ enum Cmd {
     /// the Kolmogorov-Smirnov D of the per-run values; the value histograms' Jensen-Shannon
     /// divergence (the ranking score) and Wasserstein distance; per-channel max|x| changes.
     Diff(DiffArgs),
+    /// Compare two recordings of the same program on the same inputs value by value (one device
+    /// against another, native sketches against lowered ones): one line per site, role and
+    /// statistic; exit status 1 when a check fails.
+    Compare(CompareArgs),
     /// Measure an ONNX encoder over text: attention concentration and sinks (attn), W8A8
     /// per-token vs per-channel (fakequant) and block influence vs layer skip (residual, skip).
     Measure(MeasureArgs),
@@ -730,6 +734,40 @@ fn diff(a: DiffArgs) -> Result<()> {
 }
 
 #[derive(clap::Args)]
+struct CompareArgs {
+    /// Recording A, the reference (e.g. the CPU's).
+    a: PathBuf,
+    /// Recording B.
+    b: PathBuf,
+    /// Relative tolerance of every statistic that is neither a count nor a histogram.
+    #[arg(long, default_value_t = 1e-5)]
+    rtol: f64,
+    /// Allowed L1 difference of a histogram per run, as a fraction of its total (0: equal counts).
+    #[arg(long, default_value_t = 0.0)]
+    hist_tol: f64,
+    /// Print JSON instead of one line per check.
+    #[arg(long)]
+    json: bool,
+}
+
+fn compare(a: CompareArgs) -> Result<()> {
+    for (name, v) in [("--rtol", a.rtol), ("--hist-tol", a.hist_tol)] {
+        anyhow::ensure!(v.is_finite() && v >= 0.0, "{name} {v}: a tolerance is a finite number >= 0");
+    }
+    let tol = opscope_lab::compare::Tolerance { rtol: a.rtol, hist_tol: a.hist_tol };
+    let checks = opscope_lab::compare::compare(&a.a, &a.b, tol)?;
+    if a.json {
+        emit(&(serde_json::to_string_pretty(&serde_json::json!({ "a": a.a, "b": a.b, "tolerance": tol, "checks": checks })).context("JSON")? + "\n"))?;
+    } else {
+        emit(&opscope_lab::compare::text(&checks))?;
+    }
+    if checks.iter().any(|c| !c.ok) {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+#[derive(clap::Args)]
 struct MineArgs {
     /// Recording (`.csv`, `.csv.gz` or `.parquet`).
     recording: PathBuf,
@@ -987,6 +1025,11 @@ struct RecordArgs {
     /// a crash loses one part at most.
     #[arg(long, default_value = "recording.parquet")]
     out: PathBuf,
+    /// Device to compile and run on (RLX's names: cpu, cuda, gpu (wgpu), metal, ...). A device
+    /// other than the CPU needs its RLX backend built in (`--features gpu` or `--features cuda`
+    /// of opscope-lab) and runs the sketches lowered into RLX primitive ops. ONNX models only.
+    #[arg(long, default_value = "cpu")]
+    device: rlx_runtime::Device,
     /// Add this recording to an existing Parquet dataset `--out` as a new `recording=<id>`
     /// partition (several processes or hosts may write into one dataset; they are mined
     /// together).
@@ -1193,6 +1236,25 @@ fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> R
     Ok(())
 }
 
+/// `device` has a backend in this build and is present at run time.
+///
+/// Errors: not built in (names the feature to build with), or not available on this machine.
+fn check_device(device: rlx_runtime::Device) -> Result<()> {
+    if !rlx_runtime::registered_devices().contains(&device) {
+        let built: Vec<&str> = rlx_runtime::registered_devices().iter().map(|d| d.as_arg()).collect();
+        anyhow::bail!(
+            "device '{}' is not built into this opscope (built in: {}): rebuild with RLX's backend, e.g. \
+             `cargo build --release -p opscope-lab --features gpu` (wgpu: Vulkan, Metal, DX12) or `--features cuda`",
+            device.as_arg(),
+            built.join(", ")
+        );
+    }
+    if !rlx_runtime::is_available(device) {
+        anyhow::bail!("device '{}' is built in but not present on this machine (RLX's is_available says no)", device.as_arg());
+    }
+    Ok(())
+}
+
 fn record(a: RecordArgs) -> Result<()> {
     let pipeline = Pipeline::parse(&a.pipeline)?;
     if !pipeline.has_tap() {
@@ -1210,6 +1272,10 @@ fn record(a: RecordArgs) -> Result<()> {
     }
     let kind = if a.append { Output::RecordingAppend } else { Output::Recording };
     opscope_lab::output::check(&a.out, &c.inputs(), kind, a.force)?;
+    check_device(a.device)?;
+    if a.device != rlx_runtime::Device::Cpu && (c.inputs.is_some() || c.gguf.is_some()) {
+        anyhow::bail!("--device {} applies to ONNX models (--onnx); --inputs and --gguf run on the CPU", a.device.as_arg());
+    }
     if let Some(npz) = &c.inputs {
         return record_npz(&a, &pipeline, npz);
     }
@@ -1223,7 +1289,11 @@ fn record(a: RecordArgs) -> Result<()> {
     // (skip of a block that does not exist) fails here, before any file is written, and taps
     // that find nothing are named.
     let options = rlx_runtime::CompileOptions::default();
-    let (_, manifest) = opscope::activate::rewrite(&pipeline, job.graph(), a.stage, &options, 0)?;
+    let (_, manifest) = opscope::activate::rewrite_on(&pipeline, job.graph(), a.stage, a.device, &options, 0)?;
+    for skip in manifest.skipped.iter().filter(|_| a.device != rlx_runtime::Device::Cpu) {
+        let role = skip.role.as_ref().map(|r| format!("/{}", r.as_str())).unwrap_or_default();
+        eprintln!("opscope: on {}: {}{role}: {}", a.device.as_arg(), skip.site, skip.reason);
+    }
     let idle = pipeline.idle_taps(&manifest);
     let lines: Vec<String> = idle
         .iter()
@@ -1259,7 +1329,7 @@ fn record(a: RecordArgs) -> Result<()> {
     );
     interrupt_on_ctrl_c()?;
     let mut done = 0usize;
-    let res = job.run(&pipeline, a.stage, Box::new(sink), |sentences, _| {
+    let res = job.run_on(a.device, &pipeline, a.stage, Box::new(sink), |sentences, _| {
         bar.inc(sentences as u64);
         done += sentences;
         Ok(())
@@ -1313,6 +1383,7 @@ fn main() -> ExitCode {
         Cmd::Mine(a) => mine(a),
         Cmd::Report(a) => report(a),
         Cmd::Diff(a) => diff(a),
+        Cmd::Compare(a) => compare(a),
         Cmd::Measure(a) => measure(a),
         Cmd::Sites(a) => sites(a),
         Cmd::Parity(a) => parity(a),

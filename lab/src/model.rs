@@ -414,10 +414,25 @@ impl Job {
         pipeline: &opscope::Pipeline,
         stage: opscope::activate::Stage,
         sink: Box<dyn opscope::Sink>,
+        each: impl FnMut(usize, Vec<(Vec<u8>, DType)>) -> Result<()>,
+    ) -> Result<()> {
+        self.run_on(rlx_runtime::Device::Cpu, pipeline, stage, sink, each)
+    }
+
+    /// [`Job::run`] compiled for and run on `device` (the scope fuses as that device fuses and
+    /// lowers the sketches where it has no native kernel: [`opscope::Scope::device`]).
+    ///
+    /// Errors: as [`Job::run`].
+    pub fn run_on(
+        &self,
+        device: rlx_runtime::Device,
+        pipeline: &opscope::Pipeline,
+        stage: opscope::activate::Stage,
+        sink: Box<dyn opscope::Sink>,
         mut each: impl FnMut(usize, Vec<(Vec<u8>, DType)>) -> Result<()>,
     ) -> Result<()> {
-        let session = Session::new(rlx_runtime::Device::Cpu);
-        let scope = opscope::Scope::new(pipeline, sink).stage(stage).interrupt_flag(&INTERRUPTED);
+        let session = Session::new(device);
+        let scope = opscope::Scope::new(pipeline, sink).stage(stage).device(device).interrupt_flag(&INTERRUPTED);
         let (res, recorded) = scope.run(|| -> Result<()> {
             let mut full = self.full.compile(&session);
             let mut tail = self.tail.as_ref().map(|m| (m, m.compile(&session)));

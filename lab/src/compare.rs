@@ -1,0 +1,217 @@
+//! `opscope compare A B`: two recordings of the same program on the same inputs (one device
+//! against another, the native sketch kernel against its lowering into RLX ops) compared value
+//! by value, one check per `(site, role, statistic)`.
+//!
+//! Rows are matched by `(site, role, pass_idx, stat)` and, within a series, by
+//! `(compile, step, idx)`: the two recordings must have compiled the same graphs in the same
+//! order over the same inputs. A check passes when every value of A has a value in B (and the
+//! other way round) and
+//! - counts (`count`, `nan_count`, `posinf_count`, `neginf_count` and the probes' `queries`,
+//!   `keys`, `tokens`, `rows`, `topk`, `bad_ids`) are equal;
+//! - a histogram (`hist`) differs per run by at most `hist_tol` of its total in L1
+//!   (`sum |a - b| / sum a`; 0 = equal counts). Two devices whose GEMMs round differently in
+//!   the last bits move a value across a bin edge now and then: say how much is allowed;
+//! - every other value is within `rtol` relative: `|a - b| <= rtol * max(|a|, |b|, floor)`,
+//!   where `floor` is 1e-3 of the largest |value| of the series in A, so that a statistic that
+//!   cancels to about 0 (a mean) is held relative to its series' scale, not to 0.
+//!
+//! Series recorded on one side only are checks that fail, named with the side that has them.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+/// Statistics that are counts: equal or the check fails.
+pub const COUNTS: &[&str] = &["count", "nan_count", "posinf_count", "neginf_count", "queries", "keys", "tokens", "rows", "topk", "bad_ids"];
+
+/// The tolerances of a comparison.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Tolerance {
+    /// Relative tolerance of every statistic that is neither a count nor a histogram.
+    pub rtol: f64,
+    /// Allowed L1 difference of a histogram per run, as a fraction of its total (0 = equal).
+    pub hist_tol: f64,
+}
+
+/// The outcome of one `(site, role, statistic)`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    /// Site name.
+    pub site: String,
+    /// Role.
+    pub role: String,
+    /// Pass position in the pipeline.
+    pub pass_idx: u32,
+    /// Statistic.
+    pub stat: String,
+    /// Values compared (present in both).
+    pub values: usize,
+    /// Largest relative difference (for counts and histograms: the largest absolute count
+    /// difference, and the largest L1 fraction).
+    pub worst: f64,
+    /// Passed.
+    pub ok: bool,
+    /// What failed, or how it was compared.
+    pub note: String,
+}
+
+type Series = BTreeMap<(u32, u64, u64), f64>;
+type Key = (String, String, u32, String);
+
+fn load(path: &Path) -> Result<BTreeMap<Key, Series>> {
+    let mut m: BTreeMap<Key, Series> = BTreeMap::new();
+    opscope::recording::read_rows(path, |r| {
+        m.entry((r.site.to_string(), r.role.to_string(), r.pass_idx, r.stat.to_string()))
+            .or_default()
+            .insert((r.compile, r.step, r.idx), r.value as f64);
+    })
+    .with_context(|| format!("reading {}", path.display()))?;
+    Ok(m)
+}
+
+/// Compare recordings `a` and `b` (paths of any format `opscope mine` reads), one [`Check`] per
+/// series of either, in `(site, role, pass_idx, stat)` order.
+///
+/// Errors: a recording cannot be read, or neither holds a row.
+pub fn compare(a: &Path, b: &Path, tol: Tolerance) -> Result<Vec<Check>> {
+    let (sa, sb) = (load(a)?, load(b)?);
+    anyhow::ensure!(!sa.is_empty() || !sb.is_empty(), "neither {} nor {} holds a row", a.display(), b.display());
+    let mut keys: Vec<&Key> = sa.keys().chain(sb.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    Ok(keys.into_iter().map(|k| check(k, sa.get(k), sb.get(k), tol)).collect())
+}
+
+fn check(key: &Key, a: Option<&Series>, b: Option<&Series>, tol: Tolerance) -> Check {
+    let (site, role, pass_idx, stat) = key.clone();
+    let mut c = Check { site, role, pass_idx, stat, values: 0, worst: 0.0, ok: false, note: String::new() };
+    let (a, b) = match (a, b) {
+        (Some(a), Some(b)) => (a, b),
+        (Some(_), None) => {
+            c.note = "recorded in A only".into();
+            return c;
+        }
+        _ => {
+            c.note = "recorded in B only".into();
+            return c;
+        }
+    };
+    let missing = a.keys().filter(|k| !b.contains_key(k)).count() + b.keys().filter(|k| !a.contains_key(k)).count();
+    c.values = a.keys().filter(|k| b.contains_key(k)).count();
+    if c.stat == "hist" {
+        // Per run: L1 of the count difference over the total.
+        let mut runs: BTreeMap<(u32, u64), (f64, f64)> = BTreeMap::new();
+        for (k, va) in a {
+            let vb = b.get(k).copied().unwrap_or(0.0);
+            let e = runs.entry((k.0, k.1)).or_default();
+            e.0 += (va - vb).abs();
+            e.1 += va;
+        }
+        c.worst = runs.values().map(|(d, t)| if *t > 0.0 { d / t } else { *d }).fold(0.0, f64::max);
+        c.ok = missing == 0 && c.worst <= tol.hist_tol;
+        c.note = format!("L1 fraction per run <= {}", tol.hist_tol);
+    } else if COUNTS.contains(&c.stat.as_str()) {
+        c.worst = a.iter().filter_map(|(k, va)| b.get(k).map(|vb| (va - vb).abs())).fold(0.0, f64::max);
+        c.ok = missing == 0 && c.worst == 0.0;
+        c.note = "counts equal".into();
+    } else {
+        let floor = 1e-3 * a.values().map(|v| v.abs()).filter(|v| v.is_finite()).fold(0.0, f64::max);
+        let mut worst = 0.0f64;
+        let mut unequal_special = 0;
+        for (k, va) in a {
+            let Some(vb) = b.get(k) else { continue };
+            if !va.is_finite() || !vb.is_finite() {
+                if !(va == vb || va.is_nan() && vb.is_nan()) {
+                    unequal_special += 1;
+                }
+                continue;
+            }
+            let scale = va.abs().max(vb.abs()).max(floor);
+            if scale > 0.0 {
+                worst = worst.max((va - vb).abs() / scale);
+            }
+        }
+        c.worst = worst;
+        c.ok = missing == 0 && unequal_special == 0 && worst <= tol.rtol;
+        c.note = if unequal_special > 0 { format!("{unequal_special} non-finite value(s) differ") } else { format!("relative <= {:e}", tol.rtol) };
+    }
+    if missing > 0 {
+        c.note = format!("{missing} value(s) on one side only; {}", c.note);
+    }
+    c
+}
+
+/// One line per check: `ok` or `FAIL`, the series, the values compared, the worst difference.
+pub fn text(checks: &[Check]) -> String {
+    let mut out = String::new();
+    for c in checks {
+        out.push_str(&format!(
+            "{:4} {}/{} [{}] {}: {} values, worst {:.3e} ({})\n",
+            if c.ok { "ok" } else { "FAIL" },
+            c.site,
+            c.role,
+            c.pass_idx,
+            c.stat,
+            c.values,
+            c.worst,
+            c.note
+        ));
+    }
+    let failed = checks.iter().filter(|c| !c.ok).count();
+    out.push_str(&format!("{} checks, {} failed\n", checks.len(), failed));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(vals: &[(u64, f64)]) -> Series {
+        vals.iter().map(|&(i, v)| ((0, 0, i), v)).collect()
+    }
+
+    fn key(stat: &str) -> Key {
+        ("s".into(), "out".into(), 0, stat.into())
+    }
+
+    const TOL: Tolerance = Tolerance { rtol: 1e-5, hist_tol: 0.0 };
+
+    #[test]
+    fn relative_difference_against_the_larger_value_or_the_series_floor() {
+        let a = series(&[(0, 100.0), (1, 0.0)]);
+        // 1e-4 at index 1 is below the floor (1e-3 * 100 = 0.1): 1e-3 relative to the floor.
+        let b = series(&[(0, 100.0), (1, 1e-4)]);
+        let c = check(&key("mean"), Some(&a), Some(&b), TOL);
+        assert!((c.worst - 1e-3).abs() < 1e-12, "{}", c.worst);
+        assert!(!c.ok);
+        let c = check(&key("mean"), Some(&a), Some(&a), TOL);
+        assert!(c.ok && c.worst == 0.0 && c.values == 2);
+    }
+
+    #[test]
+    fn counts_must_be_equal_and_histograms_within_their_l1_fraction() {
+        let a = series(&[(0, 10.0)]);
+        let b = series(&[(0, 11.0)]);
+        assert!(!check(&key("count"), Some(&a), Some(&b), Tolerance { rtol: 1.0, hist_tol: 1.0 }).ok);
+        let ha = series(&[(0, 6.0), (1, 4.0)]);
+        let hb = series(&[(0, 5.0), (1, 5.0)]);
+        let c = check(&key("hist"), Some(&ha), Some(&hb), TOL);
+        assert!((c.worst - 0.2).abs() < 1e-12 && !c.ok);
+        assert!(check(&key("hist"), Some(&ha), Some(&hb), Tolerance { rtol: 0.0, hist_tol: 0.2 }).ok);
+    }
+
+    #[test]
+    fn a_value_or_series_on_one_side_only_fails() {
+        let a = series(&[(0, 1.0), (1, 2.0)]);
+        let b = series(&[(0, 1.0)]);
+        let c = check(&key("max"), Some(&a), Some(&b), TOL);
+        assert!(!c.ok && c.note.contains("1 value(s) on one side only"));
+        assert!(!check(&key("max"), Some(&a), None, TOL).ok);
+        let nan = series(&[(0, f64::NAN)]);
+        let one = series(&[(0, 1.0)]);
+        assert!(!check(&key("max"), Some(&nan), Some(&one), TOL).ok);
+        assert!(check(&key("max"), Some(&nan), Some(&nan), TOL).ok);
+    }
+}

@@ -300,3 +300,42 @@ fn measure_refuses_gguf_only_flags_on_onnx_and_names_a_missing_gguf() {
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(!out.status.success() && err.contains("fetch-assets.sh") && !err.contains("panicked"), "{err}");
 }
+
+/// `opscope compare`: MiniLM recorded with the native sketch kernel and with the sketches
+/// lowered into RLX ops (what a GPU runs) agrees on every statistic (exit 0, one `ok` line per
+/// check); against a recording whose histograms use another range it fails on exactly the
+/// histogram checks (exit 1), and a statistic on one side only is a failing check.
+#[test]
+fn compare_passes_lowered_against_native_and_fails_where_they_differ() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = |name: &str, pipeline: &str| {
+        let p = dir.path().join(name);
+        let out = record_with(&p, &["--limit", "8", "--pipeline", pipeline]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        p
+    };
+    let native = rec("n.parquet", "matmul{hist_range=-8:8,sites=[*layer.0*]}");
+    let lowered = rec("l.parquet", "matmul{hist_range=-8:8,sites=[*layer.0*],lower=true}");
+    let other = rec("o.parquet", "matmul{hist_range=-4:4,sites=[*layer.0*]}");
+    let cmp = |b: &std::path::Path| opscope().arg("compare").arg(&native).arg(b).output().unwrap();
+
+    let out = cmp(&lowered);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    let checks: Vec<&str> = text.lines().filter(|l| l.starts_with("ok ") || l.starts_with("FAIL")).collect();
+    assert!(checks.len() > 100 && checks.iter().all(|l| l.starts_with("ok ")), "{text}");
+    assert!(text.ends_with(&format!("{} checks, 0 failed\n", checks.len())), "{text}");
+
+    let out = cmp(&other);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    let failed: Vec<&str> = text.lines().filter(|l| l.starts_with("FAIL")).collect();
+    assert!(!failed.is_empty(), "{text}");
+    // Only the histogram and its range/outside counts depend on the range.
+    for l in &failed {
+        assert!(l.contains("] hist"), "{l}");
+    }
+
+    let out = opscope().arg("compare").arg(&native).arg(&lowered).arg("--rtol=-1").output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--rtol -1"));
+}

@@ -233,9 +233,14 @@ struct ParityArgs {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Compile and run the candidate on this device (e.g. `gpu`: RLX's wgpu backend, built with
+    /// `--features gpu`); the reference runs op by op on the CPU, so this compares two backends.
+    #[arg(long, default_value = "cpu")]
+    device: rlx_runtime::Device,
 }
 
 fn parity(a: ParityArgs) -> Result<()> {
+    check_device(a.device)?;
     if !(a.rtol >= 0.0 && a.atol >= 0.0 && a.rtol.is_finite() && a.atol.is_finite()) {
         anyhow::bail!("--rtol and --atol must be finite and >= 0 (got {} and {})", a.rtol, a.atol);
     }
@@ -246,7 +251,9 @@ fn parity(a: ParityArgs) -> Result<()> {
     }
     let model = opscope_lab::model::OnnxEncoder::load(&a.onnx, a.batch as usize, a.seq as usize)?;
     let enc = opscope_lab::model::TextEncoder::load(&a.tokenizer, a.seq as usize)?.encode(&entries)?;
-    let report = opscope_lab::parity::check(&model.parity_input(&enc)?, opscope_lab::parity::Tolerance { rtol: a.rtol, atol: a.atol })?;
+    let mut input = model.parity_input(&enc)?;
+    input.device = a.device;
+    let report = opscope_lab::parity::check(&input, opscope_lab::parity::Tolerance { rtol: a.rtol, atol: a.atol })?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

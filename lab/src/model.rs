@@ -283,7 +283,7 @@ impl OnnxEncoder {
             .iter()
             .map(|f| Ok((f.name.clone(), (f.bytes(enc, self.seq)?, f.dtype))))
             .collect::<Result<Vec<_>>>()?;
-        Ok(crate::parity::ParityInput { graph: self.graph.clone(), params, inputs, options: CompileOptions::default() })
+        Ok(crate::parity::ParityInput { graph: self.graph.clone(), params, inputs, options: CompileOptions::default(), device: rlx_runtime::Device::Cpu })
     }
 
     /// Run one batch; returns the model's outputs as (little-endian bytes, dtype), in graph

@@ -36,6 +36,10 @@ pub struct ParityInput {
     pub inputs: Vec<(String, Typed)>,
     /// Options RLX compiles the candidate with.
     pub options: CompileOptions,
+    /// Device the candidate is compiled for and run on (its deployed graph is fused as that
+    /// device fuses); the reference always runs op by op on the CPU. Another device than the
+    /// CPU compares two backends: `opscope parity --device gpu`.
+    pub device: Device,
 }
 
 /// Tolerance of the comparison (see the module docs).
@@ -247,9 +251,9 @@ fn reference(g: &Graph, input: &ParityInput, params: &HashMap<&str, &Typed>) -> 
 /// differ in dtype or length; a dtype other than F32, F64, I32 or I64 is compared.
 pub fn check(input: &ParityInput, tol: Tolerance) -> Result<ParityReport> {
     let params: HashMap<&str, &Typed> = input.params.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    let deployed = opscope::activate::fuse(&input.graph, Device::Cpu, &input.options);
+    let deployed = opscope::activate::fuse(&input.graph, input.device, &input.options);
     let reference = reference(&deployed, input, &params)?;
-    let session = Session::new(Device::Cpu);
+    let session = Session::new(input.device);
     let mut cand = compile(&session, input.graph.clone(), &input.options, &params);
     let outs = run(&mut cand, &input.inputs);
     if outs.len() != deployed.outputs.len() {

@@ -22,6 +22,7 @@ fn qkv_input(b: usize, s: usize) -> ParityInput {
         params: vec![("w_qkv".into(), typed(&ws)), ("w_o".into(), typed(&randn(e * e, 42)))],
         inputs: vec![("x".into(), typed(&randn(b * s * e, 40))), ("mask".into(), typed(&mask))],
         options: rlx_runtime::CompileOptions::new(),
+        device: rlx_runtime::Device::Cpu,
     }
 }
 

@@ -233,11 +233,22 @@ impl Recorder {
 
     /// The extra outputs of one run whose manifest is identified by the tag in value 0.
     pub fn record_tagged(&self, outputs: Vec<Vec<f32>>) {
-        let Some(tag) = outputs.first().and_then(|o| o.first()).map(|&t| t as u32) else {
+        let Some(&raw) = outputs.first().and_then(|o| o.first()) else {
             return;
         };
-        match self.with_front(|s| s.manifests.get(&tag).cloned()).flatten() {
+        let tag = raw as u32;
+        let known = if raw == tag as f32 { self.with_front(|s| s.manifests.get(&tag).cloned()).flatten() } else { None };
+        match known {
             Some(m) => self.record(&m, outputs),
+            // 0 and non-integers are never handed out ([`Recorder::next_tag`]).
+            None if raw == 0.0 || raw != tag as f32 => self.fail(Error::Mismatch {
+                graph: "?".into(),
+                detail: format!(
+                    "the tap outputs carry tag {raw}, which no compile has: the backend returned values that are not \
+                     the sketch (zeros, or another buffer; a lowered sketch folds the element count its reductions saw \
+                     into the tag); nothing of this run is recorded"
+                ),
+            }),
             None => self.fail(Error::Mismatch {
                 graph: "?".into(),
                 detail: format!(
@@ -355,8 +366,13 @@ fn decode_each(
                 if v.len() != out.len() {
                     return Err(mismatch(format!("output {k} has {} values, spec {}", v.len(), out.len())));
                 }
-                if v[0] as u32 != m.tag {
-                    return Err(mismatch(format!("output {k} has tag {}, manifest {}", v[0], m.tag)));
+                if v[0] != m.tag as f32 {
+                    return Err(mismatch(format!(
+                        "output {k} has tag {}, manifest {}: the backend returned values that are not this compile's sketch \
+                         (a lowered sketch folds the element count its reductions saw into the tag, so a backend that \
+                         read zeros or another buffer shows here; nothing of this run is recorded)",
+                        v[0], m.tag
+                    )));
                 }
                 Some(v)
             }

@@ -314,3 +314,38 @@ fn forced_lowering_that_cannot_lower_is_skipped_not_silently_native() {
     let (_, m) = opscope::Pipeline::parse("matmul{roles=[lhs,rhs]}").unwrap().apply(&g).unwrap();
     assert_eq!(m.outputs.len(), 2, "{:?}", m.outputs);
 }
+
+/// The lowered sketch returns its compile tag through the data path (tag + elements its
+/// reductions saw - n): on the CPU it is the tag exactly; a backend that hands back zeros (RLX
+/// 0.2.19's wgpu backend reads an operand outside its arena stripe as zeros) gets a clear
+/// error and not one row recorded.
+#[test]
+fn a_sketch_that_comes_back_as_zeros_is_refused_not_recorded() {
+    let (m, k, n) = (4, 8, 3);
+    let g = matmul_2d(m, k, n);
+    let (tapped, manifest) = Pipeline::parse("matmul{lower=true}").unwrap().apply_tagged(&g, None, 7).unwrap();
+    let mut c = rlx_runtime::Session::new(rlx_runtime::Device::Cpu).compile(tapped);
+    c.set_param("w", &randn(k * n, 2));
+    let outs = c.run(&[("x", &randn(m * k, 1))]);
+    let extra: Vec<Vec<f32>> = outs[1..].to_vec();
+    assert_eq!(extra.len(), 3, "lhs, rhs, out");
+    assert!(extra.iter().all(|v| v[0] == 7.0), "the data-path tag is the tag when every element is seen");
+
+    let sink = opscope::MemorySink::default();
+    let rec = opscope::record::Recorder::new(Box::new(sink.clone()), "run".into());
+    rec.register(manifest.clone());
+    rec.record_tagged(extra.clone());
+    rec.record_tagged(extra.iter().map(|v| vec![0.0; v.len()]).collect());
+    let err = rec.finish().expect_err("zeros refused").to_string();
+    assert!(err.contains("carry tag 0") && err.contains("not the sketch"), "{err}");
+    // One element short in one sketch: tag 6, a compile this recording never had.
+    let sink2 = opscope::MemorySink::default();
+    let rec = opscope::record::Recorder::new(Box::new(sink2.clone()), "run".into());
+    let reg = rec.register(manifest);
+    let mut short = extra.clone();
+    short[1][0] = 6.0;
+    rec.record(&reg, short);
+    let err = rec.finish().expect_err("a wrong tag refused").to_string();
+    assert!(err.contains("has tag 6, manifest 7"), "{err}");
+    assert!(sink2.rows().is_empty(), "nothing of that run recorded");
+}

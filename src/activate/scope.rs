@@ -129,7 +129,7 @@ impl<'a> Scope<'a> {
                 "the pipeline '{}' found no site in the {compiles} graph(s) compiled in the scope: nothing to record",
                 self.pipeline
             ));
-        } else if appending > 0 && runs == 0 {
+        } else if appending > 0 && runs == 0 && res.is_ok() {
             warnings.push(format!(
                 "{appending} tapped graph(s) compiled in the scope never ran inside it: runs after the scope ends are \
                  not recorded (pipeline '{}')",

@@ -131,7 +131,24 @@ pub fn lower(g: &mut Graph, x: NodeId, mask: Option<NodeId>, spec: &SketchSpec) 
     let safe = b.where_(s_pos, s, one1);
     let xs = b.g.div(xz, safe); // [R,C] in [-1, 1]
 
-    let mut pieces = vec![b.k1(spec.tag as f32)];
+    // The tag comes back through the data path: tag + (elements the reductions saw - n). A
+    // backend that hands the sketch zeros or another buffer (RLX 0.2.19's wgpu backend reads
+    // an operand outside its arena stripe as zeros, and says so on stderr) returns a tag the
+    // recorder rejects, rather than statistics of nothing. |x| is never -1, NaN != -1 holds, so
+    // every element counts; the sum is exact below 2^24 elements (above, the tag is a constant).
+    let tag1 = b.k1(spec.tag as f32);
+    let tag_out = if n < 1 << 24 {
+        let neg1 = b.k(-1.0);
+        let seen = b.cmp(CmpOp::Ne, absx, neg1);
+        let seen = b.g.cast(seen, DType::F32);
+        let seen = b.total(seen, ReduceOp::Sum);
+        let missing = b.k1(-(n as f32));
+        let drift = b.g.add(seen, missing);
+        b.g.add(tag1, drift)
+    } else {
+        tag1
+    };
+    let mut pieces = vec![tag_out];
     let mut not_computed = Vec::new();
     let layout = spec.layout().expect("tensor layout");
     for slot in &layout {

@@ -300,6 +300,17 @@ impl Rewrite {
             attrs.extend_from_slice(&t.0.to_le_bytes()); // the dedupe key names every input
         }
         if let Some(&i) = self.dedupe.get(&(tensor.0, attrs.clone())) {
+            // The shared sketch's statistics that the lowering leaves out are left out for
+            // this use too: list them under its site and role as well.
+            let first = &self.manifest.outputs[i].uses[0];
+            let same: Vec<Skipped> = self
+                .manifest
+                .skipped
+                .iter()
+                .filter(|s| s.site == first.site && s.role.as_ref() == Some(&first.role) && s.reason.contains(" not computed by the lowered"))
+                .map(|s| Skipped { site: use_.site.clone(), role: Some(use_.role.clone()), ..s.clone() })
+                .collect();
+            self.manifest.skipped.extend(same);
             self.manifest.outputs[i].uses.push(use_);
             return;
         }

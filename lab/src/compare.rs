@@ -15,7 +15,10 @@
 //!   where `floor` is 1e-3 of the largest |value| of the series in A, so that a statistic that
 //!   cancels to about 0 (a mean) is held relative to its series' scale, not to 0.
 //!
-//! Series recorded on one side only are checks that fail, named with the side that has them.
+//! A series recorded on one side only fails, named with the side that has it, unless the other
+//! side's manifest lists it as not computed there (a statistic a device's lowered sketch cannot
+//! compute exactly, or a probe without a lowering: the manifest's `skipped`, with the reason):
+//! that check is `skip`, with the reason, and does not fail the comparison.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -38,6 +41,8 @@ pub struct Tolerance {
 /// The outcome of one `(site, role, statistic)`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {
+    /// Not compared: one side's manifest lists the statistic as not computed there.
+    pub skipped: bool,
     /// Site name.
     pub site: String,
     /// Role.
@@ -78,15 +83,51 @@ fn load(path: &Path) -> Result<BTreeMap<Key, Series>> {
 pub fn compare(a: &Path, b: &Path, tol: Tolerance) -> Result<Vec<Check>> {
     let (sa, sb) = (load(a)?, load(b)?);
     anyhow::ensure!(!sa.is_empty() || !sb.is_empty(), "neither {} nor {} holds a row", a.display(), b.display());
+    let (na, nb) = (not_computed(a)?, not_computed(b)?);
     let mut keys: Vec<&Key> = sa.keys().chain(sb.keys()).collect();
     keys.sort();
     keys.dedup();
-    Ok(keys.into_iter().map(|k| check(k, sa.get(k), sb.get(k), tol)).collect())
+    Ok(keys
+        .into_iter()
+        .map(|k| {
+            let mut c = check(k, sa.get(k), sb.get(k), tol);
+            let (side, listed) = match (sa.contains_key(k), sb.contains_key(k)) {
+                (true, false) => ("B", &nb),
+                (false, true) => ("A", &na),
+                _ => return c,
+            };
+            let why = listed.get(&(k.0.clone(), k.1.clone(), k.3.clone())).or_else(|| listed.get(&(k.0.clone(), k.1.clone(), "*".into())));
+            if let Some(why) = why {
+                c.skipped = true;
+                c.ok = true;
+                c.note = format!("not computed in {side}: {why}");
+            }
+            c
+        })
+        .collect())
+}
+
+/// `(site, role, stat)` -> reason, for every statistic the recording's manifests list as not
+/// computed (`skipped` entries whose reason starts with `<stat> not computed`, as the lowering
+/// writes them, or a whole tensor or probe the device could not sketch: stat `*`).
+fn not_computed(path: &Path) -> Result<BTreeMap<(String, String, String), String>> {
+    let mut m = BTreeMap::new();
+    let Some(side) = opscope::recording::read_sidecar(path).with_context(|| format!("reading the manifest of {}", path.display()))? else {
+        return Ok(m);
+    };
+    for g in &side.graphs {
+        for s in &g.skipped {
+            let role = s.role.as_ref().map(|r| r.as_str().to_string()).unwrap_or_default();
+            let stat = s.reason.split_once(" not computed").map(|(st, _)| st.to_string()).unwrap_or_else(|| "*".into());
+            m.insert((s.site.clone(), role, stat), s.reason.clone());
+        }
+    }
+    Ok(m)
 }
 
 fn check(key: &Key, a: Option<&Series>, b: Option<&Series>, tol: Tolerance) -> Check {
     let (site, role, pass_idx, stat) = key.clone();
-    let mut c = Check { site, role, pass_idx, stat, values: 0, worst: 0.0, ok: false, note: String::new() };
+    let mut c = Check { skipped: false, site, role, pass_idx, stat, values: 0, worst: 0.0, ok: false, note: String::new() };
     let (a, b) = match (a, b) {
         (Some(a), Some(b)) => (a, b),
         (Some(_), None) => {
@@ -149,7 +190,13 @@ pub fn text(checks: &[Check]) -> String {
     for c in checks {
         out.push_str(&format!(
             "{:4} {}/{} [{}] {}: {} values, worst {:.3e} ({})\n",
-            if c.ok { "ok" } else { "FAIL" },
+            if c.skipped {
+                "skip"
+            } else if c.ok {
+                "ok"
+            } else {
+                "FAIL"
+            },
             c.site,
             c.role,
             c.pass_idx,
@@ -160,7 +207,8 @@ pub fn text(checks: &[Check]) -> String {
         ));
     }
     let failed = checks.iter().filter(|c| !c.ok).count();
-    out.push_str(&format!("{} checks, {} failed\n", checks.len(), failed));
+    let skipped = checks.iter().filter(|c| c.skipped).count();
+    out.push_str(&format!("{} checks, {} failed, {} not computed on one side (skip)\n", checks.len(), failed, skipped));
     out
 }
 

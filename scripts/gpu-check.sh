@@ -8,7 +8,8 @@
 # lowering).
 #
 # Usage: scripts/gpu-check.sh [DEVICE]   (default cuda; `gpu` checks RLX's wgpu backend, built
-# with `--features gpu`). Tolerances: GPU_RTOL (1e-4), GPU_HIST_TOL (1e-3): two devices' GEMMs
+# with `--features gpu`). GPU_PIPELINE and GPU_RECORD_ARGS (e.g. "--batch 1 --seq 16") change
+# what is recorded. Tolerances: GPU_RTOL (1e-4), GPU_HIST_TOL (1e-3): two devices' GEMMs
 # round differently in the last bits, so a statistic differs by a few ULPs and a value near a
 # bin edge can change bins. Budget: 10 minutes including the build (a fresh target builds RLX,
 # about 5 minutes on 2 cores); the script prints the elapsed time and fails past the budget.
@@ -34,9 +35,12 @@ echo "ok   build ($(elapsed) s)"
 
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
-pipeline='matmul{hist_range=-16:16},attn'
+default_pipeline='matmul{hist_range=-16:16},attn'
+pipeline="${GPU_PIPELINE:-$default_pipeline}"
 args=(--onnx "$cache/paraphrase-MiniLM-L3-v2.onnx" --tokenizer "$cache/tokenizer.json" --text "$cache/fortunes.txt"
       --limit "${GPU_LIMIT:-64}" --pipeline "$pipeline")
+# shellcheck disable=SC2206 # word splitting of the extra arguments is intended
+args+=(${GPU_RECORD_ARGS:-})
 "$bin" record "${args[@]}" --device cpu --out "$out/cpu.parquet" >/dev/null
 echo "ok   record on cpu ($(elapsed) s)"
 "$bin" record "${args[@]}" --device "$device" --out "$out/$device.parquet" >/dev/null

@@ -70,8 +70,9 @@ pub use sketch::{SketchSpec, Stat};
 /// version opscope collects (`opscope::inventory::submit! { PassRegistration(&MyTap) }`).
 pub use inventory;
 
-/// At load time: link every pass file (see [`passes::link`]) and register the environment
-/// mode's CPU backend (it reads `RLX_OPSCOPE` at the first compile; see [`activate::env`]).
+/// At load time: link every pass file (see [`passes::link`]) and wrap the backend of every
+/// registered device for the environment mode (it reads `RLX_OPSCOPE` at the first compile; see
+/// [`activate::env`]).
 #[ctor::ctor]
 fn opscope_load() {
     passes::link();

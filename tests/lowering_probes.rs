@@ -1,0 +1,171 @@
+//! The probes lowered into RLX primitive ops (`residual{lower=true}`, `route{lower=true}`,
+//! `attn{lower=true}`: what a device without a native sketch kernel runs) give the native CPU
+//! kernel's statistics: 1e-5 relative, counts exactly equal, the same values absent; the
+//! statistics a lowering does not compute are exactly the ones the manifest lists (with the
+//! reason); the caller's outputs stay bit-identical. The native probes themselves are checked
+//! against independent host code in `residual_skip.rs`, `route.rs` and `attn_reference.rs`.
+
+mod common;
+use std::collections::{BTreeMap, BTreeSet};
+
+use common::*;
+use opscope::{Manifest, Row};
+use rlx_ir::op::{Activation, BinaryOp};
+use rlx_ir::{DType, Graph, NodeId, Op, Shape};
+
+/// (site, role, stat) -> values by idx, over step 0.
+type Stats = BTreeMap<(String, String, String), BTreeMap<u64, f64>>;
+
+fn collect(rows: &[Row]) -> Stats {
+    let mut m = Stats::new();
+    for r in rows.iter().filter(|r| r.step == 0) {
+        m.entry((r.site.to_string(), r.role.to_string(), r.stat.to_string())).or_default().insert(r.idx, r.value as f64);
+    }
+    m
+}
+
+fn f32s(d: &[usize]) -> Shape {
+    Shape::new(d, DType::F32)
+}
+
+/// Statistics compared exactly (counts, positions, maxima of the same f32 values).
+const EXACT: &[&str] = &["rows", "out_chan_absmax", "tokens", "load", "bad_ids", "peak_pos", "recv_pos", "recv_max", "peak"];
+
+/// Every (site, role, stat, idx) recorded natively is recorded lowered within `tol` relative
+/// (exactly for [`EXACT`]), except the statistics in `absent`, which the lowered recording must
+/// not hold; nothing is recorded only when lowered. Returns the number of values compared.
+fn assert_same(native: &Stats, lowered: &Stats, absent: &BTreeSet<&str>, tol: f64) -> usize {
+    let mut compared = 0;
+    for ((site, role, stat), vals) in native {
+        let got = lowered.get(&(site.clone(), role.clone(), stat.clone()));
+        if absent.contains(stat.as_str()) {
+            assert!(got.is_none(), "{site}/{role} {stat}: the lowering should not record it, got {got:?}");
+            continue;
+        }
+        let got = got.unwrap_or_else(|| panic!("{site}/{role} {stat}: recorded natively, missing when lowered"));
+        assert_eq!(got.keys().collect::<Vec<_>>(), vals.keys().collect::<Vec<_>>(), "{site}/{role} {stat}: indices");
+        for (i, w) in vals {
+            let g = got[i];
+            if EXACT.contains(&stat.as_str()) {
+                assert_eq!(g, *w, "{site}/{role} {stat}[{i}]: lowered {g}, native {w}");
+            } else {
+                assert!((g - w).abs() <= tol * w.abs(), "{site}/{role} {stat}[{i}]: lowered {g}, native {w}");
+            }
+            compared += 1;
+        }
+    }
+    for key in lowered.keys() {
+        assert!(native.contains_key(key), "{key:?}: recorded only when lowered");
+    }
+    assert!(compared > 0, "nothing compared");
+    compared
+}
+
+/// The statistics the manifest lists as not computed by the lowered sketch, per (site, role).
+fn listed_not_lowered(m: &[Manifest]) -> BTreeSet<(String, String, String)> {
+    m.iter()
+        .flat_map(|m| m.skipped.iter())
+        .filter(|k| k.reason.contains("not computed by the lowered sketch"))
+        .map(|k| (k.site.clone(), k.role.as_ref().map(|r| r.as_str().to_string()).unwrap_or_default(), k.reason.split(' ').next().unwrap().to_string()))
+        .collect()
+}
+
+/// Run `pipeline` natively and with `,lower=true` (or `{lower=true}`), check outputs are
+/// bit-identical to an untapped run, the lowered statistics equal the native ones except
+/// `absent`, and that the manifest lists exactly `absent` at every tapped (site, role).
+fn check(pass: &str, opts: &str, g: &Graph, params: &[(&str, &[f32])], inputs: &[(&str, &[f32])], absent: &[&str]) -> (Stats, Stats) {
+    let native_p = if opts.is_empty() { pass.to_string() } else { format!("{pass}{{{opts}}}") };
+    let lowered_p = if opts.is_empty() { format!("{pass}{{lower=true}}") } else { format!("{pass}{{{opts},lower=true}}") };
+    let plain = run_plain(g, params, inputs);
+    let (n_out, native) = run_tapped(&native_p, g, params, inputs);
+    let (l_out, lowered) = run_tapped(&lowered_p, g, params, inputs);
+    assert_eq!(bits(&n_out), bits(&plain));
+    assert_eq!(bits(&l_out), bits(&plain), "caller outputs bit-identical with the lowered probe");
+    let (n, l) = (collect(&native.rows()), collect(&lowered.rows()));
+    let absent: BTreeSet<&str> = absent.iter().copied().collect();
+    assert_same(&n, &l, &absent, 1e-5);
+    // The manifest lists exactly the absent statistics, at every tapped (site, role).
+    let taps: BTreeSet<(String, String)> = n.keys().map(|k| (k.0.clone(), k.1.clone())).collect();
+    let want: BTreeSet<(String, String, String)> =
+        taps.iter().flat_map(|(s, r)| absent.iter().map(move |a| (s.clone(), r.clone(), a.to_string()))).collect();
+    assert_eq!(listed_not_lowered(&lowered.manifests()), want, "the manifest lists what is not lowered");
+    assert!(listed_not_lowered(&native.manifests()).is_empty());
+    // Lowered: no opscope custom op left in the compiled graph's taps.
+    assert!(lowered.manifests().iter().all(|m| m.skipped.iter().all(|s| !s.reason.contains("no lowering"))), "{:?}", lowered.manifests());
+    (n, l)
+}
+
+// ---------------------------------------------------------------- residual
+
+const RB: usize = 2; // batch
+const RS: usize = 5; // sequence
+const RD: usize = 16; // width
+
+/// `x[B,S,D]` with an `attention_mask[B,S]`; three blocks `x + W2 relu(W1 x)`, the last one
+/// post-LN (RLX's CPU fusion makes it a FusedResidualLN).
+fn residual_stack() -> Graph {
+    let mut g = Graph::new("res");
+    let mut x = g.input("x", f32s(&[RB, RS, RD]));
+    let mask = g.input("attention_mask", f32s(&[RB, RS]));
+    let gamma = g.param("gamma", f32s(&[RD]));
+    let beta = g.param("beta", f32s(&[RD]));
+    for i in 0..3 {
+        let w1 = g.param(&format!("w1.{i}"), f32s(&[RD, RD]));
+        let w2 = g.param(&format!("w2.{i}"), f32s(&[RD, RD]));
+        let a = g.matmul(x, w1, f32s(&[RB, RS, RD]));
+        let r = g.activation(Activation::Relu, a, f32s(&[RB, RS, RD]));
+        let f = g.matmul(r, w2, f32s(&[RB, RS, RD]));
+        x = g.binary(BinaryOp::Add, x, f, f32s(&[RB, RS, RD]));
+        if i == 2 {
+            x = g.layer_norm(x, gamma, beta, -1, 1e-5, f32s(&[RB, RS, RD]));
+        }
+    }
+    g.set_outputs(vec![x, mask]);
+    g
+}
+
+fn residual_data(mask: &[f32]) -> (Vec<(String, Vec<f32>)>, Vec<f32>) {
+    let mut params = vec![("gamma".to_string(), randn(RD, 10)), ("beta".into(), randn(RD, 11))];
+    for i in 0..3 {
+        params.push((format!("w1.{i}"), randn(RD * RD, 20 + i as u64).iter().map(|v| v * 0.3).collect()));
+        params.push((format!("w2.{i}"), randn(RD * RD, 30 + i as u64).iter().map(|v| v * 0.3).collect()));
+    }
+    let mut x = randn(RB * RS * RD, 1);
+    for (r, &m) in mask.iter().enumerate() {
+        if m == 0.0 {
+            x[r * RD..(r + 1) * RD].fill(1e6); // any leak of a padding row shows
+        }
+    }
+    x[3 * RD + 7] = 300.0; // a massive activation carried by the stream
+    (params, x)
+}
+
+const RESIDUAL_NOT_LOWERED: &[&str] = &["out_median_abs", "out_top"];
+
+fn check_residual(mask: &[f32], opts: &str) -> (Stats, Stats) {
+    let g = residual_stack();
+    let (params, x) = residual_data(mask);
+    let p: Vec<(&str, &[f32])> = params.iter().map(|(n, v)| (n.as_str(), v.as_slice())).collect();
+    check("residual", opts, &g, &p, &[("x", &x), ("attention_mask", mask)], RESIDUAL_NOT_LOWERED)
+}
+
+#[test]
+fn residual_lowered_equals_native_with_padding() {
+    let mask = [1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0];
+    let (n, l) = check_residual(&mask, "");
+    let key = |s: &str| ("block.0".to_string(), "block".to_string(), s.to_string());
+    assert_eq!(l[&key("rows")][&0], 6.0, "padding rows excluded");
+    assert_eq!(l[&key("cos_row")].len(), 6, "cos_row of padding rows not recorded");
+    for k in ["ratio", "cos", "cos_row", "out_chan_absmax"] {
+        assert!(n.contains_key(&key(k)), "{k} compared");
+    }
+    let sites: BTreeSet<&str> = l.keys().map(|k| k.0.as_str()).collect();
+    assert_eq!(sites.len(), 3, "three blocks: {sites:?}");
+}
+
+#[test]
+fn residual_lowered_equals_native_without_mask() {
+    let mask = [1.0; RB * RS];
+    let (_, l) = check_residual(&mask, "mask=none");
+    assert_eq!(l[&("block.1".to_string(), "block".to_string(), "rows".to_string())][&0], 10.0);
+}

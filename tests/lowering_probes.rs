@@ -169,3 +169,73 @@ fn residual_lowered_equals_native_without_mask() {
     let (_, l) = check_residual(&mask, "mask=none");
     assert_eq!(l[&("block.1".to_string(), "block".to_string(), "rows".to_string())][&0], 10.0);
 }
+
+// ---------------------------------------------------------------- route
+
+const T: usize = 24; // tokens
+const E: usize = 4; // experts
+
+/// `x[T,D] -> logits = x @ Wr + br -> (softmax) -> TopK(k=2)` (router); the first choice
+/// dispatches x through GroupedMatMul over W[E,D,N]. `softmax` false: TopK over the logits (the
+/// probe then takes them as logits).
+fn moe(softmax: bool) -> Graph {
+    let (d, n) = (8, 6);
+    let mut g = Graph::new("moe");
+    let x = g.input("x", f32s(&[T, d]));
+    let wr = g.param("router.w", f32s(&[d, E]));
+    let br = g.param("router.b", f32s(&[1, E]));
+    let xw = g.matmul(x, wr, f32s(&[T, E]));
+    let logits = g.binary(BinaryOp::Add, xw, br, f32s(&[T, E]));
+    let scores = if softmax { g.softmax(logits, -1, f32s(&[T, E])) } else { logits };
+    let top = g.add_node(Op::TopK { k: 2 }, vec![scores], f32s(&[T, 2]));
+    let first = g.add_node(Op::Narrow { axis: 1, start: 0, len: 1 }, vec![top], f32s(&[T, 1]));
+    let idx = g.reshape(first, vec![T as i64], f32s(&[T]));
+    let w = g.param("experts.w", f32s(&[E, d, n]));
+    let y = g.add_node(Op::GroupedMatMul, vec![x, w, idx], f32s(&[T, n]));
+    g.set_outputs(vec![y, scores]);
+    g
+}
+
+/// Planted: expert 0 favoured (+2 logit), expert 3 dead (-30: never chosen, probabilities
+/// about 1e-13, still normal f32).
+fn check_moe(softmax: bool) -> (Stats, Stats) {
+    let (x, wr, br, w) = (randn(T * 8, 1), randn(8 * E, 2), vec![2.0, 0.0, 0.0, -30.0], randn(E * 8 * 6, 3));
+    let params: [(&str, &[f32]); 3] = [("router.w", &wr), ("router.b", &br), ("experts.w", &w)];
+    check("route", "", &moe(softmax), &params, &[("x", &x)], &[])
+}
+
+#[test]
+fn route_lowered_equals_native_over_probabilities() {
+    let (n, _) = check_moe(true);
+    let stats: BTreeSet<&str> = n.keys().map(|k| k.2.as_str()).collect();
+    assert_eq!(stats, ["bad_ids", "gate_mass", "importance", "kept_mass", "load", "tokens"].into_iter().collect());
+    let load = &n[&("topk.0".to_string(), "router".to_string(), "load".to_string())];
+    assert_eq!(load[&3], 0.0, "the dead expert");
+    // The dispatch (no scores) is compared too.
+    assert!(n.keys().any(|k| k.1 == "dispatch"));
+}
+
+#[test]
+fn route_lowered_equals_native_over_logits() {
+    check_moe(false);
+}
+
+/// 64 tokens of which the last 48 are padding (all routed to expert 7 with a large logit): the
+/// lowered probe leaves them out as the kernel does.
+#[test]
+fn route_lowered_equals_native_with_padding() {
+    const TOK: usize = 64;
+    const EXP: usize = 8;
+    let mut g = Graph::new("padded_router");
+    let logits = g.input("logits", f32s(&[TOK, EXP]));
+    let mask = g.input("attention_mask", f32s(&[TOK]));
+    let top = g.add_node(Op::TopK { k: 2 }, vec![logits], f32s(&[TOK, 2]));
+    g.set_outputs(vec![top, mask]);
+    let mut l = randn(TOK * EXP, 5);
+    for t in 16..TOK {
+        l[t * EXP + 7] = 50.0;
+    }
+    let m: Vec<f32> = (0..TOK).map(|t| if t < 16 { 1.0 } else { 0.0 }).collect();
+    let (n, _) = check("route", "", &g, &[], &[("logits", &l), ("attention_mask", &m)], &[]);
+    assert_eq!(n[&("topk.0".to_string(), "router".to_string(), "tokens".to_string())][&0], 16.0);
+}

@@ -410,6 +410,13 @@ pub mod prim {
     pub fn k(g: &mut Graph, dims: &[usize], v: f32) -> NodeId {
         g.full(dims, v, DType::F32)
     }
+    /// A constant F32 tensor of shape `dims` holding `vals` (row-major; `vals.len()` must be
+    /// the element count).
+    pub fn values(g: &mut Graph, dims: &[usize], vals: &[f32]) -> NodeId {
+        assert_eq!(dims.iter().product::<usize>(), vals.len(), "values: shape and data disagree");
+        let data = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        g.add_node(Op::Constant { data }, vec![], Shape::new(dims, DType::F32))
+    }
     /// `a op b` as a Bool tensor (broadcast).
     pub fn cmp(g: &mut Graph, op: CmpOp, a: NodeId, b: NodeId) -> NodeId {
         let s = rlx_ir::shape::compare_shape(g.shape(a), g.shape(b)).expect("compare shape");

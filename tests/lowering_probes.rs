@@ -29,7 +29,7 @@ fn f32s(d: &[usize]) -> Shape {
 }
 
 /// Statistics compared exactly (counts, positions, maxima of the same f32 values).
-const EXACT: &[&str] = &["rows", "out_chan_absmax", "tokens", "load", "bad_ids", "peak_pos", "recv_pos", "recv_max", "peak"];
+const EXACT: &[&str] = &["rows", "out_chan_absmax", "tokens", "load", "bad_ids", "queries", "keys", "topk"];
 
 /// Every (site, role, stat, idx) recorded natively is recorded lowered within `tol` relative
 /// (exactly for [`EXACT`]), except the statistics in `absent`, which the lowered recording must
@@ -238,4 +238,130 @@ fn route_lowered_equals_native_with_padding() {
     let m: Vec<f32> = (0..TOK).map(|t| if t < 16 { 1.0 } else { 0.0 }).collect();
     let (n, _) = check("route", "", &g, &[], &[("logits", &l), ("attention_mask", &m)], &[]);
     assert_eq!(n[&("topk.0".to_string(), "router".to_string(), "tokens".to_string())][&0], 16.0);
+}
+
+// ---------------------------------------------------------------- attention
+
+const AB: usize = 2;
+const AH: usize = 3;
+const AS: usize = 6;
+const AD: usize = 4;
+
+fn scalar(g: &mut Graph, v: f32) -> NodeId {
+    g.add_node(Op::Constant { data: v.to_le_bytes().to_vec() }, vec![], f32s(&[1]))
+}
+
+/// The unfused attention of an ONNX BERT: `softmax((Q @ K^T) * scale + bias) @ V`, Q, K, V
+/// `[B, H, S, D]`. `bias`: `Some(neg)` adds `(1 - mask) * neg` from the input `mask[B, S]`;
+/// `None` adds nothing and takes `attention_mask[B, S]` as an output (the probe then reads the
+/// padding row mask); `causal` adds a constant `[1, 1, S, S]` causal bias of `finfo.min`.
+fn bert(bias: Option<f32>, causal: bool) -> Graph {
+    let (b, h, s, d) = (AB, AH, AS, AD);
+    let mut g = Graph::new("bert_unfused");
+    let q = g.input("q", f32s(&[b, h, s, d]));
+    let k = g.input("k", f32s(&[b, h, s, d]));
+    let v = g.input("v", f32s(&[b, h, s, d]));
+    let kt = g.add_node(Op::Transpose { perm: vec![0, 1, 3, 2] }, vec![k], f32s(&[b, h, d, s]));
+    let scores = g.matmul(q, kt, f32s(&[b, h, s, s]));
+    let c = scalar(&mut g, (d as f32).powf(-0.5));
+    let mut z = g.binary(BinaryOp::Mul, scores, c, f32s(&[b, h, s, s]));
+    let mut outs = Vec::new();
+    if causal {
+        let tri: Vec<u8> = (0..s * s).flat_map(|i| if i % s > i / s { f32::MIN } else { 0.0 }.to_le_bytes()).collect();
+        let cb = g.add_node(Op::Constant { data: tri }, vec![], f32s(&[1, 1, s, s]));
+        z = g.binary(BinaryOp::Add, z, cb, f32s(&[b, h, s, s]));
+    }
+    match bias {
+        Some(neg) => {
+            let mask = g.input("mask", f32s(&[b, s]));
+            let m4 = g.reshape(mask, vec![b as i64, 1, 1, s as i64], f32s(&[b, 1, 1, s]));
+            let one = scalar(&mut g, 1.0);
+            let inv = g.binary(BinaryOp::Sub, one, m4, f32s(&[b, 1, 1, s]));
+            let negc = scalar(&mut g, neg);
+            let bias = g.binary(BinaryOp::Mul, inv, negc, f32s(&[b, 1, 1, s]));
+            z = g.binary(BinaryOp::Add, z, bias, f32s(&[b, h, s, s]));
+        }
+        None => {
+            let am = g.input("attention_mask", f32s(&[b, s]));
+            outs.push(am);
+        }
+    }
+    let p = g.softmax(z, -1, f32s(&[b, h, s, s]));
+    let ctx = g.matmul(p, v, f32s(&[b, h, s, d]));
+    outs.insert(0, ctx);
+    g.set_outputs(outs);
+    g
+}
+
+/// Batch 0 whole, batch 1 with its last `pad` tokens padding.
+fn attn_check(bias: Option<f32>, causal: bool, opts: &str, pad: usize) -> (Stats, Stats) {
+    let n = AB * AH * AS * AD;
+    let q: Vec<f32> = randn(n, 100).iter().map(|x| 1.5 * x).collect();
+    let (k, v) = (randn(n, 101), randn(n, 102));
+    let mask: Vec<f32> = (0..AB * AS).map(|i| if i >= AS && i % AS >= AS - pad { 0.0 } else { 1.0 }).collect();
+    let g = bert(bias, causal);
+    let name = if bias.is_some() { "mask" } else { "attention_mask" };
+    check("attn", opts, &g, &[], &[("q", &q), ("k", &k), ("v", &v), (name, &mask)], &[])
+}
+
+/// Every attention statistic is compared (a fixture where none is undefined).
+fn assert_all_attn_stats(n: &Stats) {
+    let got: BTreeSet<&str> = n.keys().map(|k| k.2.as_str()).collect();
+    for s in ["queries", "keys", "peak", "entropy", "entropy_norm", "topk", "topk_mass", "sink_first", "sink_last", "pad_mass", "recv_max", "peak_pos", "recv_pos", "sink_first_lift", "sink_last_lift"] {
+        assert!(got.contains(s), "{s} recorded natively (and so compared): {got:?}");
+    }
+}
+
+#[test]
+fn attn_lowered_equals_native_with_mask_bias() {
+    let (n, _) = attn_check(Some(-10000.0), false, "topk=2", 2);
+    assert_all_attn_stats(&n);
+    assert_eq!(n[&("softmax.0".to_string(), "probs".to_string(), "queries".to_string())][&0], 10.0, "6 + 4 real queries");
+}
+
+#[test]
+fn attn_lowered_equals_native_with_finfo_min_bias_and_default_topk() {
+    // Batch 1 holds one real token: its query sees one key (no entropy_norm, no topk_mass).
+    let (_, l) = attn_check(Some(f32::MIN), false, "", AS - 1);
+    assert_eq!(l[&("softmax.0".to_string(), "probs".to_string(), "queries".to_string())][&0], 7.0);
+}
+
+/// No bias: the padding comes from the graph input attention_mask (pad_mass is then non-zero).
+#[test]
+fn attn_lowered_equals_native_with_padding_rows() {
+    let (n, _) = attn_check(None, false, "topk=3", 2);
+    let pad = &n[&("softmax.0".to_string(), "probs".to_string(), "pad_mass".to_string())];
+    assert!(pad.values().all(|v| *v > 1e-3), "padding keys get mass without a mask: {pad:?}");
+}
+
+/// A causal bias under the padding bias (the probe reads the outer, padding bias: the kernel
+/// and the lowering then agree on which keys are allowed): sinks and lifts of causal rows.
+#[test]
+fn attn_lowered_equals_native_causal() {
+    attn_check(Some(-10000.0), true, "topk=2", 2);
+}
+
+/// A fused `Op::Attention` has no lowering: with `attn{lower=true}` its site is skipped with the
+/// reason, nothing is recorded for it, and the caller's outputs are unchanged.
+#[test]
+fn fused_attention_is_not_lowered_and_says_why() {
+    let (b, s, h, d) = (1, 4, 2, 4);
+    let mut g = Graph::new("fused");
+    let q = g.input("q", f32s(&[b, s, h * d]));
+    let k = g.input("k", f32s(&[b, s, h * d]));
+    let v = g.input("v", f32s(&[b, s, h * d]));
+    let m = g.input("mask", f32s(&[b, s]));
+    let o = g.attention(q, k, v, m, h, d, f32s(&[b, s, h * d]));
+    g.set_outputs(vec![o]);
+    let (qv, kv, vv, mv) = (randn(32, 1), randn(32, 2), randn(32, 3), vec![1.0f32, 1.0, 1.0, 0.0]);
+    let params: [(&str, &[f32]); 0] = [];
+    let inputs: [(&str, &[f32]); 4] = [("q", &qv), ("k", &kv), ("v", &vv), ("mask", &mv)];
+    let plain = run_plain(&g, &params, &inputs);
+    let (out, sink) = run_tapped("attn{lower=true}", &g, &params, &inputs);
+    assert_eq!(bits(&out), bits(&plain));
+    assert!(sink.rows().is_empty(), "nothing recorded natively behind the caller's back");
+    let skipped: Vec<String> = sink.manifests().iter().flat_map(|m| m.skipped.iter().map(|s| s.reason.clone())).collect();
+    assert!(skipped.iter().any(|r| r.contains("lower=true asked") && r.contains("Fused source")), "{skipped:?}");
+    let (_, native) = run_tapped("attn", &g, &params, &inputs);
+    assert!(!native.rows().is_empty(), "the fixture is tapped natively");
 }

@@ -29,7 +29,7 @@ fn f32s(d: &[usize]) -> Shape {
 }
 
 /// Statistics compared exactly (counts, positions, maxima of the same f32 values).
-const EXACT: &[&str] = &["rows", "out_chan_absmax", "tokens", "load", "bad_ids", "queries", "keys", "topk"];
+const EXACT: &[&str] = &["rows", "out_chan_absmax", "out_median_abs", "out_top", "tokens", "load", "bad_ids", "queries", "keys", "topk"];
 
 /// Every (site, role, stat, idx) recorded natively is recorded lowered within `tol` relative
 /// (exactly for [`EXACT`]), except the statistics in `absent`, which the lowered recording must
@@ -131,16 +131,20 @@ fn residual_data(mask: &[f32]) -> (Vec<(String, Vec<f32>)>, Vec<f32>) {
         params.push((format!("w2.{i}"), randn(RD * RD, 30 + i as u64).iter().map(|v| v * 0.3).collect()));
     }
     let mut x = randn(RB * RS * RD, 1);
+    // Any leak of a padding row shows: huge values in the first, zeros (which would move the
+    // median and the minimum) in the others.
+    let mut first = true;
     for (r, &m) in mask.iter().enumerate() {
         if m == 0.0 {
-            x[r * RD..(r + 1) * RD].fill(1e6); // any leak of a padding row shows
+            x[r * RD..(r + 1) * RD].fill(if first { 1e6 } else { 0.0 });
+            first = false;
         }
     }
     x[3 * RD + 7] = 300.0; // a massive activation carried by the stream
     (params, x)
 }
 
-const RESIDUAL_NOT_LOWERED: &[&str] = &["out_median_abs", "out_top"];
+const RESIDUAL_NOT_LOWERED: &[&str] = &[];
 
 fn check_residual(mask: &[f32], opts: &str) -> (Stats, Stats) {
     let g = residual_stack();
@@ -156,7 +160,7 @@ fn residual_lowered_equals_native_with_padding() {
     let key = |s: &str| ("block.0".to_string(), "block".to_string(), s.to_string());
     assert_eq!(l[&key("rows")][&0], 6.0, "padding rows excluded");
     assert_eq!(l[&key("cos_row")].len(), 6, "cos_row of padding rows not recorded");
-    for k in ["ratio", "cos", "cos_row", "out_chan_absmax"] {
+    for k in ["ratio", "cos", "cos_row", "out_chan_absmax", "out_median_abs", "out_top"] {
         assert!(n.contains_key(&key(k)), "{k} compared");
     }
     let sites: BTreeSet<&str> = l.keys().map(|k| k.0.as_str()).collect();
@@ -364,4 +368,36 @@ fn fused_attention_is_not_lowered_and_says_why() {
     assert!(skipped.iter().any(|r| r.contains("lower=true asked") && r.contains("Fused source")), "{skipped:?}");
     let (_, native) = run_tapped("attn", &g, &params, &inputs);
     assert!(!native.rows().is_empty(), "the fixture is tapped natively");
+}
+
+/// One block `x + W2 relu(W1 x)` over `x[3, 5]` (15 elements: an odd count, the median is the
+/// middle value) with W2 = 0, so `x + f(x)` is exactly `x`, planted with ties of |value|: the
+/// lowered `out_top` keeps the kernel's first-in-row-major-order entry of equal |values|.
+#[test]
+fn residual_median_odd_count_and_top_ties_lowered_equal_native() {
+    let (r, d) = (3, 5);
+    let mut g = Graph::new("res_small");
+    let x = g.input("x", f32s(&[r, d]));
+    let w1 = g.param("w1", f32s(&[d, d]));
+    let w2 = g.param("w2", f32s(&[d, d]));
+    let a = g.matmul(x, w1, f32s(&[r, d]));
+    let h = g.activation(Activation::Relu, a, f32s(&[r, d]));
+    let f = g.matmul(h, w2, f32s(&[r, d]));
+    let y = g.binary(BinaryOp::Add, x, f, f32s(&[r, d]));
+    g.set_outputs(vec![y]);
+    let mut xv = randn(r * d, 3);
+    // |9| at (0, 4), (1, 1) with sign -, (2, 0); |7| at (0, 2) and (2, 3).
+    xv[4] = 9.0;
+    xv[6] = -9.0;
+    xv[10] = 9.0;
+    xv[2] = -7.0;
+    xv[13] = 7.0;
+    let (w1v, w2v) = (randn(d * d, 4), vec![0.0f32; d * d]);
+    let (n, l) = check("residual", "", &g, &[("w1", &w1v), ("w2", &w2v)], &[("x", &xv)], &[]);
+    let top = &l[&("block.0".to_string(), "block".to_string(), "out_top".to_string())];
+    let got: Vec<f64> = top.values().copied().collect();
+    assert_eq!(got, vec![9.0, 0.0, 4.0, -9.0, 1.0, 1.0, 9.0, 2.0, 0.0, -7.0, 0.0, 2.0], "ties: first in row-major order");
+    let mut abs: Vec<f64> = xv.iter().map(|v| v.abs() as f64).collect();
+    abs.sort_by(f64::total_cmp);
+    assert_eq!(n[&("block.0".to_string(), "block".to_string(), "out_median_abs".to_string())][&0], abs[7]);
 }

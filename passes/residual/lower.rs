@@ -12,13 +12,15 @@
 //! fixtures and MiniLM: within 1e-5 relative). `rows` and `out_chan_absmax` are exact (a count,
 //! and a max of the same f32 values `x + f(x)` the kernel forms).
 //!
-//! # Not lowered
-//!
-//! - `out_median_abs`: the median of the kept elements needs a full sort of `R * D` values and
-//!   a selection at a run-time position (the kept count depends on the padding mask); RLX's
-//!   `Sort` is not paired here with a run-time-indexed gather checked against the kernel.
-//! - `out_top`: the kernel keeps the first of equal |values| in row-major order; RLX's `TopK`
-//!   tie order is not specified to match, so row and channel could differ on ties.
+//! `out_median_abs` sorts |x + f(x)| of the kept finite elements with RLX's `Sort` (the others
+//! set to +Inf, so they sort last) and picks positions `floor((n - 1) / 2)` and `floor(n / 2)`
+//! (`n` the run-time kept count) with an exact one-hot sum; the mean of the two middle values
+//! is formed in f32 as `(a + b) * 0.5`, equal to the kernel's f64 mean rounded to f32 (halving
+//! is exact) unless `a + b` overflows f32. `out_top` takes RLX's `TopK` over |x + f(x)| (ties to
+//! the smaller flat index, as the op documents: the kernel's row-major first-wins order), and
+//! recovers the signed value, row `floor(i / D)` and channel by exact f32 arithmetic on the
+//! index. Both are exact, for at most 2^24 elements (f32 indices); above that, and for fewer
+//! elements than [`TOP`] entries, they are not lowered.
 //!
 //! A non-finite element makes the kernel's f64 sums non-finite; the lowering's scaled sums are
 //! NaN there (the recorder drops NaN): inputs with Inf/NaN in the stream are outside this
@@ -28,17 +30,15 @@ use rlx_ir::infer::GraphExt;
 use rlx_ir::op::{CmpOp, ReduceOp};
 use rlx_ir::{Graph, NodeId};
 
-use super::probe::{stats, ResidualProbe};
-use crate::sketch::lower::prim::{as_f32, cmp, finite_or_nan, k, reduce_keep, total, where_};
+use super::probe::{stats, ResidualProbe, TOP};
+use crate::sketch::lower::prim::{as_f32, cmp, finite_or_nan, k, reduce_keep, total, values, where_};
+use rlx_ir::op::Activation;
+use rlx_ir::{DType, Op, Shape};
 use crate::sketch::probe::LoweredStat;
 use crate::sketch::Stat;
 
-/// Why `out_median_abs` is not lowered.
-pub const MEDIAN_NOT_LOWERED: &str =
-    "not lowered: the median of the kept elements needs a sort of every element and a pick at a run-time position (the kept count); not built from RLX's Sort";
-/// Why `out_top` is not lowered.
-pub const TOP_NOT_LOWERED: &str =
-    "not lowered: the kernel keeps the first of equal |values| in row-major order, and RLX's TopK tie order is not specified to match (row, channel could differ)";
+/// Most elements whose flat index f32 holds exactly (the median's and top's positions).
+const MAX_EXACT_INDEX: usize = 1 << 24;
 
 /// Build the statistics `want` of `p` from `inputs` = `[x, f(x)]` (+ the `[rows]` mask when
 /// `p.masked`), each as [`ResidualProbe::execute`] lays it out.
@@ -128,8 +128,11 @@ pub fn lower(p: &ResidualProbe, g: &mut Graph, inputs: &[NodeId], want: &[Stat])
                 let m = where_(g, none, nan, m);
                 Ok(g.reshape_(m, vec![d as i64]))
             }
-            stats::OUT_MEDIAN_ABS => Err(MEDIAN_NOT_LOWERED.to_string()),
-            stats::OUT_TOP => Err(TOP_NOT_LOWERED.to_string()),
+            stats::OUT_MEDIAN_ABS | stats::OUT_TOP if r * d > MAX_EXACT_INDEX => {
+                Err(format!("not lowered above {MAX_EXACT_INDEX} elements (flat positions held in f32)"))
+            }
+            stats::OUT_TOP if r * d < TOP => Err(format!("not lowered for fewer than {TOP} elements (TopK needs k <= the axis)")),
+            stats::OUT_MEDIAN_ABS | stats::OUT_TOP => Ok(order_stat(g, s == stats::OUT_MEDIAN_ABS, y, keep, r * d)),
             other => Err(format!("{}: no lowering", other.as_str())),
         })
         .collect()
@@ -167,4 +170,71 @@ fn cos_rows(g: &mut Graph, xz: NodeId, yz: NodeId, keep: NodeId, zero: NodeId, o
     let ok = cmp(g, CmpOp::Gt, ok, half);
     let c = where_(g, ok, c, nan);
     finite_or_nan(g, c)
+}
+
+/// `out_median_abs` (`median` true, `[1]`) or `out_top` (`[3 * TOP]`) of `y` (`[R, D]`) over
+/// the kept finite elements; see the module docs.
+fn order_stat(g: &mut Graph, median: bool, y: NodeId, keep: NodeId, n: usize) -> NodeId {
+    let d = crate::sketch::static_dims(g.shape(y)).expect("static")[1];
+    let a = g.abs(y);
+    let inf = k(g, &[1, 1], f32::INFINITY);
+    let fin = cmp(g, CmpOp::Lt, a, inf);
+    let finf = as_f32(g, fin);
+    let keepf = as_f32(g, keep);
+    let okf = g.mul(finf, keepf); // [R, D]
+    let half = k(g, &[1, 1], 0.5);
+    let ok = cmp(g, CmpOp::Gt, okf, half);
+    let cnt = total(g, okf, ReduceOp::Sum); // [1]
+    let yflat = g.reshape_(y, vec![n as i64]);
+    let iota: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let iota = values(g, &[n], &iota);
+    let zero1 = k(g, &[1], 0.0);
+    let nan1 = k(g, &[1], f32::NAN);
+    // The element of `v` ([n]) at the run-time position `at` ([1]), by an exact one-hot sum.
+    let pick = |g: &mut Graph, v: NodeId, at: NodeId| {
+        let hit = cmp(g, CmpOp::Eq, iota, at);
+        let z = where_(g, hit, v, zero1);
+        total(g, z, ReduceOp::Sum)
+    };
+    let floor = |g: &mut Graph, x: NodeId| g.activation(Activation::Floor, x, Shape::new(&[1], DType::F32));
+    if median {
+        let key = where_(g, ok, a, inf);
+        let key = g.reshape_(key, vec![n as i64]);
+        let sorted = g.add_node(Op::Sort { axis: 0, descending: false }, vec![key], Shape::new(&[n], DType::F32));
+        let one = k(g, &[1], 1.0);
+        let halfc = k(g, &[1], 0.5);
+        let nm1 = g.sub(cnt, one);
+        let lo = g.mul(nm1, halfc);
+        let lo = floor(g, lo);
+        let hi = g.mul(cnt, halfc);
+        let hi = floor(g, hi);
+        let a_lo = pick(g, sorted, lo);
+        let a_hi = pick(g, sorted, hi);
+        let sum = g.add(a_lo, a_hi);
+        let m = g.mul(sum, halfc);
+        let some = cmp(g, CmpOp::Gt, cnt, zero1);
+        return where_(g, some, m, nan1);
+    }
+    let neg = k(g, &[1, 1], -1.0);
+    let key = where_(g, ok, a, neg);
+    let key = g.reshape_(key, vec![1, n as i64]);
+    let idx = g.add_node(Op::TopK { k: TOP }, vec![key], Shape::new(&[1, TOP], DType::F32));
+    let dk = k(g, &[1], d as f32);
+    let mut parts = Vec::with_capacity(3 * TOP);
+    for t in 0..TOP {
+        let it = g.narrow_(idx, 1, t, 1);
+        let it = g.reshape_(it, vec![1]);
+        let v = pick(g, yflat, it);
+        let q = g.div(it, dk);
+        let row = floor(g, q);
+        let rd = g.mul(row, dk);
+        let col = g.sub(it, rd);
+        // Fewer kept finite elements than t + 1: NaN, as the kernel.
+        let tc = k(g, &[1], t as f32 + 0.5);
+        let have = cmp(g, CmpOp::Gt, cnt, tc);
+        for x in [v, row, col] {
+            parts.push(where_(g, have, x, nan1));
+        }
+    }
+    g.concat_(parts, 0)
 }

@@ -39,7 +39,7 @@ const STATS: Opt<Stats> = Opt::stats(
 const LOWER: Opt<bool> = Opt::bool(
     "lower",
     "false",
-    "compute the probe with RLX primitive ops (the lowering a device without a native sketch kernel uses) even on the CPU; out_median_abs and out_top are not lowered and are listed in the manifest",
+    "compute the probe with RLX primitive ops (the lowering a device without a native sketch kernel uses) even on the CPU",
 );
 
 const OPTIONS: &[OptionSpec] = &[BLOCKS.spec, MASK.spec, STATS.spec, LOWER.spec];

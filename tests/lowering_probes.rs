@@ -401,3 +401,27 @@ fn residual_median_odd_count_and_top_ties_lowered_equal_native() {
     abs.sort_by(f64::total_cmp);
     assert_eq!(n[&("block.0".to_string(), "block".to_string(), "out_median_abs".to_string())][&0], abs[7]);
 }
+
+/// A device without a native sketch kernel lowers the probes with no option: every residual
+/// block is tapped by primitive ops only and nothing is skipped; a fused attention is skipped
+/// with the reason its probe has no lowering.
+#[test]
+fn non_cpu_device_lowers_probes_automatically() {
+    let p = opscope::Pipeline::parse("residual").unwrap();
+    let (out, m) = p.apply_on(&residual_stack(), None, 0, rlx_runtime::Device::Metal).unwrap();
+    assert!(!out.nodes().iter().any(|n| matches!(&n.op, Op::Custom { .. })), "lowered on Metal");
+    assert_eq!(m.outputs.len(), 3, "three blocks tapped");
+    assert!(m.skipped.is_empty(), "{:?}", m.skipped);
+    let (out, _) = p.apply_on(&residual_stack(), None, 0, rlx_runtime::Device::Cpu).unwrap();
+    assert!(out.nodes().iter().any(|n| matches!(&n.op, Op::Custom { .. })), "native on the CPU");
+
+    let mut g = Graph::new("fused");
+    let f = |d: &[usize]| f32s(d);
+    let (q, k, v, mk) = (g.input("q", f(&[1, 4, 8])), g.input("k", f(&[1, 4, 8])), g.input("v", f(&[1, 4, 8])), g.input("mask", f(&[1, 4])));
+    let o = g.attention(q, k, v, mk, 2, 4, f(&[1, 4, 8]));
+    g.set_outputs(vec![o]);
+    let (out, m) = opscope::Pipeline::parse("attn").unwrap().apply_on(&g, None, 0, rlx_runtime::Device::Metal).unwrap();
+    assert!(!out.nodes().iter().any(|n| matches!(&n.op, Op::Custom { .. })));
+    assert!(m.outputs.is_empty());
+    assert!(m.skipped.iter().any(|s| s.reason.contains("no native sketch kernel") && s.reason.contains("Fused source")), "{:?}", m.skipped);
+}

@@ -425,3 +425,25 @@ fn non_cpu_device_lowers_probes_automatically() {
     assert!(m.outputs.is_empty());
     assert!(m.skipped.iter().any(|s| s.reason.contains("no native sketch kernel") && s.reason.contains("Fused source")), "{:?}", m.skipped);
 }
+
+/// Cross attention, `Sq != Sk` (3 queries over 5 keys, rank 3 `[B*H, Sq, Sk]`, no mask): every
+/// query counts, the query at key `Sk - Sq + q` is "own" for the sinks.
+#[test]
+fn attn_lowered_equals_native_cross_attention() {
+    let (bh, sq, sk, d) = (4, 3, 5, 4);
+    let mut g = Graph::new("cross");
+    let q = g.input("q", f32s(&[bh, sq, d]));
+    let k = g.input("k", f32s(&[bh, sk, d]));
+    let v = g.input("v", f32s(&[bh, sk, d]));
+    let kt = g.add_node(Op::Transpose { perm: vec![0, 2, 1] }, vec![k], f32s(&[bh, d, sk]));
+    let scores = g.matmul(q, kt, f32s(&[bh, sq, sk]));
+    let c = scalar(&mut g, 0.5);
+    let scaled = g.binary(BinaryOp::Mul, scores, c, f32s(&[bh, sq, sk]));
+    let p = g.softmax(scaled, -1, f32s(&[bh, sq, sk]));
+    let ctx = g.matmul(p, v, f32s(&[bh, sq, d]));
+    g.set_outputs(vec![ctx]);
+    let (qv, kv, vv) = (randn(bh * sq * d, 7), randn(bh * sk * d, 8), randn(bh * sk * d, 9));
+    let (n, _) = check("attn", "topk=2", &g, &[], &[("q", &qv), ("k", &kv), ("v", &vv)], &[]);
+    assert_eq!(n[&("softmax.0".to_string(), "probs".to_string(), "queries".to_string())][&0], (bh * sq) as f64);
+    assert!(n.keys().any(|k| k.2 == "sink_last"));
+}

@@ -1,12 +1,21 @@
 //! The attention probe lowered into RLX primitive ops (compares, casts, `Where`, `Reduce`
-//! sum/max, log, `Sort`, a 0/1 matmul for "first/last key"), for a device without a native
-//! sketch kernel or `attn{lower=true}`: the [`AttnSource::Probs`] source (probabilities in the
-//! graph, with or without an additive bias and a padding row mask).
+//! sum/max, log, `Sort`, a 0/1 matmul for "first/last key"; for the fused source also
+//! `Transpose`, `MatMul`, `Softmax`, tanh), for a device without a native sketch kernel or
+//! `attn{lower=true}`. Both sources:
 //!
-//! The mask is built as the kernel's `allowed(b, h, q, k)`: row mask `>= 0.5` and bias
-//! `> MASKED_BIAS`; a key is padding when no (head, query) may see it, a query when `Sq == Sk`
-//! and its key is padding. The first/last non-padding key is found with a strictly-triangular
-//! 0/1 matmul (how many non-padding keys precede/follow: exact small integers).
+//! - [`AttnSource::Probs`]: probabilities in the graph, with or without an additive bias and a
+//!   padding row mask.
+//! - [`AttnSource::Fused`]: probabilities rebuilt from Q and K as the kernel defines them
+//!   (`(q . k) * scale` in f32, masked scores set to the runtime's `attn_mask_neg_inf`, bias
+//!   added, the soft-cap on the `[B, H, S, D]` path only, softmax), here by a graph `MatMul`
+//!   and `Softmax` (grouped-query K heads repeated; an in-place Q/K view of a merged QKV
+//!   projection narrowed from its rows).
+//!
+//! The mask is built as the kernel's `allowed(b, h, q, k)`: row mask `>= 0.5`, bias
+//! `> MASKED_BIAS`, and for the fused source the op's mask kind; a key is padding when no
+//! (head, query) may see it, a query when `Sq == Sk` and its key is padding. The first/last
+//! non-padding key is found with a strictly-triangular 0/1 matmul (how many non-padding keys
+//! precede/follow: exact small integers).
 //!
 //! # Accuracy (f32 graph arithmetic against the kernel's f64 sums)
 //!
@@ -14,33 +23,29 @@
 //! `p ln p` with f32 `ln`, the `topk` largest of a row from RLX's `Sort`, whose sum does not
 //! depend on tie order), summed in f32 over at most `Sk` then `B * Sq` terms of one sign: error
 //! about `(Sk + B * Sq) * 2^-24` relative (Higham 2nd ed. section 4.2). Counts (`queries`,
-//! `keys`, `topk`) are exact.
+//! `keys`, `topk`) are exact. For the fused source the rebuilt probabilities differ from the
+//! kernel's by the rounding of a different dot-product and softmax order (a few ulps); no
+//! statistic depends on an arg-max position, so the means stay within 1e-5 relative (measured
+//! on the tests' fixtures: layouts, grouped-query, causal, window, key mask, bias, soft-cap).
 //!
 //! # Not lowered
 //!
-//! - The whole [`AttnSource::Fused`] source: its probabilities are rebuilt exactly as RLX's CPU
-//!   attention kernel computes them (f32 dot products in its order, its own softmax kernel
-//!   `neon_softmax`); a graph `MatMul` + `Softmax` rounds differently, so peaks and positions
-//!   could differ in the last bits and arg-dependent statistics beyond 1e-5. Listed per site.
+//! - A fused attention whose query heads are not a multiple of its K/V heads (the kernel's
+//!   `h / (heads / kv_heads)` mapping then has no repeat form).
 
 use rlx_ir::infer::GraphExt;
 use rlx_ir::op::{CmpOp, ReduceOp};
 use rlx_ir::{DType, Graph, NodeId, Op, Shape};
 
-use super::probe::{stats, AttnProbe, AttnSource, MASKED_BIAS};
+use super::probe::{stats, AttnProbe, AttnSource, FusedMask, MASKED_BIAS};
 use crate::sketch::lower::prim::{as_f32, cmp, k, values, where_};
 use crate::sketch::probe::LoweredStat;
 use crate::sketch::Stat;
 
-/// Why the fused source is not lowered.
-pub const FUSED_NOT_LOWERED: &str = "the attention probe's Fused source (probabilities rebuilt from Q and K as RLX's CPU attention kernel computes them, its own softmax kernel) has no exact lowering: graph MatMul + Softmax round differently";
-
-/// `Ok` for [`AttnSource::Probs`], the reason for [`AttnSource::Fused`].
+/// `Ok`: both sources are lowered.
 pub fn lowering(p: &AttnProbe) -> Result<(), String> {
-    match p.source {
-        AttnSource::Probs { .. } => Ok(()),
-        AttnSource::Fused { .. } => Err(FUSED_NOT_LOWERED.into()),
-    }
+    let _ = p;
+    Ok(())
 }
 
 /// Reduce `x` over `axes` (one at a time, keeping rank).
@@ -65,35 +70,144 @@ fn mean_or_nan(g: &mut Graph, a: NodeId, n: NodeId) -> NodeId {
     where_(g, pos, m, nan)
 }
 
-/// Build the statistics `want` of `p` (a [`AttnSource::Probs`] probe) from `inputs` =
-/// `[probs]` (+ bias) (+ `[B * Sk]` row mask), each laid out as [`AttnProbe::execute`] writes it.
+/// Build the statistics `want` of `p` from `inputs` (`[probs]` (+ bias), or `[Q, K]` (+ mask)
+/// for the fused source; + the `[B * Sk]` row mask), each laid out as [`AttnProbe::execute`]
+/// writes it.
 pub fn lower(p: &AttnProbe, g: &mut Graph, inputs: &[NodeId], want: &[Stat]) -> Vec<LoweredStat> {
-    let AttnSource::Probs { bias, rows } = p.source else {
-        return want.iter().map(|_| Err(FUSED_NOT_LOWERED.to_string())).collect();
-    };
     let (b, h, sq, sk) = (p.batch, p.heads, p.sq, p.sk);
-    let topk = p.topk.clamp(1, sk.max(1));
     let full = [b, h, sq, sk];
-    let zero = k(g, &[1, 1, 1, 1], 0.0);
-    let one = k(g, &[1, 1, 1, 1], 1.0);
     let half = k(g, &[1, 1, 1, 1], 0.5);
-    let pr = g.reshape_(inputs[0], full.iter().map(|&d| d as i64).collect());
-
-    // allowed: [B, H, Sq, Sk] 1.0 / 0.0.
-    let mut allowed = k(g, &full, 1.0);
-    if let Some(d) = bias {
-        let bv = g.reshape_(inputs[1], d.iter().map(|&x| x as i64).collect());
-        let lim = k(g, &[1, 1, 1, 1], MASKED_BIAS);
-        let ok = cmp(g, CmpOp::Gt, bv, lim);
-        let okf = as_f32(g, ok);
-        allowed = g.mul(allowed, okf);
-    }
+    let (pr, mut allowed, rows) = match p.source {
+        AttnSource::Probs { bias, rows } => {
+            let pr = g.reshape_(inputs[0], full.iter().map(|&d| d as i64).collect());
+            // allowed: [B, H, Sq, Sk] 1.0 / 0.0.
+            let mut allowed = k(g, &full, 1.0);
+            if let Some(d) = bias {
+                let bv = g.reshape_(inputs[1], d.iter().map(|&x| x as i64).collect());
+                let lim = k(g, &[1, 1, 1, 1], MASKED_BIAS);
+                let ok = cmp(g, CmpOp::Gt, bv, lim);
+                let okf = as_f32(g, ok);
+                allowed = g.mul(allowed, okf);
+            }
+            (pr, allowed, rows)
+        }
+        AttnSource::Fused { rows, .. } => match rebuild_fused(p, g, inputs) {
+            Ok((pr, allowed)) => (pr, allowed, rows),
+            Err(why) => return want.iter().map(|_| Err(why.clone())).collect(),
+        },
+    };
     if rows {
         let m = g.reshape_(*inputs.last().expect("row mask"), vec![b as i64, 1, 1, sk as i64]);
         let ok = cmp(g, CmpOp::Ge, m, half);
         let okf = as_f32(g, ok);
         allowed = g.mul(allowed, okf);
     }
+    stats_of(p, g, pr, allowed, want)
+}
+
+/// Rebuild a fused attention's probabilities `[B, H, Sq, Sk]` from Q and K as RLX 0.2.19's CPU
+/// kernel defines them (see [`AttnSource::Fused`]): `(q . k) * scale` by a graph `MatMul`,
+/// masked scores set to the runtime's `attn_mask_neg_inf`, the bias added, the soft-cap on the
+/// `[B, H, S, D]` path, then a graph `Softmax`; and the kernel's `allowed` mask (1.0 / 0.0).
+///
+/// Errors: a geometry the rebuild does not take (reported as not lowered).
+fn rebuild_fused(p: &AttnProbe, g: &mut Graph, inputs: &[NodeId]) -> Result<(NodeId, NodeId), String> {
+    let AttnSource::Fused { head_dim: dh, kv_heads, bhsd, scale, softcap, mask, q_view, k_view, .. } = p.source else {
+        return Err("not fused".into());
+    };
+    let (b, nh, sq, sk) = (p.batch, p.heads, p.sq, p.sk);
+    let nkv = kv_heads.max(1);
+    if nh % nkv != 0 {
+        return Err(format!("not lowered: {nh} query heads are not a multiple of {nkv} K/V heads"));
+    }
+    let group = nh / nkv;
+    let f = |d: &[usize]| Shape::new(d, DType::F32);
+    // [B, heads, S, D] from the op's layout (a row view: narrow the columns first).
+    let heads_first = |g: &mut Graph, x: NodeId, view: Option<[usize; 2]>, s: usize, heads: usize| -> NodeId {
+        if bhsd {
+            return g.reshape_(x, vec![b as i64, heads as i64, s as i64, dh as i64]);
+        }
+        let x = match view {
+            Some([col, stride]) => {
+                let rows = g.reshape_(x, vec![(b * s) as i64, stride as i64]);
+                g.narrow_(rows, 1, col, heads * dh)
+            }
+            None => x,
+        };
+        let x = g.reshape_(x, vec![b as i64, s as i64, heads as i64, dh as i64]);
+        g.add_node(Op::Transpose { perm: vec![0, 2, 1, 3] }, vec![x], f(&[b, heads, s, dh]))
+    };
+    let q = heads_first(g, inputs[0], q_view, sq, nh);
+    let mut kk = heads_first(g, inputs[1], k_view, sk, nkv);
+    if group > 1 {
+        // Query head h reads K head h / group.
+        let k5 = g.reshape_(kk, vec![b as i64, nkv as i64, 1, sk as i64, dh as i64]);
+        let ones = k(g, &[1, 1, group, 1, 1], 1.0);
+        let k5 = g.mul(k5, ones);
+        kk = g.reshape_(k5, vec![b as i64, nh as i64, sk as i64, dh as i64]);
+    }
+    let kt = g.add_node(Op::Transpose { perm: vec![0, 1, 3, 2] }, vec![kk], f(&[b, nh, dh, sk]));
+    let dot = g.matmul(q, kt, f(&[b, nh, sq, sk]));
+    let sc = k(g, &[1, 1, 1, 1], scale);
+    let mut s = g.mul(dot, sc);
+    let cfg = rlx_cpu::config::RuntimeConfig::global();
+    let (thr, neg) = (cfg.mask_binary_threshold, cfg.attn_mask_neg_inf);
+    let full = [b, nh, sq, sk];
+    let q_off = sk.saturating_sub(sq);
+    let pos_mask = |w: Option<usize>| -> Vec<f32> {
+        (0..sq * sk)
+            .map(|i| {
+                let (qi, ki) = (i / sk, i % sk);
+                let a = q_off + qi;
+                let ok = ki <= a && w.is_none_or(|w| ki >= a.saturating_sub(w));
+                if ok { 1.0 } else { 0.0 }
+            })
+            .collect()
+    };
+    let allowed = match mask {
+        FusedMask::None | FusedMask::Bias => k(g, &full, 1.0),
+        FusedMask::Causal => values(g, &[1, 1, sq, sk], &pos_mask(None)),
+        FusedMask::Window(w) => values(g, &[1, 1, sq, sk], &pos_mask(Some(w))),
+        FusedMask::Keys => {
+            let m = g.reshape_(inputs[2], vec![b as i64, 1, 1, sk as i64]);
+            let t = k(g, &[1, 1, 1, 1], thr);
+            let ok = cmp(g, CmpOp::Ge, m, t);
+            as_f32(g, ok)
+        }
+    };
+    let ones = k(g, &full, 1.0);
+    let mut allowed = g.mul(allowed, ones);
+    let half = k(g, &[1, 1, 1, 1], 0.5);
+    let okb = cmp(g, CmpOp::Gt, allowed, half);
+    let negk = k(g, &[1, 1, 1, 1], neg);
+    s = where_(g, okb, s, negk);
+    if let FusedMask::Bias = mask {
+        let bias = g.reshape_(inputs[2], full.iter().map(|&d| d as i64).collect());
+        s = g.add(s, bias);
+        let lim = k(g, &[1, 1, 1, 1], MASKED_BIAS);
+        let ok = cmp(g, CmpOp::Gt, bias, lim);
+        let okf = as_f32(g, ok);
+        allowed = g.mul(allowed, okf);
+    }
+    if softcap > 0.0 && bhsd {
+        let c = k(g, &[1, 1, 1, 1], softcap);
+        let t = g.div(s, c);
+        let t = g.tanh(t);
+        s = g.mul(t, c);
+    }
+    let pr = g.softmax(s, -1, f(&full));
+    Ok((pr, allowed))
+}
+
+/// The attention statistics `want` of probabilities `pr` (`[B, H, Sq, Sk]`) under `allowed`
+/// (1.0 / 0.0, the same shape), as the kernel's `attn_stats`.
+fn stats_of(p: &AttnProbe, g: &mut Graph, pr: NodeId, allowed: NodeId, want: &[Stat]) -> Vec<LoweredStat> {
+    let (b, h, sq, sk) = (p.batch, p.heads, p.sq, p.sk);
+    let topk = p.topk.clamp(1, sk.max(1));
+    let full = [b, h, sq, sk];
+    let zero = k(g, &[1, 1, 1, 1], 0.0);
+    let one = k(g, &[1, 1, 1, 1], 1.0);
+    let half = k(g, &[1, 1, 1, 1], 0.5);
     // keyok [B,1,1,Sk]: some (h, q) may see the key.
     let seen = red(g, allowed, ReduceOp::Max, &[1, 2]);
     let keyok_b = cmp(g, CmpOp::Gt, seen, half);

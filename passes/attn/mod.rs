@@ -37,7 +37,7 @@ const TOPK: Opt<u64> = Opt::uint("topk", 1, 65536, "8", "k of topk_mass: the pro
 const LOWER: Opt<bool> = Opt::bool(
     "lower",
     "false",
-    "compute the probe with RLX primitive ops (the lowering a device without a native sketch kernel uses) even on the CPU; a fused Attention's probe is not lowered and is skipped with the reason",
+    "compute the probe with RLX primitive ops (the lowering a device without a native sketch kernel uses) even on the CPU",
 );
 
 const OPTIONS: &[OptionSpec] = &[SITES.spec, STATS.spec, TOPK.spec, LOWER.spec];

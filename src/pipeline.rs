@@ -324,8 +324,8 @@ impl Pipeline {
 
     /// [`Pipeline::apply_tagged`] for a compile on `device`: where the device has no native
     /// sketch kernel ([`crate::sketch::lower::native_kernel`]: every device but the CPU), tensor
-    /// sketches are lowered into RLX primitive ops, and sketches with no lowering (the probes)
-    /// are listed in the manifest's `skipped` with the reason.
+    /// and probe sketches are lowered into RLX primitive ops; statistics (or whole probes) with
+    /// no lowering are listed in the manifest's `skipped` with the reason.
     pub fn apply_on(
         &self,
         graph: &Graph,

@@ -215,9 +215,9 @@ impl Rewrite {
         self.native = native;
     }
 
-    /// Lower the tensor sketches the running pass appends from now on, even where a native
-    /// kernel exists (a pass option such as `matmul{lower=true}`; for testing the lowering on
-    /// the CPU against the kernel). Reset when the next pass begins.
+    /// Lower the sketches (tensor and probe) the running pass appends from now on, even where a
+    /// native kernel exists (a pass option such as `matmul{lower=true}`, `residual{lower=true}`;
+    /// for testing the lowering on the CPU against the kernel). Reset when the next pass begins.
     pub fn force_lowering(&mut self, on: bool) {
         self.force_lower = on;
     }
@@ -331,8 +331,18 @@ impl Rewrite {
                 return;
             }
             if let (true, None) = (lower, &why_not) {
-                let mask = if op == SKETCH2_OP { inputs.get(1).copied() } else { None };
-                let low = crate::sketch::lower::lower(&mut self.graph, tensor, mask, &spec);
+                let low = if matches!(spec.probe, crate::sketch::Probe::Tensor) {
+                    let mask = if op == SKETCH2_OP { inputs.get(1).copied() } else { None };
+                    crate::sketch::lower::lower(&mut self.graph, tensor, mask, &spec)
+                } else {
+                    match crate::sketch::lower::lower_probe(&mut self.graph, inputs, &spec) {
+                        Ok(l) => l,
+                        Err(why) => {
+                            self.skip(site, Some(use_.role.clone()), Some(tensor), format!("the probe's lowering failed: {why}"));
+                            return;
+                        }
+                    }
+                };
                 for (stat, why) in low.not_computed {
                     self.skip(site, Some(use_.role.clone()), Some(tensor), format!("{} not computed by the lowered sketch: {why}", stat.as_str()));
                 }

@@ -3,6 +3,7 @@
 //! and record per-head concentration (peak probability, entropy, top-k mass) and received mass
 //! (attention sinks, heavy-hitter keys) with padding excluded.
 
+pub mod lower;
 pub mod probe;
 pub mod rules;
 
@@ -33,7 +34,13 @@ const STATS: Opt<Stats> = Opt::stats(
 );
 const TOPK: Opt<u64> = Opt::uint("topk", 1, 65536, "8", "k of topk_mass: the probability mass a top-k sparse attention would keep per query");
 
-const OPTIONS: &[OptionSpec] = &[SITES.spec, STATS.spec, TOPK.spec];
+const LOWER: Opt<bool> = Opt::bool(
+    "lower",
+    "false",
+    "compute the probe with RLX primitive ops (the lowering a device without a native sketch kernel uses) even on the CPU",
+);
+
+const OPTIONS: &[OptionSpec] = &[SITES.spec, STATS.spec, TOPK.spec, LOWER.spec];
 
 /// The `attn` tap pass.
 pub struct AttnTap;
@@ -101,6 +108,7 @@ impl Pass for AttnTap {
         let patterns = opts.get(&SITES)?;
         let stats = opts.stats(&STATS)?;
         let topk = opts.get(&TOPK)? as usize;
+        rw.force_lowering(opts.get(&LOWER)?);
         rw.note_removed(|op| matches!(op, Op::Softmax { .. } | Op::Attention { .. }));
         let nodes: Vec<NodeId> = rw.original_nodes().collect();
         for id in nodes {

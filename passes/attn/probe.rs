@@ -199,6 +199,14 @@ impl TypedProbe for AttnProbe {
             }
         })
     }
+
+    fn lowering(&self) -> Result<(), String> {
+        super::lower::lowering(self)
+    }
+
+    fn lower(&self, g: &mut rlx_ir::Graph, inputs: &[rlx_ir::NodeId], stats: &[Stat]) -> Vec<crate::sketch::probe::LoweredStat> {
+        super::lower::lower(self, g, inputs, stats)
+    }
 }
 
 /// A row-mask entry at or above this marks a real token (the mask holds 1 on tokens and 0 on

@@ -1,6 +1,7 @@
 //! `residual`: tap every residual connection `x + f(x)` and record block influence: the
 //! branch-to-stream norm ratio and the cosine between the block's input and output.
 
+pub mod lower;
 pub mod probe;
 pub mod rules;
 
@@ -35,7 +36,13 @@ const STATS: Opt<Stats> = Opt::stats(
     "ratio = ||f(x)||/||x||, cos = mean over rows of cos(x, x+f(x)) (1 - cos is ShortGPT's block influence), cos_row = per row",
 );
 
-const OPTIONS: &[OptionSpec] = &[BLOCKS.spec, MASK.spec, STATS.spec];
+const LOWER: Opt<bool> = Opt::bool(
+    "lower",
+    "false",
+    "compute the probe with RLX primitive ops (the lowering a device without a native sketch kernel uses) even on the CPU",
+);
+
+const OPTIONS: &[OptionSpec] = &[BLOCKS.spec, MASK.spec, STATS.spec, LOWER.spec];
 
 /// The `residual` tap pass.
 pub struct ResidualTap;
@@ -57,6 +64,7 @@ impl Pass for ResidualTap {
     fn run(&self, opts: &Options, rw: &mut Rewrite) -> Result<(), Error> {
         let patterns = opts.get(&BLOCKS)?;
         let stats = opts.stats(&STATS)?;
+        rw.force_lowering(opts.get(&LOWER)?);
         let bypassed: Vec<String> =
             rw.actuations().iter().filter(|a| a.site.starts_with("block.")).map(|a| a.site.clone()).collect();
         for site in bypassed {

@@ -82,6 +82,14 @@ impl TypedProbe for ResidualProbe {
         };
         Ok(residual_stats(r, x, f, mask))
     }
+
+    fn lowering(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn lower(&self, g: &mut rlx_ir::Graph, inputs: &[rlx_ir::NodeId], stats: &[Stat]) -> Vec<crate::sketch::probe::LoweredStat> {
+        super::lower::lower(self, g, inputs, stats)
+    }
 }
 
 /// Residual statistics, accumulated in f64, over the rows `mask` keeps (every row without one).

@@ -2,6 +2,7 @@
 //! `GroupedMatMul` expert dispatch, and record per-expert load (dead and hot experts, the
 //! evidence for expert pruning and capacity planning) and gate mass.
 
+pub mod lower;
 pub mod probe;
 pub mod rules;
 
@@ -39,7 +40,13 @@ const MASK: Opt<Word> = Opt::word(
     "auto: tokens where the graph input attention_mask (one value per routed token) is 0 are padding, excluded; none: every token counts",
 );
 
-const OPTIONS: &[OptionSpec] = &[SITES.spec, STATS.spec, MASK.spec];
+const LOWER: Opt<bool> = Opt::bool(
+    "lower",
+    "false",
+    "compute the probe with RLX primitive ops (the lowering a device without a native sketch kernel uses) even on the CPU",
+);
+
+const OPTIONS: &[OptionSpec] = &[SITES.spec, STATS.spec, MASK.spec, LOWER.spec];
 
 /// The `route` tap pass.
 pub struct RouteTap;
@@ -77,6 +84,7 @@ impl Pass for RouteTap {
         let patterns = opts.get(&SITES)?;
         let stats = opts.stats(&STATS)?;
         let use_mask = opts.get(&MASK)? == "auto";
+        rw.force_lowering(opts.get(&LOWER)?);
         rw.note_removed(|op| matches!(op, Op::TopK { .. } | Op::GroupedMatMul));
         let nodes: Vec<NodeId> = rw.original_nodes().collect();
         for id in nodes {

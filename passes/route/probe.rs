@@ -98,6 +98,14 @@ impl TypedProbe for RouteProbe {
         };
         Ok(route_stats(self, ids, scores, mask))
     }
+
+    fn lowering(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn lower(&self, g: &mut rlx_ir::Graph, inputs: &[rlx_ir::NodeId], stats: &[Stat]) -> Vec<crate::sketch::probe::LoweredStat> {
+        super::lower::lower(self, g, inputs, stats)
+    }
 }
 
 /// Routing statistics over the tokens `mask` keeps (every token without one). An id is valid

@@ -29,6 +29,13 @@
 //! - `hist` with more than [`MAX_LOWERED_BINS`] bins: one compare and sum per edge over the
 //!   whole tensor.
 //! - Any statistic of a tensor with a symbolic dim (the subgraph is built for static shapes).
+//!
+//! # Probes
+//!
+//! A probe sketch (attention, routing, residual) is lowered by its own probe
+//! ([`super::TypedProbe::lower`], next to the probe in its pass) and laid out here by
+//! [`lower_probe`]; the core knows no concrete probe. Each probe documents its own accuracy
+//! and the statistics it does not lower.
 
 use rlx_ir::infer::GraphExt;
 use rlx_ir::op::{CmpOp, ReduceOp};
@@ -57,9 +64,14 @@ pub fn native_kernel(device: rlx_runtime::Device) -> bool {
 }
 
 /// Why a tensor sketch cannot be lowered at all (every statistic then not computed).
+/// A probe sketch is lowered by its probe ([`super::TypedProbe::lower`]); one whose probe has
+/// none gives the probe's reason.
 pub fn unlowerable(spec: &SketchSpec, shape: &Shape) -> Option<String> {
-    if !matches!(spec.probe, super::Probe::Tensor) {
-        return Some("a probe sketch has no lowering yet (only the tensor sketch of the matmul tap)".into());
+    if let super::Probe::Pass { name, params } = &spec.probe {
+        let Some(k) = super::probe::lookup(name) else {
+            return Some(format!("no linked pass registers the probe '{name}'"));
+        };
+        return k.lowering(params.get()).err();
     }
     if super::static_dims(shape).is_none() {
         return Some(format!("symbolic shape {}: the lowered sketch needs static dims", super::shape_text(shape)));
@@ -364,6 +376,119 @@ pub fn lower(g: &mut Graph, x: NodeId, mask: Option<NodeId>, spec: &SketchSpec) 
     }
     let out = b.cat(pieces);
     Lowered { node: out, not_computed }
+}
+
+/// Build the lowering of a probe sketch reading `inputs` (the sketch op's inputs) with its
+/// probe's [`super::TypedProbe::lower`], laid out as the kernel's output (tag at 0, then each
+/// statistic's slot; a statistic the probe cannot lower is NaN and returned with the reason).
+///
+/// Requires [`unlowerable`] to be `None` (a registered probe with a lowering).
+///
+/// Errors: the probe's parameters do not decode, or a lowered statistic's node does not hold
+/// its slot's length (a bug in the probe's lowering, reported rather than recorded shifted).
+pub fn lower_probe(g: &mut Graph, inputs: &[NodeId], spec: &SketchSpec) -> Result<Lowered, String> {
+    let super::Probe::Pass { name, params } = &spec.probe else {
+        return Err("lower_probe: a tensor sketch (use lower)".into());
+    };
+    let k = super::probe::lookup(name).ok_or_else(|| format!("no linked pass registers the probe '{name}'"))?;
+    let layout = spec.layout()?;
+    let pieces = k.lower(params.get(), g, inputs, &spec.stats)?;
+    if pieces.len() != layout.len() {
+        return Err(format!("probe {name}: lowering gave {} statistics for {}", pieces.len(), layout.len()));
+    }
+    let mut out = vec![g.full(&[1], spec.tag as f32, DType::F32)];
+    let mut not_computed = Vec::new();
+    for (slot, piece) in layout.iter().zip(pieces) {
+        match piece {
+            Ok(node) => {
+                let n = super::static_dims(g.shape(node)).map(|d| d.iter().product::<usize>());
+                if n != Some(slot.len) {
+                    return Err(format!("probe {name}: lowered {} holds {n:?} values, the layout {}", slot.stat.as_str(), slot.len));
+                }
+                out.push(g.reshape_(node, vec![slot.len as i64]));
+            }
+            Err(why) => {
+                not_computed.push((slot.stat, why));
+                out.push(g.full(&[slot.len], f32::NAN, DType::F32));
+            }
+        }
+    }
+    let node = if out.len() == 1 { out[0] } else { g.concat_(out, 0) };
+    Ok(Lowered { node, not_computed })
+}
+
+/// Primitive-op helpers for probes' lowerings (shapes inferred by broadcasting).
+pub mod prim {
+    use rlx_ir::infer::GraphExt;
+    use rlx_ir::op::{BinaryOp, CmpOp, ReduceOp};
+    use rlx_ir::{DType, Graph, NodeId, Op, Shape};
+
+    /// A constant of shape `dims` (use `[1]` or `[1, 1]` to broadcast).
+    pub fn k(g: &mut Graph, dims: &[usize], v: f32) -> NodeId {
+        g.full(dims, v, DType::F32)
+    }
+    /// A constant F32 tensor of shape `dims` holding `vals` (row-major; `vals.len()` must be
+    /// the element count).
+    pub fn values(g: &mut Graph, dims: &[usize], vals: &[f32]) -> NodeId {
+        assert_eq!(dims.iter().product::<usize>(), vals.len(), "values: shape and data disagree");
+        let data = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        g.add_node(Op::Constant { data }, vec![], Shape::new(dims, DType::F32))
+    }
+    /// `a op b` as a Bool tensor (broadcast).
+    pub fn cmp(g: &mut Graph, op: CmpOp, a: NodeId, b: NodeId) -> NodeId {
+        let s = rlx_ir::shape::compare_shape(g.shape(a), g.shape(b)).expect("compare shape");
+        g.add_node(Op::Compare(op), vec![a, b], s)
+    }
+    /// `a` where `cond`, else `b` (broadcast, F32). RLX 0.2.19's CPU `Where` does not
+    /// broadcast its condition (measured: a `[R, 1]` condition against `[R, D]` values gave
+    /// wrong rows), so a condition smaller than the result is first expanded to its shape.
+    pub fn where_(g: &mut Graph, cond: NodeId, a: NodeId, b: NodeId) -> NodeId {
+        let s = rlx_ir::shape::binary_shape(g.shape(a), g.shape(b)).expect("where shape");
+        let s = rlx_ir::shape::binary_shape(&s, &g.shape(cond).clone().with_dtype(DType::F32)).expect("where shape");
+        let cond = if g.shape(cond).dims() != s.dims() {
+            let c = g.cast(cond, DType::F32);
+            let ones = g.full(&super::super::static_dims(&s).expect("static dims"), 1.0, DType::F32);
+            let c = g.mul(c, ones);
+            let zero = g.full(&[1], 0.0, DType::F32);
+            cmp(g, CmpOp::Ne, c, zero)
+        } else {
+            cond
+        };
+        g.add_node(Op::Where, vec![cond, a, b], s)
+    }
+    /// `a op b` (broadcast).
+    pub fn bin(g: &mut Graph, op: BinaryOp, a: NodeId, b: NodeId) -> NodeId {
+        let s = rlx_ir::shape::binary_shape(g.shape(a), g.shape(b)).expect("binary shape");
+        g.binary(op, a, b, s)
+    }
+    /// `op` over `axis` of `x`, keeping the axis (length 1).
+    pub fn reduce_keep(g: &mut Graph, x: NodeId, op: ReduceOp, axis: usize) -> NodeId {
+        let mut dims = super::super::static_dims(g.shape(x)).expect("static dims");
+        dims[axis] = 1;
+        g.reduce(x, op, vec![axis], true, Shape::new(&dims, DType::F32))
+    }
+    /// `op` over every element of `x`, as `[1]`: over the last axis first, then the rest (the
+    /// two-level summation of [`super::lower`]'s accuracy notes).
+    pub fn total(g: &mut Graph, x: NodeId, op: ReduceOp) -> NodeId {
+        let dims = super::super::static_dims(g.shape(x)).expect("static dims");
+        let c = dims.last().copied().unwrap_or(1).max(1);
+        let r = dims.iter().product::<usize>() / c;
+        let x2 = g.reshape_(x, vec![r as i64, c as i64]);
+        let rows = g.reduce(x2, op, vec![1], false, Shape::new(&[r], DType::F32));
+        g.reduce(rows, op, vec![0], true, Shape::new(&[1], DType::F32))
+    }
+    /// 1.0 where `cond`, else 0.0 (F32).
+    pub fn as_f32(g: &mut Graph, cond: NodeId) -> NodeId {
+        g.cast(cond, DType::F32)
+    }
+    /// `v` where it is finite, else NaN.
+    pub fn finite_or_nan(g: &mut Graph, v: NodeId) -> NodeId {
+        let a = g.abs(v);
+        let inf = k(g, &[1], f32::INFINITY);
+        let ok = cmp(g, CmpOp::Lt, a, inf);
+        let nan = k(g, &[1], f32::NAN);
+        where_(g, ok, v, nan)
+    }
 }
 
 /// Builder state: the graph and the `[R, C]` geometry.

@@ -9,6 +9,7 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use rlx_cpu::op_registry::CpuTensorRef;
+use rlx_ir::{Graph, NodeId};
 use serde::de::{DeserializeOwned, MapAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -96,7 +97,22 @@ pub trait ProbeKernel: Sync {
     /// Errors: parameters that do not decode, an input count or size that does not match the
     /// geometry.
     fn execute(&self, params: &str, inputs: &[CpuTensorRef<'_>]) -> Result<Vec<(Stat, Vec<f32>)>, String>;
+    /// Why this probe (with these parameters) has no lowering into RLX primitive ops, or `Ok`
+    /// when [`ProbeKernel::lower`] builds one ([`TypedProbe::lowering`]).
+    ///
+    /// Errors: the reason, in words (also for parameters that do not decode).
+    fn lowering(&self, params: &str) -> Result<(), String>;
+    /// Build the lowering of `stats` reading `inputs` (the sketch op's inputs) into `g`
+    /// ([`TypedProbe::lower`]). Call only when [`ProbeKernel::lowering`] is `Ok`.
+    ///
+    /// Errors: parameters that do not decode.
+    fn lower(&self, params: &str, g: &mut Graph, inputs: &[NodeId], stats: &[Stat]) -> Result<Vec<LoweredStat>, String>;
 }
+
+/// One statistic of a probe's lowering: the node computing it (`[len]` F32 where `len` is
+/// [`TypedProbe::stat_len`], NaN where the kernel writes NaN: the recorder drops those), or
+/// the reason it is not lowered (the slot is then filled with NaN and the manifest lists it).
+pub type LoweredStat = Result<NodeId, String>;
 
 /// A probe with typed parameters: the type is its parameters (serialized into the op's
 /// attributes), and its methods give the statistics' lengths and compute them.
@@ -111,6 +127,23 @@ pub trait TypedProbe: Serialize + DeserializeOwned + Sync + 'static {
     ///
     /// Errors: an input count or size that does not match the geometry.
     fn execute(&self, inputs: &[CpuTensorRef<'_>]) -> Result<Vec<(Stat, Vec<f32>)>, String>;
+    /// `Ok` when [`TypedProbe::lower`] builds a lowering into RLX primitive ops (what a device
+    /// without a native sketch kernel runs, or `lower=true` on the CPU); else why not. The
+    /// default: no lowering.
+    ///
+    /// Errors: the reason, in words.
+    fn lowering(&self) -> Result<(), String> {
+        Err(format!("the {} probe has no lowering into RLX primitive ops", Self::NAME))
+    }
+    /// Append to `g` the primitive ops computing `stats` (in layout order) from `inputs` (the
+    /// sketch op's inputs), one [`LoweredStat`] per statistic: the node must hold exactly the
+    /// values [`TypedProbe::execute`] writes for it (the layout is the kernel's), or the reason
+    /// the statistic cannot be lowered exactly. Called only when [`TypedProbe::lowering`] is
+    /// `Ok`; the default lowers nothing.
+    fn lower(&self, g: &mut Graph, inputs: &[NodeId], stats: &[Stat]) -> Vec<LoweredStat> {
+        let _ = (g, inputs);
+        stats.iter().map(|_| Err(format!("the {} probe has no lowering", Self::NAME))).collect()
+    }
 }
 
 /// The [`ProbeKernel`] of a [`TypedProbe`]: `Typed::<MyProbe>::NEW`.
@@ -135,6 +168,12 @@ impl<P: TypedProbe> ProbeKernel for Typed<P> {
     }
     fn execute(&self, params: &str, inputs: &[CpuTensorRef<'_>]) -> Result<Vec<(Stat, Vec<f32>)>, String> {
         decode::<P>(params)?.execute(inputs)
+    }
+    fn lowering(&self, params: &str) -> Result<(), String> {
+        decode::<P>(params)?.lowering()
+    }
+    fn lower(&self, params: &str, g: &mut Graph, inputs: &[NodeId], stats: &[Stat]) -> Result<Vec<LoweredStat>, String> {
+        Ok(decode::<P>(params)?.lower(g, inputs, stats))
     }
 }
 

@@ -143,23 +143,7 @@ pub fn lower(g: &mut Graph, x: NodeId, mask: Option<NodeId>, spec: &SketchSpec) 
     let safe = b.where_(s_pos, s, one1);
     let xs = b.g.div(xz, safe); // [R,C] in [-1, 1]
 
-    // The tag comes back through the data path: tag + (elements the reductions saw - n). A
-    // backend that hands the sketch zeros or another buffer (RLX 0.2.19's wgpu backend reads
-    // an operand outside its arena stripe as zeros, and says so on stderr) returns a tag the
-    // recorder rejects, rather than statistics of nothing. |x| is never -1, NaN != -1 holds, so
-    // every element counts; the sum is exact below 2^24 elements (above, the tag is a constant).
-    let tag1 = b.k1(spec.tag as f32);
-    let tag_out = if n < 1 << 24 {
-        let neg1 = b.k(-1.0);
-        let seen = b.cmp(CmpOp::Ne, absx, neg1);
-        let seen = b.g.cast(seen, DType::F32);
-        let seen = b.total(seen, ReduceOp::Sum);
-        let missing = b.k1(-(n as f32));
-        let drift = b.g.add(seen, missing);
-        b.g.add(tag1, drift)
-    } else {
-        tag1
-    };
+    let tag_out = data_path_tag(b.g, xr, spec.tag);
     let mut pieces = vec![tag_out];
     let mut not_computed = Vec::new();
     let layout = spec.layout().expect("tensor layout");
@@ -396,7 +380,10 @@ pub fn lower_probe(g: &mut Graph, inputs: &[NodeId], spec: &SketchSpec) -> Resul
     if pieces.len() != layout.len() {
         return Err(format!("probe {name}: lowering gave {} statistics for {}", pieces.len(), layout.len()));
     }
-    let mut out = vec![g.full(&[1], spec.tag as f32, DType::F32)];
+    let mut out = vec![match inputs.first() {
+        Some(&x) => data_path_tag(g, x, spec.tag),
+        None => g.full(&[1], spec.tag as f32, DType::F32),
+    }];
     let mut not_computed = Vec::new();
     for (slot, piece) in layout.iter().zip(pieces) {
         match piece {
@@ -415,6 +402,32 @@ pub fn lower_probe(g: &mut Graph, inputs: &[NodeId], spec: &SketchSpec) -> Resul
     }
     let node = if out.len() == 1 { out[0] } else { g.concat_(out, 0) };
     Ok(Lowered { node, not_computed })
+}
+
+/// The `[1]` F32 tag slot of a lowered sketch, computed through the data path:
+/// `tag + (elements of x the reductions saw - elements of x)`. A backend that hands the sketch
+/// zeros or another buffer (RLX 0.2.19's wgpu backend reads an operand outside its arena stripe
+/// as zeros, and says so on stderr) returns a tag the recorder rejects, rather than statistics
+/// of nothing. |x| is never -1 and NaN != -1 holds, so every element counts; the count is exact
+/// below 2^24 elements. At or above that, or for a symbolic shape, the tag is a constant.
+pub fn data_path_tag(g: &mut Graph, x: NodeId, tag: u32) -> NodeId {
+    let tag1 = g.full(&[1], tag as f32, DType::F32);
+    let Some(n) = super::static_dims(g.shape(x)).map(|d| d.iter().product::<usize>()) else {
+        return tag1;
+    };
+    if n == 0 || n >= 1 << 24 {
+        return tag1;
+    }
+    let xf = if g.shape(x).dtype() == DType::F32 { x } else { g.cast(x, DType::F32) };
+    let a = g.abs(xf);
+    let neg1 = g.full(&[1], -1.0, DType::F32);
+    let s = rlx_ir::shape::compare_shape(g.shape(a), g.shape(neg1)).expect("compare shape");
+    let seen = g.add_node(Op::Compare(CmpOp::Ne), vec![a, neg1], s);
+    let seen = g.cast(seen, DType::F32);
+    let seen = prim::total(g, seen, ReduceOp::Sum);
+    let missing = g.full(&[1], -(n as f32), DType::F32);
+    let drift = g.add(seen, missing);
+    g.add(tag1, drift)
 }
 
 /// Primitive-op helpers for probes' lowerings (shapes inferred by broadcasting).

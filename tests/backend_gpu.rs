@@ -11,12 +11,10 @@
 
 mod common;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::Command;
 
 use common::*;
 use opscope::{MemorySink, Pipeline, Row, Scope};
-use rlx_ir::{DType, Graph, Shape};
+use rlx_ir::Graph;
 use rlx_runtime::{Device, Session};
 
 /// (site, role, stat) -> (step, idx) -> value.
@@ -30,23 +28,6 @@ fn collect(rows: &[Row]) -> Stats {
     m
 }
 
-/// Chain MLP x[M,D] -> (matmul w_i[D,D], He-scaled -> relu) x layers: activations stay at unit
-/// scale (no denormals).
-fn chain(m: usize, d: usize, layers: usize) -> (Graph, Vec<(String, Vec<f32>)>) {
-    let mut g = Graph::new("chain");
-    let mut h = g.input("x", Shape::new(&[m, d], DType::F32));
-    let mut params = Vec::new();
-    let he = (2.0 / d as f32).sqrt();
-    for i in 0..layers {
-        let name = format!("w{i}");
-        let w = g.param(&name, Shape::new(&[d, d], DType::F32));
-        let y = g.matmul(h, w, Shape::new(&[m, d], DType::F32));
-        h = g.activation(rlx_ir::op::Activation::Relu, y, Shape::new(&[m, d], DType::F32));
-        params.push((name, randn(d * d, 100 + i as u64).iter().map(|v| v * he).collect()));
-    }
-    g.set_outputs(vec![h]);
-    (g, params)
-}
 
 /// Compile `g` on `device` inside a scope recording `pipeline` (when given); run it on `steps`
 /// inputs. Returns the caller's outputs per step and the rows.
@@ -100,7 +81,7 @@ fn assert_same(cpu: &Stats, gpu: &Stats) -> usize {
 #[test]
 fn wgpu_lowered_sketches_equal_the_cpu_kernel_on_the_chain_mlp() {
     assert!(rlx_runtime::is_available(Device::Gpu), "no wgpu adapter: install a Vulkan driver (Debian: mesa-vulkan-drivers)");
-    let (g, params) = chain(32, 64, 4);
+    let (g, params) = chain_mlp(32, 64, 4);
     let pipeline = "matmul{hist_bins=32,hist_range=-4:4,elemsig=7}";
     let (plain_gpu, _) = run_on(Device::Gpu, None, &g, &params, 32 * 64, 3);
     let (tapped_gpu, gpu_rows) = run_on(Device::Gpu, Some(pipeline), &g, &params, 32 * 64, 3);
@@ -120,7 +101,7 @@ fn wgpu_lowered_sketches_equal_the_cpu_kernel_on_the_chain_mlp() {
 /// the manifest with the reason and never recorded on the GPU.
 #[test]
 fn what_the_gpu_cannot_compute_is_listed_not_recorded() {
-    let (g, params) = chain(8, 16, 1);
+    let (g, params) = chain_mlp(8, 16, 1);
     let p = Pipeline::parse("matmul{hist_bins=8}").unwrap();
     let (_, manifest) = p.apply_on(&g, None, 1, Device::Gpu).unwrap();
     let skipped: Vec<String> = manifest.skipped.iter().map(|s| s.reason.clone()).collect();
@@ -130,14 +111,6 @@ fn what_the_gpu_cannot_compute_is_listed_not_recorded() {
     assert!(rows.iter().all(|r| &*r.stat != "hist" && &*r.stat != "hist_outside"), "the absmax-range histogram is not recorded");
 }
 
-fn example(name: &str) -> Command {
-    let exe = std::env::current_exe().unwrap();
-    let path: PathBuf = exe.parent().unwrap().parent().unwrap().join("examples").join(name);
-    assert!(path.is_file(), "{} not built (cargo test builds the examples)", path.display());
-    let mut c = Command::new(path);
-    c.env_remove("RLX_OPSCOPE").env_remove("RLX_OPSCOPE_OUT").env_remove("RLX_OPSCOPE_STAGE");
-    c
-}
 
 fn csv_rows(path: &std::path::Path) -> Vec<Row> {
     csv::Reader::from_path(path).unwrap().deserialize().collect::<Result<_, _>>().unwrap()

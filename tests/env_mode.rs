@@ -1,19 +1,8 @@
 //! The environment mode as a user runs it: `examples/mlp` (plain RLX code plus
 //! `use opscope as _;`) activated by `RLX_OPSCOPE`.
 
-use std::path::PathBuf;
-use std::process::Command;
-
-/// `cargo test` builds the examples in `<target>/<profile>/examples`, beside the `deps` folder
-/// this test runs from.
-fn example(name: &str) -> Command {
-    let exe = std::env::current_exe().unwrap();
-    let path: PathBuf = exe.parent().unwrap().parent().unwrap().join("examples").join(name);
-    assert!(path.is_file(), "{} not built (cargo test builds the examples)", path.display());
-    let mut c = Command::new(path);
-    c.env_remove("RLX_OPSCOPE").env_remove("RLX_OPSCOPE_OUT").env_remove("RLX_OPSCOPE_STAGE");
-    c
-}
+mod common;
+use common::example;
 
 #[test]
 fn env_activation_runs_an_actuation_on_unchanged_code() {

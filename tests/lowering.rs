@@ -23,22 +23,6 @@ fn collect(rows: &[Row]) -> Stats {
     m
 }
 
-/// Chain MLP: x[M,D] -> (matmul w_i[D,D] He-scaled -> relu) x layers; w_i are params.
-fn chain_mlp(m: usize, d: usize, layers: usize) -> (Graph, Vec<(String, Vec<f32>)>) {
-    let mut g = Graph::new("chain");
-    let mut h = g.input("x", Shape::new(&[m, d], DType::F32));
-    let mut params = Vec::new();
-    let he = (2.0 / d as f32).sqrt();
-    for i in 0..layers {
-        let name = format!("w{i}");
-        let w = g.param(&name, Shape::new(&[d, d], DType::F32));
-        let y = g.matmul(h, w, Shape::new(&[m, d], DType::F32));
-        h = g.activation(rlx_ir::op::Activation::Relu, y, Shape::new(&[m, d], DType::F32));
-        params.push((name, randn(d * d, 100 + i as u64).iter().map(|v| v * he).collect()));
-    }
-    g.set_outputs(vec![h]);
-    (g, params)
-}
 
 /// Statistics the lowering leaves out for `pipeline` (must equal what the manifest lists).
 fn absent_by_design(absmax_hist: bool) -> BTreeSet<String> {

@@ -5,6 +5,8 @@
 //! a lowering does not compute (none, for these fixtures); the caller's outputs stay
 //! bit-identical. The native probes themselves are checked
 //! against independent host code in `residual_skip.rs`, `route.rs` and `attn_reference.rs`.
+//! Built with `--features gpu`, every fixture also runs on RLX's wgpu backend and is compared
+//! with the CPU kernel (see `on_gpu`).
 
 mod common;
 use std::collections::{BTreeMap, BTreeSet};
@@ -93,7 +95,45 @@ fn check(pass: &str, opts: &str, g: &Graph, params: &[(&str, &[f32])], inputs: &
     assert!(listed_not_lowered(&native.manifests()).is_empty());
     // No probe was left unlowered.
     assert!(lowered.manifests().iter().all(|m| m.skipped.iter().all(|s| !s.reason.contains("no lowering"))), "{:?}", lowered.manifests());
+    #[cfg(feature = "gpu")]
+    on_gpu(&native_p, g, params, inputs, &n);
     (n, l)
+}
+
+/// With `--features gpu`: the same pipeline on RLX's wgpu backend (lowered automatically)
+/// gives the CPU kernel's statistics: counts equal, everything else within 1e-5 relative to the
+/// largest |value| of its statistic (the two backends' GEMM and softmax differ in the last
+/// bits); the caller's outputs on the GPU are bit-identical tapped and untapped.
+#[cfg(feature = "gpu")]
+fn on_gpu(pipeline: &str, g: &Graph, params: &[(&str, &[f32])], inputs: &[(&str, &[f32])], cpu: &Stats) {
+    use rlx_runtime::{Device, Session};
+    let run = || {
+        let mut c = Session::new(Device::Gpu).compile(g.clone());
+        for (name, v) in params {
+            c.set_param(name, v);
+        }
+        c.run(inputs)
+    };
+    let plain = run();
+    let p = opscope::Pipeline::parse(pipeline).unwrap();
+    let sink = opscope::MemorySink::default();
+    let (outs, res) = opscope::Scope::new(&p, Box::new(sink.clone())).device(Device::Gpu).run(run);
+    res.expect("GPU recording");
+    assert_eq!(bits(&outs), bits(&plain), "GPU caller outputs bit-identical tapped and untapped");
+    let gpu = collect(&sink.rows());
+    let counts = ["rows", "tokens", "load", "bad_ids", "queries", "keys", "topk"];
+    assert_eq!(cpu.keys().collect::<Vec<_>>(), gpu.keys().collect::<Vec<_>>(), "the same statistics on the GPU");
+    for (key, vals) in cpu {
+        let scale = vals.values().map(|v| v.abs()).fold(0.0, f64::max);
+        for (i, want) in vals {
+            let got = gpu[key][i];
+            if counts.contains(&key.2.as_str()) {
+                assert_eq!(got, *want, "{key:?}[{i}]: gpu {got}, cpu {want}");
+            } else {
+                assert!((got - want).abs() <= 1e-5 * scale.max(1e-30), "{key:?}[{i}]: gpu {got}, cpu {want}");
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------- residual

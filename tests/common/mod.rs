@@ -399,3 +399,32 @@ pub fn qkv_attention_graph(b: usize, s: usize, h: usize, d: usize) -> Graph {
     gr.set_outputs(vec![y]);
     gr
 }
+
+/// Chain MLP: x[M,D] -> (matmul w_i[D,D] He-scaled -> relu) x layers; w_i are params, returned
+/// with their values (variance-preserving, so activations stay at unit scale: no denormals).
+pub fn chain_mlp(m: usize, d: usize, layers: usize) -> (Graph, Vec<(String, Vec<f32>)>) {
+    let mut g = Graph::new("chain");
+    let mut h = g.input("x", Shape::new(&[m, d], DType::F32));
+    let mut params = Vec::new();
+    let he = (2.0 / d as f32).sqrt();
+    for i in 0..layers {
+        let name = format!("w{i}");
+        let w = g.param(&name, Shape::new(&[d, d], DType::F32));
+        let y = g.matmul(h, w, Shape::new(&[m, d], DType::F32));
+        h = g.activation(rlx_ir::op::Activation::Relu, y, Shape::new(&[m, d], DType::F32));
+        params.push((name, randn(d * d, 100 + i as u64).iter().map(|v| v * he).collect()));
+    }
+    g.set_outputs(vec![h]);
+    (g, params)
+}
+
+/// An example program `cargo test` built in `<target>/<profile>/examples` (beside the `deps`
+/// folder the test runs from), with opscope's environment variables cleared.
+pub fn example(name: &str) -> std::process::Command {
+    let exe = std::env::current_exe().unwrap();
+    let path: std::path::PathBuf = exe.parent().unwrap().parent().unwrap().join("examples").join(name);
+    assert!(path.is_file(), "{} not built (cargo test builds the examples)", path.display());
+    let mut c = std::process::Command::new(path);
+    c.env_remove("RLX_OPSCOPE").env_remove("RLX_OPSCOPE_OUT").env_remove("RLX_OPSCOPE_STAGE");
+    c
+}

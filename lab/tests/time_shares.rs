@@ -56,7 +56,7 @@ fn planted() -> ParityInput {
         inputs.push((format!("x_{name}"), (f32_bytes(&xv), DType::F32)));
     }
     g.set_outputs(outs);
-    ParityInput { graph: g, params, inputs, options: CompileOptions::default() }
+    ParityInput { graph: g, params, inputs, options: CompileOptions::default(), device: rlx_runtime::Device::Cpu }
 }
 
 fn small_opts() -> ShareOptions {

@@ -15,6 +15,9 @@ export CARGO_TARGET_DIR="${RLX_PATCHED_TARGET:-$PWD/target/rlx-patched}"
 
 # Where cargo keeps each crate's sources (the versions Cargo.lock pins).
 meta="$(cargo metadata --format-version 1 --locked)"
+case "$(realpath -m "$work")" in
+  / | "$HOME" | "$PWD") echo "compile-options-check: RLX_PATCHED_DIR=$work would delete too much; pick an empty folder" >&2; exit 2 ;;
+esac
 rm -rf "$work"
 mkdir -p "$work"
 config=()

@@ -39,8 +39,8 @@ default_pipeline='matmul{hist_range=-16:16},attn'
 pipeline="${GPU_PIPELINE:-$default_pipeline}"
 args=(--onnx "$cache/paraphrase-MiniLM-L3-v2.onnx" --tokenizer "$cache/tokenizer.json" --text "$cache/fortunes.txt"
       --limit "${GPU_LIMIT:-64}" --pipeline "$pipeline")
-# shellcheck disable=SC2206 # word splitting of the extra arguments is intended
-args+=(${GPU_RECORD_ARGS:-})
+read -r -a extra <<< "${GPU_RECORD_ARGS:-}"
+args+=("${extra[@]}")
 "$bin" record "${args[@]}" --device cpu --out "$out/cpu.parquet" >/dev/null
 echo "ok   record on cpu ($(elapsed) s)"
 "$bin" record "${args[@]}" --device "$device" --out "$out/$device.parquet" >/dev/null

@@ -245,8 +245,8 @@ impl Recorder {
                 graph: "?".into(),
                 detail: format!(
                     "the tap outputs carry tag {raw}, which no compile has: the backend returned values that are not \
-                     the sketch (zeros, or another buffer; a lowered sketch folds the element count its reductions saw \
-                     into the tag); nothing of this run is recorded"
+                     the sketch (zeros, or another buffer: a lowered sketch's tag is NaN when its reductions did not see \
+                     every element, or the backend does not keep NaN semantics); nothing of this run is recorded"
                 ),
             }),
             None => self.fail(Error::Mismatch {
@@ -369,7 +369,7 @@ fn decode_each(
                 if v[0] != m.tag as f32 {
                     return Err(mismatch(format!(
                         "output {k} has tag {}, manifest {}: the backend returned values that are not this compile's sketch \
-                         (a lowered sketch folds the element count its reductions saw into the tag, so a backend that \
+                         (a lowered sketch's tag is NaN when its reductions did not see every element, so a backend that \
                          read zeros or another buffer shows here; nothing of this run is recorded)",
                         v[0], m.tag
                     )));

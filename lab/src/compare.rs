@@ -7,12 +7,12 @@
 //! order over the same inputs. A check passes when every value of A has a value in B (and the
 //! other way round) and
 //! - counts (`count`, `nan_count`, `posinf_count`, `neginf_count` and the probes' `queries`,
-//!   `keys`, `tokens`, `rows`, `topk`, `bad_ids`) are equal;
+//!   `keys`, `tokens`, `rows`, `topk`, `bad_ids`, `load`) are equal;
 //! - a histogram (`hist`) differs per run by at most `hist_tol` of its total in L1
 //!   (`sum |a - b| / sum a`; 0 = equal counts). Two devices whose GEMMs round differently in
 //!   the last bits move a value across a bin edge now and then: say how much is allowed;
 //! - every other value is within `rtol` relative: `|a - b| <= rtol * max(|a|, |b|, floor)`,
-//!   where `floor` is 1e-3 of the largest |value| of the series in A, so that a statistic that
+//!   where `floor` is 1e-3 of the largest |value| of the series in A or B, so that a statistic that
 //!   cancels to about 0 (a mean) is held relative to its series' scale, not to 0.
 //!
 //! A series recorded on one side only fails, named with the side that has it, unless the other
@@ -27,7 +27,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 /// Statistics that are counts: equal or the check fails.
-pub const COUNTS: &[&str] = &["count", "nan_count", "posinf_count", "neginf_count", "queries", "keys", "tokens", "rows", "topk", "bad_ids"];
+pub const COUNTS: &[&str] = &["count", "nan_count", "posinf_count", "neginf_count", "queries", "keys", "tokens", "rows", "topk", "bad_ids", "load"];
 
 /// The tolerances of a comparison.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -96,7 +96,10 @@ pub fn compare(a: &Path, b: &Path, tol: Tolerance) -> Result<Vec<Check>> {
                 (false, true) => ("A", &na),
                 _ => return c,
             };
-            let why = listed.get(&(k.0.clone(), k.1.clone(), k.3.clone())).or_else(|| listed.get(&(k.0.clone(), k.1.clone(), "*".into())));
+            // The statistic at this role, the whole tensor at this role, or the whole site.
+            let why = [(k.1.as_str(), k.3.as_str()), (k.1.as_str(), "*"), ("", "*")]
+                .iter()
+                .find_map(|(role, stat)| listed.get(&(k.0.clone(), role.to_string(), stat.to_string())));
             if let Some(why) = why {
                 c.skipped = true;
                 c.ok = true;
@@ -158,7 +161,7 @@ fn check(key: &Key, a: Option<&Series>, b: Option<&Series>, tol: Tolerance) -> C
         c.ok = missing == 0 && c.worst == 0.0;
         c.note = "counts equal".into();
     } else {
-        let floor = 1e-3 * a.values().map(|v| v.abs()).filter(|v| v.is_finite()).fold(0.0, f64::max);
+        let floor = 1e-3 * a.values().chain(b.values()).map(|v| v.abs()).filter(|v| v.is_finite()).fold(0.0, f64::max);
         let mut worst = 0.0f64;
         let mut unequal_special = 0;
         for (k, va) in a {

@@ -260,7 +260,7 @@ fn stats_of(p: &AttnProbe, g: &mut Graph, pr: NodeId, allowed: NodeId, want: &[S
     // and allowed. [B,H,Sq,Sk].
     let sink = |g: &mut Graph, first: bool| {
         let edge = edge_key(g, first);
-        let not_own: Vec<f32> = (0..sq * sk).map(|i| if i % sk == sk - sq + i / sk { 0.0 } else { 1.0 }).collect();
+        let not_own: Vec<f32> = (0..sq * sk).map(|i| if Some(i % sk) == (i / sk + sk).checked_sub(sq) { 0.0 } else { 1.0 }).collect();
         let not_own = values(g, &[1, 1, sq, sk], &not_own);
         let w = g.mul(allowed, edge);
         let w = g.mul(w, not_own);

@@ -397,13 +397,15 @@ fn attn_stats(a: &AttnProbe, p: &[f32], allowed: &dyn Fn(usize, usize, usize, us
                 // Sinks among the keys this query may see (left padding moves the first key;
                 // a causal mask hides the last key from earlier queries).
                 // Absolute position of query q: the queries are the last Sq of the Sk positions.
-                let own = sk - sq + q;
-                if let Some(f) = first_key.filter(|&f| f != own && allowed(b, h, q, f)) {
+                // With more queries than keys (cross attention) the first Sq - Sk queries have
+                // no own key position.
+                let own = (q + sk).checked_sub(sq);
+                if let Some(f) = first_key.filter(|&f| Some(f) != own && allowed(b, h, q, f)) {
                     first[h] += row[f] as f64;
                     first_lift[h] += row[f] as f64 * n_allowed as f64;
                     first_n[h] += 1.0;
                 }
-                if let Some(l) = last_key.filter(|&l| l != own && allowed(b, h, q, l)) {
+                if let Some(l) = last_key.filter(|&l| Some(l) != own && allowed(b, h, q, l)) {
                     last[h] += row[l] as f64;
                     last_lift[h] += row[l] as f64 * n_allowed as f64;
                     last_n[h] += 1.0;

@@ -227,6 +227,19 @@ fn order_stat(g: &mut Graph, median: bool, y: NodeId, keep: NodeId, n: usize) ->
         let v = pick(g, yflat, it);
         let q = g.div(it, dk);
         let row = floor(g, q);
+        // A backend whose f32 division is not correctly rounded (Vulkan allows 2.5 ULP, Metal
+        // fast math) can put it/d just below an exact row: correct the row by the remainder,
+        // exact in f32 (it < 2^24).
+        let rd = g.mul(row, dk);
+        let col = g.sub(it, rd);
+        let zero1 = k(g, &[1], 0.0);
+        let under = cmp(g, CmpOp::Lt, col, zero1);
+        let over = cmp(g, CmpOp::Ge, col, dk);
+        let one1 = k(g, &[1], 1.0);
+        let down = g.sub(row, one1);
+        let row = where_(g, under, down, row);
+        let up = g.add(row, one1);
+        let row = where_(g, over, up, row);
         let rd = g.mul(row, dk);
         let col = g.sub(it, rd);
         // Fewer kept finite elements than t + 1: NaN, as the kernel.

@@ -14,8 +14,11 @@
 //! sketches are lowered into RLX primitive ops ([`crate::sketch::lower`]) and what cannot be
 //! lowered is listed in the manifest's `skipped`, per compile.
 //!
-//! A backend registered after load (an external crate's `register()` called from `main`)
-//! replaces the wrapper of its device; call [`init`] again after it to wrap it too.
+//! A backend registered after load (an external crate's `register()` called from `main`) for a
+//! device RLX had not registered is wrapped by calling [`init`] again after it. One registered
+//! for a device already wrapped replaces the wrapper, and that device is then not tapped (RLX
+//! 0.2.19's registry cannot say which factory is current): register it before the first
+//! compile and before opscope loads, or use a scope.
 
 use std::sync::{Arc, OnceLock};
 
@@ -85,8 +88,9 @@ pub(super) fn env_state() -> Option<&'static Result<EnvState, String>> {
 /// Wrap the backend of every device registered in RLX's backend registry that is not wrapped
 /// yet (each wrapper forwards to the backend it replaced and decides at the first compile
 /// whether to tap; see the module docs). Runs at load time in any program that links opscope
-/// (`use opscope as _;`); call it again after registering a backend of your own so that its
-/// device is tapped too. A device already wrapped is left as it is.
+/// (`use opscope as _;`); call it again after registering a backend for a new device so that
+/// it is tapped too. A device already wrapped is left as it is (see the module docs for a
+/// backend that replaces a wrapped one).
 pub fn init() {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _turn = LOCK.lock().unwrap_or_else(|p| p.into_inner());
@@ -105,7 +109,8 @@ pub fn init() {
     }
 }
 
-/// The devices whose compiles the environment mode taps (those wrapped by [`init`]).
+/// The devices [`init`] wrapped (a wrapper replaced since by another registration is still
+/// listed: see the module docs).
 pub fn tapped_devices() -> Vec<rlx_runtime::Device> {
     backend::SLOTS.iter().filter_map(|s| s.get().map(|(d, _)| *d)).collect()
 }

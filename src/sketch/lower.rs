@@ -376,7 +376,30 @@ pub fn lower_probe(g: &mut Graph, inputs: &[NodeId], spec: &SketchSpec) -> Resul
     };
     let k = super::probe::lookup(name).ok_or_else(|| format!("no linked pass registers the probe '{name}'"))?;
     let layout = spec.layout()?;
-    let pieces = k.lower(params.get(), g, inputs, &spec.stats)?;
+    for &x in inputs {
+        if super::static_dims(g.shape(x)).is_none() {
+            return Err(format!("symbolic shape {}: the lowered probe needs static dims", super::shape_text(g.shape(x))));
+        }
+    }
+    // A lowering builds on the geometry the pass read from the graph; should it not fit the
+    // inputs (a shape the pass did not foresee), the graph helpers panic. That must not end the
+    // caller's compile: the probe is then skipped with the reason, and the nodes it had added,
+    // which no output reads, are dead code RLX removes.
+    let mut scratch = g.clone();
+    let lowered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let pieces = k.lower(params.get(), &mut scratch, inputs, &spec.stats);
+        (scratch, pieces)
+    }));
+    let pieces = match lowered {
+        Ok((built, pieces)) => {
+            *g = built;
+            pieces?
+        }
+        Err(panic) => {
+            let what = panic.downcast_ref::<String>().map(String::as_str).or_else(|| panic.downcast_ref::<&str>().copied()).unwrap_or("a panic");
+            return Err(format!("probe {name}: the lowering does not fit these inputs ({what})"));
+        }
+    };
     if pieces.len() != layout.len() {
         return Err(format!("probe {name}: lowering gave {} statistics for {}", pieces.len(), layout.len()));
     }
@@ -404,30 +427,46 @@ pub fn lower_probe(g: &mut Graph, inputs: &[NodeId], spec: &SketchSpec) -> Resul
     Ok(Lowered { node, not_computed })
 }
 
-/// The `[1]` F32 tag slot of a lowered sketch, computed through the data path:
-/// `tag + (elements of x the reductions saw - elements of x)`. A backend that hands the sketch
-/// zeros or another buffer (RLX 0.2.19's wgpu backend reads an operand outside its arena stripe
-/// as zeros, and says so on stderr) returns a tag the recorder rejects, rather than statistics
-/// of nothing. |x| is never -1 and NaN != -1 holds, so every element counts; the count is exact
-/// below 2^24 elements. At or above that, or for a symbolic shape, the tag is a constant.
+/// The `[1]` F32 tag slot of a lowered sketch, computed through the data path: the tag when
+/// every row of `x` (leading dims flattened, `C` = last dim) counts `C` elements in the
+/// sketch's own compare, cast and two-level sum, else NaN, which the recorder refuses
+/// ("carries tag NaN, which no compile has"). It catches a backend that hands those reductions
+/// zeros or another buffer (RLX 0.2.19's wgpu backend reads an operand outside its arena
+/// stripe as zeros, and says so on stderr). It cannot tell an operand `x` that reads as zeros
+/// from a tensor of zeros, and a statistic's own chain can still fail alone: a guard, not a
+/// proof. Each row's drift `count - C` is exact (C < 2^24) and 0 when all is well, and NaN is
+/// not a tag, so no drift can be mistaken for another compile's tag. |x| is never -1 and
+/// NaN != -1, so every element counts on a backend that keeps IEEE NaN semantics; one that
+/// does not (fast math) can refuse a run holding NaN, never record a wrong one. A symbolic
+/// shape, or a last dim of 2^24 or more, gets the constant tag.
 pub fn data_path_tag(g: &mut Graph, x: NodeId, tag: u32) -> NodeId {
     let tag1 = g.full(&[1], tag as f32, DType::F32);
-    let Some(n) = super::static_dims(g.shape(x)).map(|d| d.iter().product::<usize>()) else {
+    let Some(dims) = super::static_dims(g.shape(x)) else {
         return tag1;
     };
-    if n == 0 || n >= 1 << 24 {
+    let n: usize = dims.iter().product();
+    let c = dims.last().copied().unwrap_or(1).max(1);
+    if n == 0 || c >= 1 << 24 {
         return tag1;
     }
+    let r = n / c;
     let xf = if g.shape(x).dtype() == DType::F32 { x } else { g.cast(x, DType::F32) };
-    let a = g.abs(xf);
+    let x2 = g.reshape_(xf, vec![r as i64, c as i64]);
+    let a = g.abs(x2);
     let neg1 = g.full(&[1], -1.0, DType::F32);
     let s = rlx_ir::shape::compare_shape(g.shape(a), g.shape(neg1)).expect("compare shape");
     let seen = g.add_node(Op::Compare(CmpOp::Ne), vec![a, neg1], s);
     let seen = g.cast(seen, DType::F32);
-    let seen = prim::total(g, seen, ReduceOp::Sum);
-    let missing = g.full(&[1], -(n as f32), DType::F32);
-    let drift = g.add(seen, missing);
-    g.add(tag1, drift)
+    let rows = g.reduce(seen, ReduceOp::Sum, vec![1], false, Shape::new(&[r], DType::F32));
+    let cc = g.full(&[1], -(c as f32), DType::F32);
+    let drift = g.add(rows, cc);
+    let drift = g.abs(drift);
+    let drift = g.reduce(drift, ReduceOp::Sum, vec![0], true, Shape::new(&[1], DType::F32));
+    let zero = g.full(&[1], 0.0, DType::F32);
+    let s = rlx_ir::shape::compare_shape(g.shape(drift), g.shape(zero)).expect("compare shape");
+    let ok = g.add_node(Op::Compare(CmpOp::Eq), vec![drift, zero], s);
+    let nan = g.full(&[1], f32::NAN, DType::F32);
+    prim::where_(g, ok, tag1, nan)
 }
 
 /// Primitive-op helpers for probes' lowerings (shapes inferred by broadcasting).

@@ -41,9 +41,11 @@ args=(--onnx "$cache/paraphrase-MiniLM-L3-v2.onnx" --tokenizer "$cache/tokenizer
       --limit "${GPU_LIMIT:-64}" --pipeline "$pipeline")
 read -r -a extra <<< "${GPU_RECORD_ARGS:-}"
 args+=("${extra[@]}")
-"$bin" record "${args[@]}" --device cpu --out "$out/cpu.parquet" >/dev/null
+# What is left of the 10-minute budget bounds each step (`timeout` exits 124 past it).
+left() { local l=$(( 600 - $(elapsed) )); echo $(( l > 1 ? l : 1 )); }
+timeout "$(left)" "$bin" record "${args[@]}" --device cpu --out "$out/cpu.parquet" >/dev/null
 echo "ok   record on cpu ($(elapsed) s)"
-"$bin" record "${args[@]}" --device "$device" --out "$out/$device.parquet" >/dev/null
+timeout "$(left)" "$bin" record "${args[@]}" --device "$device" --out "$out/$device.parquet" >/dev/null
 echo "ok   record on $device ($(elapsed) s)"
 
 status=0

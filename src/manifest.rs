@@ -108,6 +108,10 @@ pub struct Skipped {
     pub role: Option<Role>,
     /// Shape of the tensor, if known.
     pub shape: Option<String>,
+    /// The one statistic left out, when the sketch was taken without it (a statistic the
+    /// lowered sketch cannot compute exactly); `None` when the whole site or role is skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stat: Option<String>,
     /// Why.
     pub reason: String,
 }

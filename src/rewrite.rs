@@ -8,7 +8,7 @@ use rlx_ir::{DType, Graph, NodeId, Op, Shape};
 pub use crate::analysis::{backend_elided, family, op_name, residual_blocks, ResidualBlock};
 use crate::analysis::{shape_text, site_names, static_dims};
 use crate::manifest::{Actuation, Manifest, Role, Site, Skipped, TapOutput, TapUse};
-use crate::sketch::{is_sketch_op, SketchSpec, KEEP_OP, SKETCH2_OP, SKETCH3_OP, SKETCH_OP};
+use crate::sketch::{is_sketch_op, SketchSpec, Stat, KEEP_OP, SKETCH2_OP, SKETCH3_OP, SKETCH_OP};
 
 /// A graph being rewritten by a pipeline, and the manifest of what was done to it.
 pub struct Rewrite {
@@ -244,11 +244,17 @@ impl Rewrite {
 
     /// Record that `role` at `site` (or the whole site) could not be tapped, and why.
     pub fn skip(&mut self, site: &str, role: Option<Role>, tensor: Option<NodeId>, reason: String) {
+        self.skip_stat(site, role, tensor, None, reason);
+    }
+
+    /// [`Rewrite::skip`] of one statistic only (`stat`), the rest of the sketch being taken.
+    fn skip_stat(&mut self, site: &str, role: Option<Role>, tensor: Option<NodeId>, stat: Option<Stat>, reason: String) {
         let shape = tensor.map(|t| shape_text(&self.graph.node(t).shape));
         self.manifest.skipped.push(Skipped {
             site: site.to_string(),
             role,
             shape,
+            stat: stat.map(|s| s.as_str().to_string()),
             reason,
         });
     }
@@ -307,7 +313,7 @@ impl Rewrite {
                 .manifest
                 .skipped
                 .iter()
-                .filter(|s| s.site == first.site && s.role.as_ref() == Some(&first.role) && s.reason.contains(" not computed by the lowered"))
+                .filter(|s| s.site == first.site && s.role.as_ref() == Some(&first.role) && s.stat.is_some())
                 .map(|s| Skipped { site: use_.site.clone(), role: Some(use_.role.clone()), ..s.clone() })
                 .collect();
             self.manifest.skipped.extend(same);
@@ -344,7 +350,7 @@ impl Rewrite {
                     }
                 };
                 for (stat, why) in low.not_computed {
-                    self.skip(site, Some(use_.role.clone()), Some(tensor), format!("{} not computed by the lowered sketch: {why}", stat.as_str()));
+                    self.skip_stat(site, Some(use_.role.clone()), Some(tensor), Some(stat), format!("{} not computed by the lowered sketch: {why}", stat.as_str()));
                 }
                 self.graph.node_mut(low.node).name = Some(format!("{name}/lowered"));
                 self.graph.outputs.push(low.node);

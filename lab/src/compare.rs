@@ -111,8 +111,8 @@ pub fn compare(a: &Path, b: &Path, tol: Tolerance) -> Result<Vec<Check>> {
 }
 
 /// `(site, role, stat)` -> reason, for every statistic the recording's manifests list as not
-/// computed (`skipped` entries whose reason starts with `<stat> not computed`, as the lowering
-/// writes them, or a whole tensor or probe the device could not sketch: stat `*`).
+/// computed (`skipped` entries with their `stat`, or a whole tensor or probe the device could
+/// not sketch: stat `*`).
 fn not_computed(path: &Path) -> Result<BTreeMap<(String, String, String), String>> {
     let mut m = BTreeMap::new();
     let Some(side) = opscope::recording::read_sidecar(path).with_context(|| format!("reading the manifest of {}", path.display()))? else {
@@ -121,7 +121,7 @@ fn not_computed(path: &Path) -> Result<BTreeMap<(String, String, String), String
     for g in &side.graphs {
         for s in &g.skipped {
             let role = s.role.as_ref().map(|r| r.as_str().to_string()).unwrap_or_default();
-            let stat = s.reason.split_once(" not computed").map(|(st, _)| st.to_string()).unwrap_or_else(|| "*".into());
+            let stat = s.stat.clone().unwrap_or_else(|| "*".into());
             m.insert((s.site.clone(), role, stat), s.reason.clone());
         }
     }

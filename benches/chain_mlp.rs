@@ -9,8 +9,9 @@
 //! [1e-2, 1e2]: the untapped run itself computes on normal numbers.
 //!
 //! Printed per L and scale: untapped run time (median), the tapped/untapped ratio of medians for
-//! the full `matmul` sketch set and for `matmul{stats=[max]}`, and the extra microseconds per
-//! site per run. Runs are interleaved pairs (untapped, tapped) after a warm-up of each.
+//! the full `matmul` sketch set, for `matmul{stats=[max]}` and for the full set lowered into RLX
+//! ops (`matmul{lower=true}`, what a device without the native kernel runs), and the extra
+//! microseconds per site per run. Runs are interleaved pairs (untapped, tapped) after a warm-up of each.
 //! Then compile times (first compile of each graph) with the exponent of tapped compile time in
 //! L, and peak memory (RSS high-water mark and peak heap) of one child process per variant.
 //!
@@ -168,9 +169,10 @@ fn main() {
     let dir = tempfile::tempdir().expect("temp dir");
     let full = Pipeline::parse("matmul").unwrap();
     let max = Pipeline::parse("matmul{stats=[max]}").unwrap();
+    let lowered = Pipeline::parse("matmul{lower=true}").unwrap();
     println!("chain MLP x[{M},{D}] -> (matmul [{D},{D}] -> relu) x L, He-scaled weights, N(0,1) input x scale;");
     println!("recorded to Parquet; ratio = tapped/untapped median of interleaved runs; us/site = extra time per site per run");
-    println!("{:>4} {:>7} | {:>10} | {:>7} {:>8} | {:>11} {:>8}", "L", "scale", "untapped", "matmul", "us/site", "stats=[max]", "us/site");
+    println!("{:>4} {:>7} | {:>10} | {:>7} {:>8} | {:>11} {:>8} | {:>8} {:>8}", "L", "scale", "untapped", "matmul", "us/site", "stats=[max]", "us/site", "lowered", "us/site");
     let mut compiles = Vec::new();
     for &layers in depths {
         let w = weights(layers);
@@ -180,19 +182,22 @@ fn main() {
             let tag = format!("{layers}_{scale:e}");
             let (pa, pb, ca, cb) = cell(layers, &w, &x, &full, pairs, &dir.path().join(format!("full_{tag}.parquet")), &format!("full_{tag}"));
             let (ma, mb, _, _) = cell(layers, &w, &x, &max, pairs, &dir.path().join(format!("max_{tag}.parquet")), &format!("max_{tag}"));
+            let (la, lb, _, _) = cell(layers, &w, &x, &lowered, pairs, &dir.path().join(format!("low_{tag}.parquet")), &format!("low_{tag}"));
             if scale == 1.0 {
                 compiles.push((layers, ca, cb));
             }
             let per_site = |a: Duration, b: Duration| (b.as_secs_f64() - a.as_secs_f64()) * 1e6 / layers as f64;
             println!(
-                "{:>4} {:>7} | {:>8.2}ms | {:>6.2}x {:>8.1} | {:>10.2}x {:>8.1}",
+                "{:>4} {:>7} | {:>8.2}ms | {:>6.2}x {:>8.1} | {:>10.2}x {:>8.1} | {:>7.2}x {:>8.1}",
                 layers,
                 format!("{scale:e}"),
                 pa.as_secs_f64() * 1e3,
                 pb.as_secs_f64() / pa.as_secs_f64(),
                 per_site(pa, pb),
                 mb.as_secs_f64() / ma.as_secs_f64(),
-                per_site(ma, mb)
+                per_site(ma, mb),
+                lb.as_secs_f64() / la.as_secs_f64(),
+                per_site(la, lb)
             );
         }
     }

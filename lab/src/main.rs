@@ -237,6 +237,15 @@ struct ParityArgs {
     /// `--features gpu`); the reference runs op by op on the CPU, so this compares two backends.
     #[arg(long, default_value = "cpu")]
     device: rlx_runtime::Device,
+    /// How to search for the divergent node: `bisect` (O(log n) compiles, checked at the node
+    /// found: its operands agree) or `linear` (every node in execution order).
+    #[arg(long, value_enum, default_value = "bisect")]
+    search: opscope_lab::parity::Search,
+    /// Compare a rewrite against the original: the candidate is the deployed graph rewritten by
+    /// this opscope pipeline (a tap pipeline: tapped against untapped, which must agree to 0
+    /// ULPs; an actuation such as `fakequant`: the node where it first changes a value).
+    #[arg(long)]
+    pipeline: Option<String>,
 }
 
 fn parity(a: ParityArgs) -> Result<()> {
@@ -253,7 +262,9 @@ fn parity(a: ParityArgs) -> Result<()> {
     let enc = opscope_lab::model::TextEncoder::load(&a.tokenizer, a.seq as usize)?.encode(&entries)?;
     let mut input = model.parity_input(&enc)?;
     input.device = a.device;
-    let report = opscope_lab::parity::check(&input, opscope_lab::parity::Tolerance { rtol: a.rtol, atol: a.atol })?;
+    let pipeline = a.pipeline.as_deref().map(|p| p.parse::<opscope::Pipeline>().with_context(|| format!("--pipeline '{p}'"))).transpose()?;
+    let how = opscope_lab::parity::Check { tol: opscope_lab::parity::Tolerance { rtol: a.rtol, atol: a.atol }, search: a.search, pipeline };
+    let report = opscope_lab::parity::check_with(&input, &how)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -70,6 +70,14 @@ pub fn content_hash(inputs: &[(&str, &[u8], DType)]) -> u128 {
     h.digest128()
 }
 
+/// Hits a [`MemoGuard`] of `capacity` entries would have over a sequence of input ids (equal
+/// ids: byte-identical inputs), simulated with the same LRU policy: the prediction a recording
+/// makes ([`crate::mine::fingerprints`] gives the ids).
+pub fn predicted_hits(ids: &[usize], capacity: NonZeroUsize) -> u64 {
+    let mut cache: LruCache<usize, ()> = LruCache::new(capacity);
+    ids.iter().filter(|&&k| cache.put(k, ()).is_some()).count() as u64
+}
+
 impl MemoGuard {
     /// A guard for programs compiled from `graph`, holding at most `capacity` entries.
     ///

@@ -119,6 +119,7 @@ fn a_smaller_capacity_evicts_least_recently_used_as_a_host_lru_does() {
         let st = guarded(cap, None, &pool, &order);
         let hits = lru_hits(&order, cap);
         assert_eq!(st.hits, hits, "capacity {cap}");
+        assert_eq!(opscope::memo::predicted_hits(&order, NonZeroUsize::new(cap).unwrap()), hits, "capacity {cap}");
         assert_eq!(st.misses, order.len() as u64 - hits);
         assert!(st.evictions > 0, "capacity {cap} below the pool must evict");
     }

@@ -11,6 +11,7 @@ pub mod cost;
 pub mod diff;
 pub mod llama;
 pub mod measure;
+pub mod memo;
 pub mod model;
 pub mod npz;
 pub mod output;

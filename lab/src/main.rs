@@ -54,9 +54,14 @@ enum Cmd {
     /// `sites=[..]` (as `record` prints them; the full ONNX names work too), op, roles, shape.
     Sites(SitesArgs),
     /// Check an ONNX encoder as RLX compiles it against the same graph run op by op, on one batch
-    /// of text: per output the max difference and ULPs; if an output diverges, the first node
-    /// that does (each node exposed alone, in execution order).
+    /// of text: per output the max difference and ULPs; if an output diverges, the node where it
+    /// starts (bisection, or each node in execution order). `--pipeline` compares a rewrite or a
+    /// tap pipeline against the original program node by node.
     Parity(ParityArgs),
+    /// A memo guard (content-hash LRU cache of the model's outputs, verified byte for byte) over a
+    /// replay of a pool of batches: the hit rate a recording of the replay predicts against the
+    /// guard's measured hits, outputs against unguarded runs, and time (interleaved).
+    Memo(MemoArgs),
     /// Cost of the deployed (fused) graph: per op kind and top sites, FLOPs, bytes moved,
     /// arithmetic intensity and roofline class against a ridge point measured in this process
     /// (copy bandwidth and GEMM peak through RLX on the CPU); the GEMM shapes RLX runs.
@@ -271,6 +276,61 @@ fn parity(a: ParityArgs) -> Result<()> {
         print!("{}", opscope_lab::parity::render(&report));
     }
     Ok(())
+}
+
+#[derive(clap::Args)]
+struct MemoArgs {
+    /// ONNX model.
+    #[arg(long)]
+    onnx: PathBuf,
+    /// tokenizer.json.
+    #[arg(long)]
+    tokenizer: PathBuf,
+    /// Text file; the first `--pool` x `--batch` entries make the pool.
+    #[arg(long)]
+    text: PathBuf,
+    /// Sentences per batch.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    batch: u32,
+    /// Tokens per sentence.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(2..=512))]
+    seq: u32,
+    /// Distinct batches in the pool.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10000))]
+    pool: u32,
+    /// Runs replayed (each batch of the pool at least once).
+    #[arg(long, default_value_t = 64)]
+    runs: u32,
+    /// Guard capacity in entries (default: the pool).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    capacity: Option<u32>,
+    /// Seed of the replay order.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Also write the report as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn memo(a: MemoArgs) -> Result<()> {
+    let (pool, runs) = (a.pool as usize, a.runs as usize);
+    let order = opscope_lab::memo::replay_order(pool, runs, a.seed)?;
+    let text = std::fs::read_to_string(&a.text).with_context(|| format!("reading {}", a.text.display()))?;
+    let entries = split_entries(&text);
+    let need = pool * a.batch as usize;
+    if entries.len() < need {
+        anyhow::bail!("{} holds {} entries; --pool {} x --batch {} needs {need}", a.text.display(), entries.len(), a.pool, a.batch);
+    }
+    if let Some(j) = &a.json {
+        opscope_lab::output::check(j, &[a.onnx.as_path(), a.tokenizer.as_path(), a.text.as_path()], opscope_lab::output::Output::Json, false)?;
+    }
+    let model = opscope_lab::model::OnnxEncoder::load(&a.onnx, a.batch as usize, a.seq as usize)?;
+    let tok = opscope_lab::model::TextEncoder::load(&a.tokenizer, a.seq as usize)?;
+    let batches = entries[..need].chunks(a.batch as usize).map(|c| tok.encode(c)).collect::<Result<Vec<_>>>()?;
+    let capacity = std::num::NonZeroUsize::new(a.capacity.unwrap_or(a.pool) as usize).expect("capacity >= 1");
+    let report = opscope_lab::memo::replay(&model, &batches, &order, capacity)?;
+    write_json(a.json.as_deref(), &report, "the memo report")?;
+    emit(&report.text())
 }
 
 fn blocks(a: BlocksArgs) -> Result<()> {
@@ -1405,6 +1465,7 @@ fn main() -> ExitCode {
         Cmd::Measure(a) => measure(a),
         Cmd::Sites(a) => sites(a),
         Cmd::Parity(a) => parity(a),
+        Cmd::Memo(a) => memo(a),
         Cmd::Cost(a) => cost(a),
         Cmd::Calibrate(a) => calibrate(a),
         Cmd::Ab(a) => ab(a),

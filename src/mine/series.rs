@@ -316,13 +316,23 @@ impl RepeatRate {
 /// the rate is an upper bound. `None` when the series holds no statistic that varies with the
 /// content: record `matmul{stats=[sumsq,elemsig]}` or the full set.
 pub fn repeat_rate(s: &Series) -> Option<RepeatRate> {
-    use std::collections::HashSet;
+    let ids = fingerprints(s)?;
+    let distinct = ids.iter().copied().max().map_or(0, |m| m + 1);
+    Some(RepeatRate { runs: ids.len(), repeats: ids.len() - distinct, distinct })
+}
+
+/// Per run of a series, the id of its fingerprint (ids numbered in order of first appearance;
+/// see [`repeat_rate`] for what a fingerprint is). Feeding these ids to a cache simulation
+/// ([`crate::memo::predicted_hits`]) predicts a memo guard's hits at any capacity.
+/// `None` as for [`repeat_rate`].
+pub fn fingerprints(s: &Series) -> Option<Vec<usize>> {
+    use std::collections::HashMap;
     let content = [tensor::SUMSQ, tensor::ELEMSIG, tensor::L1, tensor::MEAN, tensor::MIN, tensor::MAX];
     if !s.runs.iter().any(|r| content.iter().any(|&c| r.has(c))) {
         return None;
     }
-    let mut seen: HashSet<Vec<u32>> = HashSet::new();
-    let mut repeats = 0;
+    let mut seen: HashMap<Vec<u32>, usize> = HashMap::new();
+    let mut ids = Vec::with_capacity(s.runs.len());
     for r in &s.runs {
         let mut key: Vec<u32> = Vec::new();
         let mut scalars = r.scalars.clone();
@@ -338,9 +348,8 @@ pub fn repeat_rate(s: &Series) -> Option<RepeatRate> {
             key.push(v.len() as u32);
             key.extend(v.iter().map(|x| x.to_bits()));
         }
-        if !seen.insert(key) {
-            repeats += 1;
-        }
+        let next = seen.len();
+        ids.push(*seen.entry(key).or_insert(next));
     }
-    Some(RepeatRate { runs: s.runs.len(), repeats, distinct: seen.len() })
+    Some(ids)
 }

@@ -335,3 +335,36 @@ fn options_round_trip_and_are_checked() {
     assert!(e.contains("one of int8|int4|float"), "{e}");
     assert_eq!(opscope::pass::lookup("staticquant").unwrap().kind(), opscope::PassKind::Actuation);
 }
+
+/// A `DequantMatMul` over a packed GGUF Q8_0 weight (3 output rows of 32: an f16 scale of 1.0
+/// and 32 int8 codes per row): its activation goes through the table's QDQ and its weight stays
+/// packed, so the output equals the same graph run on the host's QDQ'd input, bit for bit.
+#[test]
+fn dequant_matmul_quantizes_its_activation_and_keeps_the_packed_weight() {
+    let (m, k, n) = (4, 32, 3);
+    let mut g = Graph::new("dequant");
+    let x = g.input("x", f32s(&[m, k]));
+    let w = g.param("w", Shape::new(&[n * 34], DType::U8));
+    let y = g.dequant_matmul_packed(x, w, rlx_ir::quant::QuantScheme::GgufQ8_0, f32s(&[m, n]));
+    g.set_outputs(vec![y]);
+    let mut packed = Vec::new();
+    for r in 0..n {
+        packed.extend_from_slice(&0x3C00u16.to_le_bytes()); // f16 1.0
+        packed.extend((0..k).map(|c| (((r * 7 + c * 5) % 41) as i8 - 20) as u8));
+    }
+    let run = |g: &Graph, x: &[f32]| -> Vec<u32> {
+        let mut c = rlx_runtime::Session::new(rlx_runtime::Device::Cpu).compile(g.clone());
+        c.set_param_typed("w", &packed, DType::U8);
+        bitpat(&c.run(&[("x", x)])[0])
+    };
+    let xv: Vec<f32> = randn(m * k, 41).iter().map(|v| v * 2.0).collect();
+    let q = quant_params(-1.5, 2.5, false);
+    let dir = tempfile::tempdir().unwrap();
+    let table = write_table(dir.path(), &[entry("matmul.0", "lhs", q)]);
+    let (out, man) = apply(&format!("staticquant{{table={}}}", table.display()), &g);
+    assert_eq!(man.actuations.len(), 1, "{:?}", man.skipped);
+    assert!(man.actuations[0].action.contains("packed"), "{:?}", man.actuations[0].action);
+    let want = run(&g, &qdq_host(&xv, q));
+    assert_eq!(run(&out, &xv), want);
+    assert_ne!(run(&g, &xv), want, "the quantization changes the output");
+}

@@ -18,6 +18,7 @@ pub mod output;
 pub mod parity;
 pub mod report;
 pub mod shares;
+pub mod staticq;
 pub mod summary;
 pub mod sweep;
 pub mod timing;

@@ -29,7 +29,11 @@
 //! Sites, as the `attn` tap finds them:
 //! - a `Softmax` over the last axis of scores from a matmul that feed a matmul with V (the
 //!   unfused `MatMul -> Softmax -> MatMul` an ONNX BERT arrives as and RLX's CPU fusion keeps:
-//!   MiniLM's deployed form). The `Where` goes between the scores (bias added) and the softmax.
+//!   MiniLM's deployed form). `where(keep, s, f32::MIN)` goes between the scores (bias added)
+//!   and the softmax; the window's keep mask is a constant `[1.., Sq, Sk]` expanded to the
+//!   scores' shape (RLX 0.2.19's CPU `Where` does not broadcast its condition). A broadcast
+//!   `min(s, c)` (`c` = f32::MAX kept, f32::MIN dropped) is the same for finite scores but was
+//!   not faster on MiniLM (notes/sparseattn.md).
 //! - a fused `Op::Attention`: it is first lowered with rlx-fusion's `LowerAttention` (primitive
 //!   ops with a real `Softmax`, mirroring the CPU kernel's layouts, GQA, scale, masks and
 //!   soft-cap; 1e-5 of the kernel per rlx-fusion's own test), then masked before its softmax.

@@ -93,6 +93,7 @@ pub(crate) fn measure_plan(c: &Corpus, path: &Path, time_budget_ms: u64, json: O
     let timing = if time_budget_ms > 0 && !p.pipeline.trim().is_empty() {
         let r = time_plan(c, &p.pipeline, time_budget_ms)?;
         out.push_str(&format!("time, plan / fp32 (interleaved ABBA pairs, `opscope ab`): {}\n", r.line()));
+        out.push_str("(the time of the program as rewritten: fake-quant adds f32 quantize/dequantize ops, it is not the time of an int8/int4 kernel)\n");
         Some(r)
     } else {
         None

@@ -201,11 +201,13 @@ mod tests {
     fn hand_instance() {
         // fp32 / int8 / int4 at two sites of 100 and 400 bytes.
         let sites = vec![vec![c(100, 0.0), c(25, 0.01), c(13, 0.2)], vec![c(400, 0.0), c(100, 0.05), c(50, 0.3)]];
-        // Budget 200: site 1 must shrink to 100 or 50; best is (int8, int8) = 125 B, 0.06.
+        // Budget 200: site 1 must shrink to 100 or 50; best is (fp32, int8) = 200 B, 0.05.
         let s = solve(&sites, 200).unwrap();
-        assert_eq!(s.picks, vec![1, 1]);
-        assert_eq!(s.cost, 125);
-        assert!((s.error - 0.06).abs() < 1e-15);
+        assert_eq!(s.picks, vec![0, 1]);
+        assert_eq!(s.cost, 200);
+        assert!((s.error - 0.05).abs() < 1e-15);
+        // Budget 199: (int8, int8) = 125 B, 0.06.
+        assert_eq!(solve(&sites, 199).unwrap().picks, vec![1, 1]);
         // Budget 500: fp32 everywhere.
         assert_eq!(solve(&sites, 500).unwrap().picks, vec![0, 0]);
         // Budget 62: only int4+int4 (63) is too much, so no plan; cheapest is 63.

@@ -16,6 +16,7 @@ pub mod model;
 pub mod npz;
 pub mod output;
 pub mod parity;
+pub mod plan;
 pub mod report;
 pub mod shares;
 pub mod staticq;

@@ -13,6 +13,9 @@ use opscope_lab::output::Output;
 use opscope_lab::summary::SummarySink;
 use opscope::Pipeline;
 
+mod plan_cmd;
+use plan_cmd::{measure_plan, plan, PlanArgs};
+
 #[derive(Parser)]
 #[command(name = "opscope", version, about = "Record what flows through an RLX model's op sites")]
 struct Cli {
@@ -82,6 +85,12 @@ enum Cmd {
     /// by Weisfeiler-Lehman colours, grown as disjoint occurrences, each confirmed isomorphic
     /// (petgraph VF2); ranked by the ops they cover. Without running the model.
     Blocks(BlocksArgs),
+    /// Choose one option per matmul weight site (fp32 or a pipeline template such as int8 /
+    /// int4 fake-quant) minimising the measured embedding error (noise-to-signal power, 1/SQNR)
+    /// under a budget of weight bytes: each option measured end to end at each site alone, then
+    /// an exact multiple-choice knapsack. Writes the table and the plan as JSON
+    /// (`opscope measure --plan` applies it).
+    Plan(PlanArgs),
 }
 
 #[derive(clap::Args)]
@@ -626,6 +635,14 @@ struct MeasureArgs {
     /// more), e.g. `smoothquant{alpha=0.5},fakequant{scope=tensor,weights=true}`.
     #[arg(long, value_name = "PIPELINE")]
     also: Vec<String>,
+    /// With --onnx: instead of the standard measurements, apply a plan written by `opscope plan`
+    /// and report its embedding cosine, SQNR and joint error beside the plan's prediction, and
+    /// its time against fp32 (interleaved, as `opscope ab`).
+    #[arg(long, conflicts_with_all = ["also", "gguf"])]
+    plan: Option<PathBuf>,
+    /// With --plan: time budget of the interleaved timing, ms (0: no timing).
+    #[arg(long, default_value_t = 3000, requires = "plan")]
+    time_budget_ms: u64,
 }
 
 fn measure(a: MeasureArgs) -> Result<()> {
@@ -652,6 +669,9 @@ fn measure(a: MeasureArgs) -> Result<()> {
         bar.finish_and_clear();
         write_json(a.json.as_deref(), &m, "the measurement")?;
         return emit(&m.markdown());
+    }
+    if let Some(plan) = &a.plan {
+        return measure_plan(c, plan, a.time_budget_ms, a.json.as_deref());
     }
     let job = Job::new(c.onnx()?, c.text_files()?.0, c.entries()?, c.batch as usize, c.seq as usize)?;
     let bar = ProgressBar::new_spinner();
@@ -1471,6 +1491,7 @@ fn main() -> ExitCode {
         Cmd::Ab(a) => ab(a),
         Cmd::Time(a) => time(a),
         Cmd::Blocks(a) => blocks(a),
+        Cmd::Plan(a) => plan(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -435,6 +435,21 @@ struct AbArgs {
 /// Batches `ab` cycles through (pair i runs batch i mod this on both sides).
 const AB_BATCHES: usize = 16;
 
+/// The model and the batches `opscope ab` times: at most [`AB_BATCHES`] full batches of the
+/// corpus's entries (a batch is shrunk to the entry count when fewer entries exist).
+///
+/// Errors: the corpus's files cannot be read or tokenized, or the model cannot be loaded.
+fn ab_inputs(c: &Corpus) -> Result<(opscope_lab::model::OnnxEncoder, Vec<opscope_lab::model::Encoded>)> {
+    let (tok, _) = c.text_files()?;
+    let mut entries = c.entries()?;
+    let batch = (c.batch as usize).min(entries.len());
+    entries.truncate((entries.len() / batch).min(AB_BATCHES) * batch);
+    let text = opscope_lab::model::TextEncoder::load(tok, c.seq as usize)?;
+    let batches = entries.chunks(batch).map(|b| text.encode(b)).collect::<Result<Vec<_>>>()?;
+    let model = opscope_lab::model::OnnxEncoder::load(c.onnx()?, batch, c.seq as usize)?;
+    Ok((model, batches))
+}
+
 fn ab(a: AbArgs) -> Result<()> {
     let c = &a.corpus;
     if let Some(path) = &a.json {
@@ -457,22 +472,16 @@ fn ab(a: AbArgs) -> Result<()> {
         seed: a.seed,
     };
     opts.validate()?;
-    let (tok, _) = c.text_files()?;
-    let mut entries = c.entries()?;
-    let batch = (c.batch as usize).min(entries.len());
-    entries.truncate((entries.len() / batch).min(AB_BATCHES) * batch);
-    let text = opscope_lab::model::TextEncoder::load(tok, c.seq as usize)?;
-    let batches = entries.chunks(batch).map(|b| text.encode(b)).collect::<Result<Vec<_>>>()?;
-    let model = opscope_lab::model::OnnxEncoder::load(c.onnx()?, batch, c.seq as usize)?;
+    let (model, batches) = ab_inputs(c)?;
     let bar = ProgressBar::new_spinner();
     bar.set_message(format!("timing A '{}' against B '{}'", a.a, a.b));
     let r = opscope_lab::timing::ab_pipelines(&model, &batches, pa.as_ref(), pb.as_ref(), a.stage, &opts);
     bar.finish_and_clear();
     let r = r?;
-    let doc = serde_json::json!({ "onnx": c.onnx, "a": a.a, "b": a.b, "batch": batch, "seq": c.seq, "batches": batches.len(), "report": r });
+    let doc = serde_json::json!({ "onnx": c.onnx, "a": a.a, "b": a.b, "batch": model.batch, "seq": c.seq, "batches": batches.len(), "report": r });
     write_json(a.json.as_deref(), &doc, "the comparison")?;
     let name = |p: &str| if p.trim().is_empty() { "untapped".to_string() } else { format!("'{p}'") };
-    let mut out = format!("A = {}, B = {} ({} x {} tokens, {} batches cycled)\n{}\n", name(&a.a), name(&a.b), batch, c.seq, batches.len(), r.line());
+    let mut out = format!("A = {}, B = {} ({} x {} tokens, {} batches cycled)\n{}\n", name(&a.a), name(&a.b), model.batch, c.seq, batches.len(), r.line());
     let o = |x: &opscope_lab::timing::Outliers| format!("{} low / {} high severe (dropped), {} low / {} high mild (kept)", x.low_severe, x.high_severe, x.low_mild, x.high_mild);
     out.push_str(&format!("outliers A: {}\noutliers B: {}\n", o(&r.outliers_a), o(&r.outliers_b)));
     out.push_str(&format!(

@@ -11,7 +11,7 @@ use opscope_lab::output::Output;
 use opscope_lab::plan::{self, OptionSpec};
 use opscope::Pipeline;
 
-use super::{emit, write_json, Corpus, AB_BATCHES};
+use super::{ab_inputs, emit, write_json, Corpus};
 
 #[derive(clap::Args)]
 pub(crate) struct PlanArgs {
@@ -114,13 +114,7 @@ fn time_plan(c: &Corpus, pipeline: &str, budget_ms: u64) -> Result<opscope_lab::
         confidence: 0.95,
         seed: 0,
     };
-    let (tok, _) = c.text_files()?;
-    let mut entries = c.entries()?;
-    let batch = (c.batch as usize).min(entries.len());
-    entries.truncate((entries.len() / batch).min(AB_BATCHES) * batch);
-    let text = opscope_lab::model::TextEncoder::load(tok, c.seq as usize)?;
-    let batches = entries.chunks(batch).map(|b| text.encode(b)).collect::<Result<Vec<_>>>()?;
-    let model = opscope_lab::model::OnnxEncoder::load(c.onnx()?, batch, c.seq as usize)?;
+    let (model, batches) = ab_inputs(c)?;
     let bar = ProgressBar::new_spinner();
     bar.set_message("timing the plan against fp32");
     let r = opscope_lab::timing::ab_pipelines(&model, &batches, Some(&p), None, opscope::activate::Stage::Deployed, &opts);

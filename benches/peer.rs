@@ -1,0 +1,139 @@
+//! opscope beside its peer, the published `rlx-opscope` 0.2.19, on the same graphs in one process.
+//!
+//! The graph is the chain MLP of `benches/chain_mlp.rs`: x[64,256] -> (matmul [256,256] -> relu)
+//! x L, He-scaled weights, N(0,1) input (the bench asserts the untapped output has no subnormal
+//! value). Per L, four programs compiled from the same graph and weights run in interleaved
+//! rounds (one run of each per round, the order rotating each round, after a warm-up run of each):
+//!
+//! - untapped;
+//! - opscope `matmul` (its full sketch set), scope mode, recorded to a Parquet dataset on disk;
+//! - `rlx-opscope` 0.2.19 `inject_matmul_stats` with its default `StatConfig` (its full set:
+//!   min, max, mean, l1, sumsq, nnz, a 32-bin normalized histogram, per-channel max|x|, per-row
+//!   energy, adjacent-row energy), each run recorded with its own tidy-CSV `Recorder` to a file
+//!   on disk (what that crate ships as its sink).
+//!
+//! Printed: median run time of each and the ratio of medians to untapped, plus each tool's first
+//! compile time over the untapped one. (`matmul{stats=[max]}` and the data-scale rows are in
+//! `benches/chain_mlp.rs`; a scope records the runs made inside it, so one scope holds the
+//! interleaved rounds here.) Both tools tap the lhs, rhs and out of every matmul.
+//! `rlx-opscope` is a dev-dependency for this bench only; the library never uses it.
+//!
+//! `cargo bench --features parquet --bench peer` runs it; `-- --quick` uses fewer layers and rounds.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+mod common;
+
+use opscope::Pipeline;
+use rand::SeedableRng;
+use rand_distr::{Distribution, Normal};
+use rlx_runtime::{CompiledGraph, Device, Session};
+
+const M: usize = 64;
+const D: usize = 256;
+
+fn compile(g: rlx_ir::Graph, w: &[Vec<f32>]) -> (CompiledGraph, Duration) {
+    let t = Instant::now();
+    let mut c = Session::new(Device::Cpu).compile(g);
+    let took = t.elapsed();
+    for (l, wl) in w.iter().enumerate() {
+        c.set_param(&format!("w{l}"), wl);
+    }
+    (c, took)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// One program under test: a closure that runs it once (recording included).
+type Runner<'a> = Box<dyn FnMut() + 'a>;
+
+/// Median time of each runner over `rounds` interleaved rounds (the order rotates each round).
+fn interleaved(runners: &mut [Runner], rounds: usize) -> Vec<Duration> {
+    for r in runners.iter_mut() {
+        r();
+    }
+    let n = runners.len();
+    let mut times = vec![Vec::with_capacity(rounds); n];
+    for round in 0..rounds {
+        for k in 0..n {
+            let i = (round + k) % n;
+            let t = Instant::now();
+            runners[i]();
+            times[i].push(t.elapsed());
+        }
+    }
+    times.into_iter().map(median).collect()
+}
+
+fn row(layers: usize, rounds: usize, dir: &Path) {
+    let w: Vec<Vec<f32>> = (0..layers).map(|l| common::weight(D, l)).collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let normal = Normal::new(0.0f32, 1.0).unwrap();
+    let x: Vec<f32> = (0..M * D).map(|_| normal.sample(&mut rng)).collect();
+    let graph = common::chain(M, D, layers);
+
+    let (mut plain, plain_compile) = compile(graph.clone(), &w);
+    let y = plain.run(&[("x", &x)]);
+    assert!(!y[0].iter().any(|v| v.is_subnormal()), "L={layers}: the untapped output has subnormal values");
+
+    // The peer: its rewrite, its compile, its CSV recorder on disk.
+    let (peer_graph, specs) = rlx_opscope::inject_matmul_stats(&graph, &rlx_opscope::StatConfig::default());
+    let (mut peer, peer_compile) = compile(peer_graph, &w);
+    let mut peer_rec = rlx_opscope::Recorder::create(dir.join(format!("peer{layers}.csv")).to_str().unwrap()).expect("peer recorder");
+    let mut peer_run = 0u64;
+
+    let full = Pipeline::parse("matmul").unwrap();
+    let sink = opscope::recording::open(&dir.join(format!("full{layers}.parquet"))).expect("parquet sink");
+    let (t, full_compile) = opscope::scope(&full, sink, || {
+        // Compiled inside the scope: tapped. `plain` and `peer` were compiled before it: untapped
+        // by opscope (the peer's own sketches are in its graph).
+        let (mut tapped, full_compile) = compile(graph.clone(), &w);
+        let mut runners: Vec<Runner> = vec![
+            Box::new(|| {
+                std::hint::black_box(plain.run(&[("x", &x)]));
+            }),
+            Box::new(|| {
+                std::hint::black_box(tapped.run(&[("x", &x)]));
+            }),
+            Box::new(|| {
+                let outs = peer.run(&[("x", &x)]);
+                peer_rec.record(peer_run, 0, "cpu", "normal", M, D, D, &specs, &outs).expect("peer record");
+                peer_run += 1;
+            }),
+        ];
+        (interleaved(&mut runners, rounds), full_compile)
+    })
+    .expect("opscope recording");
+    peer_rec.flush().expect("peer flush");
+    let r = |i: usize| t[i].as_secs_f64() / t[0].as_secs_f64();
+    println!(
+        "{:>4} | {:>8.2}ms | {:>7.2}x | {:>11.2}x | {:>8.2}x {:>8.2}x",
+        layers,
+        t[0].as_secs_f64() * 1e3,
+        r(1),
+        r(2),
+        full_compile.as_secs_f64() / plain_compile.as_secs_f64(),
+        peer_compile.as_secs_f64() / plain_compile.as_secs_f64(),
+    );
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let depths: &[usize] = if quick { &[16] } else { &[16, 64, 128] };
+    let dir = tempfile::tempdir().expect("temp dir");
+    println!("chain MLP x[{M},{D}] -> (matmul [{D},{D}] -> relu) x L, He-scaled weights, N(0,1) input;");
+    println!("ratio = median run time / untapped median, interleaved rounds in one process, recordings written to disk;");
+    println!("compile = first compile / untapped first compile (opscope, then rlx-opscope)");
+    println!(
+        "{:>4} | {:>10} | {:>8} | {:>11} | {:>9} {:>9}",
+        "L", "untapped", "opscope", "rlx-opscope", "compile", "compile"
+    );
+    for &layers in depths {
+        let rounds = if quick { 5 } else { (1200 / layers).clamp(9, 41) };
+        row(layers, rounds, dir.path());
+    }
+}

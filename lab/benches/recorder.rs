@@ -1,0 +1,109 @@
+//! The recorder alone, on MiniLM's real sketches: how many recorded values per second its writer
+//! thread decodes and writes to a Parquet dataset on disk, how many bytes each value costs on
+//! disk, and whether its memory stays bounded as the run count grows.
+//!
+//! Setup: MiniLM-L3 (batch 8, 64 tokens), its deployed graph rewritten by `matmul` (the full
+//! sketch set) and compiled as a plain program (no scope), run on 16 batches of the fortunes;
+//! each run's appended outputs (the sketches, as the backend computed them) are kept. Then a
+//! fresh `opscope::record::Recorder` with the Parquet sink is handed those outputs for N runs
+//! (cycling over the 16 batches, each a clone as a tapped run hands them over) and finished
+//! (footer written, part closed and renamed). Timed: first `record` to the end of `finish`.
+//! Values: the rows the recording holds, counted by reading it back (a weight's sketch is written
+//! again only when it changes, so a run records fewer rows than its outputs hold). Heap: peak
+//! bytes allocated above the start, for N and 4N runs (bounded: the same).
+//!
+//! Goal (issue 13): >= 20 M values/s, <= 4 bytes per value on disk, memory bounded in N.
+//! `cargo bench -p opscope-lab --bench recorder` (needs scripts/fetch-assets.sh's assets).
+
+use std::time::Instant;
+
+use opscope::activate::{rewrite_on, Stage};
+use opscope::record::Recorder;
+use opscope::Pipeline;
+use peak_alloc::PeakAlloc;
+use rlx_runtime::{CompileOptions, DType, Device, Session};
+
+#[global_allocator]
+static PEAK: PeakAlloc = PeakAlloc;
+
+fn dir_bytes(p: &std::path::Path) -> u64 {
+    let mut total = 0;
+    for e in std::fs::read_dir(p).unwrap().flatten() {
+        let m = e.metadata().unwrap();
+        total += if m.is_dir() { dir_bytes(&e.path()) } else { m.len() };
+    }
+    total
+}
+
+fn main() {
+    let a = match opscope_lab::model::MiniLmAssets::from_cache() {
+        Ok(a) => a,
+        Err(e) => {
+            println!("MiniLM skipped: {e}");
+            return;
+        }
+    };
+    let (batch, seq, batches) = (8usize, 64usize, 16usize);
+    let entries = opscope_lab::model::split_entries(&std::fs::read_to_string(&a.text).unwrap());
+    let enc = opscope_lab::model::TextEncoder::load(&a.tokenizer, seq).unwrap();
+    let mut model = opscope_lab::model::OnnxEncoder::load(&a.onnx, batch, seq).unwrap();
+    let encoded: Vec<_> = entries.chunks(batch).take(batches).map(|c| enc.encode(c).unwrap()).collect();
+
+    // The sketches as a tapped run produces them: the rewritten graph, compiled without a scope
+    // (its appended outputs come back as ordinary outputs), tag 1 as the recorder hands out first.
+    let pipeline = Pipeline::parse("matmul").unwrap();
+    let probe = Recorder::new(Box::new(opscope::MemorySink::default()), "probe".into());
+    let tag = probe.next_tag();
+    drop(probe);
+    let (tapped, manifest) =
+        rewrite_on(&pipeline, &model.graph, Stage::Deployed, Device::Cpu, &CompileOptions::default(), tag).expect("rewrite");
+    let extra = manifest.outputs.iter().filter(|o| o.output_index.is_some()).count();
+    model.graph = tapped;
+    let session = Session::new(Device::Cpu);
+    let mut compiled = model.compile(&session);
+    let runs: Vec<Vec<Vec<f32>>> = encoded
+        .iter()
+        .map(|b| {
+            let outs = model.run(&mut compiled, b).unwrap();
+            outs[outs.len() - extra..]
+                .iter()
+                .map(|(bytes, dt)| {
+                    assert_eq!(*dt, DType::F32, "sketch outputs are f32");
+                    bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+                })
+                .collect()
+        })
+        .collect();
+    let per_run: usize = runs[0].iter().map(Vec::len).sum();
+    println!("MiniLM-L3 {batch}x{seq}, `matmul` full set: {} sites' outputs, {per_run} values per run", extra);
+    println!("{:>6} | {:>10} {:>12} | {:>9} | {:>12} | {:>9}", "runs", "rows", "M rows/s", "B/row", "peak heap MB", "seconds");
+
+    let dir = tempfile::tempdir().unwrap();
+    for n in [100usize, 400] {
+        let out = dir.path().join(format!("rec{n}.parquet"));
+        let sink = opscope::recording::open(&out).expect("parquet sink");
+        let rec = Recorder::new(sink, format!("bench-{n}"));
+        let m = rec.register(manifest.clone());
+        PEAK.reset_peak_usage();
+        let base = PEAK.current_usage();
+        let t = Instant::now();
+        for i in 0..n {
+            rec.record(&m, runs[i % runs.len()].clone());
+        }
+        rec.finish().expect("finish");
+        let secs = t.elapsed().as_secs_f64();
+        let heap = PEAK.peak_usage().saturating_sub(base) as f64 / (1024.0 * 1024.0);
+        let mut rows = 0u64;
+        opscope::recording::read_rows(&out, |_| rows += 1).expect("read back");
+        let bytes = dir_bytes(&out);
+        println!(
+            "{:>6} | {:>10} {:>12.1} | {:>9.2} | {:>12.1} | {:>9.2}",
+            n,
+            rows,
+            rows as f64 / secs / 1e6,
+            bytes as f64 / rows as f64,
+            heap,
+            secs
+        );
+    }
+}

@@ -13,13 +13,13 @@ use super::{shape_text, static_dims, SketchSpec, KEEP_OP, SKETCH2_OP, SKETCH3_OP
 
 /// Shape inference for [`SKETCH_OP`] and the multi-input probe ops.
 struct SketchOp {
-    name: &'static str,
+    name: String,
     inputs: usize,
 }
 
 impl OpExtension for SketchOp {
     fn name(&self) -> &str {
-        self.name
+        &self.name
     }
     fn num_inputs(&self) -> usize {
         self.inputs
@@ -32,14 +32,16 @@ impl OpExtension for SketchOp {
     }
 }
 
-/// CPU kernel for [`SKETCH_OP`] and the multi-input probe ops ([`SKETCH2_OP`], [`SKETCH3_OP`]).
+/// CPU kernel for [`SKETCH_OP`] and the multi-input probe ops ([`SKETCH2_OP`], [`SKETCH3_OP`]),
+/// and their gated forms (the sampling gate as an extra last input: see [`super::sample`]).
 struct SketchKernel {
-    name: &'static str,
+    name: String,
+    gated: bool,
 }
 
 impl CpuKernel for SketchKernel {
     fn name(&self) -> &str {
-        self.name
+        &self.name
     }
     fn execute(
         &self,
@@ -48,9 +50,26 @@ impl CpuKernel for SketchKernel {
         attrs: &[u8],
     ) -> Result<(), String> {
         let spec = SketchSpec::from_attrs(attrs)?;
+        let inputs = if self.gated {
+            let (gate, rest) = inputs.split_last().ok_or_else(|| format!("{}: no gate input", self.name))?;
+            let open = gate.expect_f32("opscope sampling gate")?.first().copied().unwrap_or(1.0);
+            if open == 0.0 {
+                // Not sampled: nothing is computed. The negated tag tells the recorder that
+                // this run was not sampled; NaN elsewhere is never recorded.
+                let out = output.expect_f32_mut("opscope.sketch output")?;
+                if let Some((first, rest)) = out.split_first_mut() {
+                    *first = -(spec.tag as f32);
+                    rest.fill(f32::NAN);
+                }
+                return Ok(());
+            }
+            rest
+        } else {
+            inputs
+        };
         if let Probe::Pass { name, params } = &spec.probe {
             let out = output.expect_f32_mut("opscope probe output")?;
-            return run_probe(self.name, &spec, name, params.get(), inputs, out);
+            return run_probe(&self.name, &spec, name, params.get(), inputs, out);
         }
         let x = inputs
             .first()
@@ -199,9 +218,13 @@ pub fn register_kernels() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         for (name, inputs) in [(SKETCH_OP, 1), (SKETCH2_OP, 2), (SKETCH3_OP, 3)] {
-            rlx_ir::op_registry::register_op(Arc::new(SketchOp { name, inputs }));
-            rlx_cpu::op_registry::register_cpu_kernel(Arc::new(SketchKernel { name }));
+            rlx_ir::op_registry::register_op(Arc::new(SketchOp { name: name.to_string(), inputs }));
+            rlx_cpu::op_registry::register_cpu_kernel(Arc::new(SketchKernel { name: name.to_string(), gated: false }));
+            let gated = super::sample::gated_name(name);
+            rlx_ir::op_registry::register_op(Arc::new(SketchOp { name: gated.clone(), inputs: inputs + 1 }));
+            rlx_cpu::op_registry::register_cpu_kernel(Arc::new(SketchKernel { name: gated, gated: true }));
         }
+        super::sample::register_gates();
         rlx_ir::op_registry::register_op(Arc::new(KeepOp));
         rlx_cpu::op_registry::register_cpu_kernel(Arc::new(KeepKernel));
     });

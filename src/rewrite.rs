@@ -43,6 +43,8 @@ pub struct Rewrite {
     /// Record one run in N (`sample{every=N}`), applied to every native sketch by
     /// [`Rewrite::apply_sampling`].
     sample_every: Option<u64>,
+    /// Feed the online state ([`crate::online`]) from every native tensor sketch.
+    online: bool,
 }
 
 impl Rewrite {
@@ -78,6 +80,7 @@ impl Rewrite {
             native: true,
             force_lower: false,
             sample_every: None,
+            online: false,
         };
         let mut dynamic = vec![false; graph.len()];
         for n in graph.nodes() {
@@ -400,6 +403,12 @@ impl Rewrite {
         }
     }
 
+    /// Feed the process-wide online state ([`crate::online`]) from every native tensor sketch
+    /// of the pipeline (the `online` setting), keyed by `site/role`.
+    pub fn set_online(&mut self) {
+        self.online = true;
+    }
+
     /// Gate every native sketch of the graph by one sampling gate (see
     /// [`crate::sketch::sample`]): a gate node reading the graph's inputs, wired as the extra
     /// last input of every sketch node, whose op becomes the gated form. Does nothing without
@@ -412,6 +421,9 @@ impl Rewrite {
     /// ([`crate::sketch::sample::MAX_GATE_INPUTS`]).
     pub fn apply_sampling(&mut self) -> Result<(), crate::error::Error> {
         use crate::sketch::sample::{gated_name, GateSpec, GATE_PREFIX, MAX_GATE_INPUTS};
+        if self.online {
+            self.mark_online();
+        }
         let Some(every) = self.sample_every.filter(|&n| n > 1) else { return Ok(()) };
         let g = &self.graph;
         if let Some(n) = g.nodes().iter().find(|n| n.name.as_deref().is_some_and(|s| s.starts_with("opscope/") && s.ends_with("/lowered"))) {
@@ -463,6 +475,32 @@ impl Rewrite {
         self.restructured = true;
         self.manifest.sample_every = Some(every);
         Ok(())
+    }
+
+    /// Give every native tensor sketch its online key (`site/role` of its first use).
+    fn mark_online(&mut self) {
+        let keys: HashMap<u32, String> = self
+            .manifest
+            .outputs
+            .iter()
+            .filter_map(|o| o.uses.first().map(|u| (o.tensor, format!("{}/{}", u.site, u.role.as_str()))))
+            .collect();
+        let ids: Vec<NodeId> = self
+            .graph
+            .nodes()
+            .iter()
+            .filter(|n| matches!(&n.op, Op::Custom { name, .. } if name == SKETCH_OP))
+            .map(|n| n.id)
+            .collect();
+        for id in ids {
+            let node = self.graph.node(id).clone();
+            let Op::Custom { name, num_inputs, attrs } = node.op else { continue };
+            let (Ok(mut spec), Some(key)) = (SketchSpec::from_attrs(&attrs), node.inputs.first().and_then(|t| keys.get(&t.0))) else {
+                continue;
+            };
+            spec.online = Some(key.clone());
+            self.graph.node_mut(id).op = Op::Custom { name, num_inputs, attrs: spec.to_attrs() };
+        }
     }
 
     /// The padding row mask of this program for a tensor of `rows` rows (all leading dims

@@ -121,6 +121,10 @@ pub struct SketchSpec {
     /// (attention, routing, residual: see [`Probe`]).
     #[serde(default)]
     pub probe: Probe,
+    /// `site/role` of the online state this tensor also feeds on the runs the kernel computes
+    /// (the `online` setting; see [`crate::online`]); `None` for none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub online: Option<String>,
 }
 
 /// Where one statistic sits in a sketch's output vector.
@@ -215,6 +219,7 @@ impl SketchSpec {
             tag: 0,
             memo: false,
             probe: Probe::Tensor,
+            online: None,
         };
         Ok(Planned { spec, dropped })
     }
@@ -239,6 +244,7 @@ impl SketchSpec {
                 name: P::NAME.to_string(),
                 params: serde_json::value::to_raw_value(params).expect("probe parameters serialize"),
             },
+            online: None,
         }
     }
 

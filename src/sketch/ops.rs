@@ -103,6 +103,9 @@ impl CpuKernel for SketchKernel {
             (true, None) => memo_compute(x, &dims, &spec, out),
             (_, mask) => compute_masked(x, &dims, &spec, mask, out),
         }
+        if let Some(key) = &spec.online {
+            crate::online::observe(key, x);
+        }
         Ok(())
     }
 }

@@ -6,9 +6,10 @@
 //! (N(0,1), one seed each; a single repeated input would be always or never sampled). Each round
 //! runs every pool input once through each variant, interleaved per input (untapped, then each
 //! tapped variant), and sums the times; a variant's cost is the ratio of its round total to the
-//! untapped round total. Printed: the median ratio over rounds with the min..max, and how many
-//! of the pool's inputs the gate sampled (the expected fraction is 1/N; the actual one is what
-//! the pool's hashes give, so the ratio is also shown per sampled input).
+//! untapped round total. Printed: the median ratio over rounds with the min..max. The pool is
+//! stratified so that exactly 1/N of its inputs are sampled (a small pool's hashes would give
+//! another fraction); a third variant (`every=2^30`, no input sampled) is the cost of an
+//! unsampled run.
 //!
 //! `cargo bench --bench sampled --features parquet` (`-- --quick`: fewer layers and rounds).
 
@@ -51,20 +52,35 @@ fn main() {
     let (layers, rounds, pool) = if quick { (16, 5, 32) } else { (64, 9, 64) };
     let every = 16u64;
     let w: Vec<Vec<f32>> = (0..layers).map(|l| common::weight(D, l)).collect();
-    let xs: Vec<Vec<f32>> = (0..pool as u64).map(|i| input(7000 + i)).collect();
-    let sampled = xs
-        .iter()
-        .filter(|x| {
-            let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
-            opscope::sketch::sample::sampled(opscope::sketch::sample::input_hash(&[("x", &bytes, rlx_ir::DType::F32)]), every)
-        })
-        .count();
+    let is_sampled = |x: &[f32], every: u64| {
+        let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        opscope::sketch::sample::sampled(opscope::sketch::sample::input_hash(&[("x", &bytes, rlx_ir::DType::F32)]), every)
+    };
+    // A stratified pool: exactly pool/N inputs the gate samples, spread evenly over the pool
+    // (the first such seeds from 7000 on), the rest unsampled seeds, so the measured ratio is
+    // the cost at exactly 1 in N, not at whatever fraction a small pool's hashes give.
+    let want = pool / every as usize;
+    let (mut yes, mut no) = (Vec::new(), Vec::new());
+    let mut seed = 7000u64;
+    while yes.len() < want || no.len() < pool - want {
+        let x = input(seed);
+        seed += 1;
+        match is_sampled(&x, every) {
+            true if yes.len() < want => yes.push(x),
+            false if no.len() < pool - want => no.push(x),
+            _ => {}
+        }
+    }
+    let stride = pool / want.max(1);
+    let xs: Vec<Vec<f32>> = (0..pool).map(|i| if i % stride == 0 && !yes.is_empty() { yes.pop().unwrap() } else { no.pop().unwrap() }).collect();
+    let sampled = xs.iter().filter(|x| is_sampled(x, every)).count();
+    assert_eq!(sampled, want);
     let dir = tempfile::tempdir().expect("temp dir");
     let mut plain = compile(layers, &w, "plain");
     let variants = [
         ("matmul".to_string(), "every run"),
         (format!("sample{{every={every}}},matmul"), "sampled"),
-        ("sample{every=1073741824},matmul".to_string(), "gate closed on every input of the pool: the cost of an unsampled run"),
+        ("sample{every=1073741824},matmul".to_string(), "no input sampled: the cost of an unsampled run"),
     ];
     println!("chain MLP x[{M},{D}] x {layers} layers, pool of {pool} distinct inputs, {rounds} rounds per variant");
     println!(

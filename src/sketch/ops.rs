@@ -49,17 +49,17 @@ impl CpuKernel for SketchKernel {
         output: CpuTensorMut<'_>,
         attrs: &[u8],
     ) -> Result<(), String> {
-        let spec = SketchSpec::from_attrs(attrs)?;
         let inputs = if self.gated {
             let (gate, rest) = inputs.split_last().ok_or_else(|| format!("{}: no gate input", self.name))?;
             let open = gate.expect_f32("opscope sampling gate")?.first().copied().unwrap_or(1.0);
             if open == 0.0 {
                 // Not sampled: nothing is computed. The negated tag tells the recorder that
-                // this run was not sampled; NaN elsewhere is never recorded.
+                // this run was not sampled, and it reads nothing else of it (the other values
+                // are left as the buffer holds them: never recorded).
+                let tag = cached_tag(attrs)?;
                 let out = output.expect_f32_mut("opscope.sketch output")?;
-                if let Some((first, rest)) = out.split_first_mut() {
-                    *first = -(spec.tag as f32);
-                    rest.fill(f32::NAN);
+                if let Some(first) = out.first_mut() {
+                    *first = -(tag as f32);
                 }
                 return Ok(());
             }
@@ -67,6 +67,7 @@ impl CpuKernel for SketchKernel {
         } else {
             inputs
         };
+        let spec = SketchSpec::from_attrs(attrs)?;
         if let Probe::Pass { name, params } = &spec.probe {
             let out = output.expect_f32_mut("opscope probe output")?;
             return run_probe(&self.name, &spec, name, params.get(), inputs, out);
@@ -108,6 +109,30 @@ impl CpuKernel for SketchKernel {
         }
         Ok(())
     }
+}
+
+/// The compile tag of a sketch's attributes, decoded once per thread and attribute bytes (an
+/// unsampled run of a gated sketch needs only the tag: parsing the JSON spec on every call
+/// was most of what such a run cost).
+fn cached_tag(attrs: &[u8]) -> Result<u32, String> {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+    thread_local! {
+        static TAGS: RefCell<HashMap<u64, u32>> = RefCell::new(HashMap::new());
+    }
+    let key = xxhash_rust::xxh3::xxh3_64(attrs);
+    if let Some(t) = TAGS.with(|m| m.borrow().get(&key).copied()) {
+        return Ok(t);
+    }
+    let tag = SketchSpec::from_attrs(attrs)?.tag;
+    TAGS.with(|m| {
+        let mut m = m.borrow_mut();
+        if m.len() >= MEMO_CAPACITY {
+            m.clear();
+        }
+        m.insert(key, tag);
+    });
+    Ok(tag)
 }
 
 /// Run the registered probe `name` and lay its statistics out as `spec` says: the compile tag

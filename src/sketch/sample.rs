@@ -5,8 +5,8 @@
 //! graph's `K` inputs; every native sketch node then reads the gate as an extra last input
 //! (the gated ops [`gated_name`]). The gate hashes the run's inputs with XXH3-64
 //! ([`input_hash`]) and writes `1` when `hash % N == 0`, else `0`. A gated sketch kernel that
-//! reads `0` computes nothing: it writes the negated compile tag as value 0 and NaN elsewhere,
-//! and the recorder writes no row for that run (its `step` is still counted, so the steps of a
+//! reads `0` computes nothing: it writes the negated compile tag as value 0 (the rest of its
+//! output is not written, and not read), and the recorder writes no row for that run (its `step` is still counted, so the steps of a
 //! sampled recording say which runs were recorded).
 //!
 //! Consistent hashing (as in Broder's min-wise / content-defined sampling, and as trace

@@ -43,6 +43,7 @@ pub mod error;
 pub mod manifest;
 pub mod memo;
 pub mod mine;
+pub mod online;
 pub mod pass;
 pub mod pipeline;
 pub mod record;

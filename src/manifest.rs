@@ -144,6 +144,11 @@ pub struct Manifest {
     /// and dtype).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub padding: Option<String>,
+    /// Sampled recording (`sample{every=N}`): `N`, when the sketches of this compile are gated
+    /// (computed and recorded on the runs whose inputs hash to 0 mod N, see
+    /// [`crate::sketch::sample`]); `None` when every run is recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_every: Option<u64>,
 }
 
 /// One change an actuation pass made to the program (fake-quant inserted, block bypassed).

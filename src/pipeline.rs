@@ -252,6 +252,7 @@ impl Pipeline {
                 PassKind::Tap => {
                     first_tap.get_or_insert(pass.pass.name());
                 }
+                PassKind::Setting => {}
                 PassKind::Actuation => {
                     if let Some(tap) = first_tap {
                         // A tap observes the program that runs; a tap placed before an actuation
@@ -355,6 +356,7 @@ impl Pipeline {
             rw.begin_pass(i, p.pass.name());
             p.pass.run(&p.options, &mut rw)?;
         }
+        rw.apply_sampling()?;
         Ok(rw.finish_mapped())
     }
 }

@@ -236,6 +236,8 @@ impl Recorder {
         let Some(&raw) = outputs.first().and_then(|o| o.first()) else {
             return;
         };
+        // A negated tag: a gated sketch of a run that was not sampled (see `record`).
+        let raw = if raw < 0.0 { -raw } else { raw };
         let tag = raw as u32;
         let known = if raw == tag as f32 { self.with_front(|s| s.manifests.get(&tag).cloned()).flatten() } else { None };
         match known {
@@ -259,15 +261,30 @@ impl Recorder {
         }
     }
 
-    /// The extra outputs of one run of the graph `manifest` describes.
+    /// The extra outputs of one run of the graph `manifest` describes. A run that was not
+    /// sampled (`sample{every=N}`: every output carries the negated compile tag) is counted as
+    /// a step and writes no row.
     pub fn record(&self, manifest: &Arc<Manifest>, outputs: Vec<Vec<f32>>) {
+        let negated = -(manifest.tag as f32);
+        let unsampled = outputs.iter().filter(|o| o.first() == Some(&negated)).count();
+        if unsampled > 0 && unsampled != outputs.len() {
+            self.fail(Error::Mismatch {
+                graph: manifest.graph.clone(),
+                detail: format!(
+                    "{unsampled} of {} tap outputs say the run was not sampled: one gate decides for every sketch of a run; \
+                     nothing of this run is recorded",
+                    outputs.len()
+                ),
+            });
+            return;
+        }
         let step = self.with_front(|s| {
             let step = s.steps.entry(manifest.tag).or_default();
             let now = *step;
             *step += 1;
             now
         });
-        if let Some(step) = step {
+        if let (Some(step), 0) = (step, unsampled) {
             self.send(Msg::Run {
                 manifest: manifest.clone(),
                 step,

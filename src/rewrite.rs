@@ -40,6 +40,11 @@ pub struct Rewrite {
     /// The running pass asked for lowered sketches on a device with a native kernel
     /// ([`Rewrite::force_lowering`]); reset at each pass.
     force_lower: bool,
+    /// Record one run in N (`sample{every=N}`), applied to every native sketch by
+    /// [`Rewrite::apply_sampling`].
+    sample_every: Option<u64>,
+    /// Feed the online state ([`crate::online`]) from every native tensor sketch.
+    online: bool,
 }
 
 impl Rewrite {
@@ -57,6 +62,7 @@ impl Rewrite {
             skipped: Vec::new(),
             actuations: Vec::new(),
             padding: None,
+            sample_every: None,
         };
         let mut rw = Rewrite {
             graph: graph.clone(),
@@ -73,6 +79,8 @@ impl Rewrite {
             elided: backend_elided(graph),
             native: true,
             force_lower: false,
+            sample_every: None,
+            online: false,
         };
         let mut dynamic = vec![false; graph.len()];
         for n in graph.nodes() {
@@ -376,6 +384,123 @@ impl Rewrite {
             layout,
             spec,
         });
+    }
+
+    /// Record one run in `every` (the `sample` pass): the sketches of every tap in the pipeline
+    /// are gated by the run's input contents when the pipeline finishes
+    /// ([`Rewrite::apply_sampling`]).
+    ///
+    /// Errors: sampling is already set to another period (two `sample` entries disagree).
+    pub fn set_sampling(&mut self, every: u64) -> Result<(), crate::error::Error> {
+        match self.sample_every {
+            Some(n) if n != every => Err(crate::error::Error::Graph(format!(
+                "sample: every={every} and every={n} in one pipeline: give one sample entry"
+            ))),
+            _ => {
+                self.sample_every = Some(every);
+                Ok(())
+            }
+        }
+    }
+
+    /// Feed the process-wide online state ([`crate::online`]) from every native tensor sketch
+    /// of the pipeline (the `online` setting), keyed by `site/role`.
+    pub fn set_online(&mut self) {
+        self.online = true;
+    }
+
+    /// Gate every native sketch of the graph by one sampling gate (see
+    /// [`crate::sketch::sample`]): a gate node reading the graph's inputs, wired as the extra
+    /// last input of every sketch node, whose op becomes the gated form. Does nothing without
+    /// [`Rewrite::set_sampling`], for `every = 1`, for a graph with no sketch, or for a graph
+    /// with no input (every run then has the same content: each is recorded).
+    ///
+    /// Errors: a sketch is lowered into RLX ops (a device without the native kernel, or
+    /// `lower=true`): an RLX graph has no conditional execution, so a lowered sketch would run
+    /// on every run; or the graph has more inputs than a gate reads
+    /// ([`crate::sketch::sample::MAX_GATE_INPUTS`]).
+    pub fn apply_sampling(&mut self) -> Result<(), crate::error::Error> {
+        use crate::sketch::sample::{gated_name, GateSpec, GATE_PREFIX, MAX_GATE_INPUTS};
+        if self.online {
+            self.mark_online();
+        }
+        let Some(every) = self.sample_every.filter(|&n| n > 1) else { return Ok(()) };
+        let g = &self.graph;
+        if let Some(n) = g.nodes().iter().find(|n| n.name.as_deref().is_some_and(|s| s.starts_with("opscope/") && s.ends_with("/lowered"))) {
+            return Err(crate::error::Error::Graph(format!(
+                "sample{{every={every}}}: the sketch {} is lowered into RLX ops (no native sketch kernel on the device, or \
+                 lower=true), and a lowered sketch runs on every run (an RLX graph has no conditional execution): \
+                 sample only with the native CPU kernel, or record every run",
+                n.name.as_deref().unwrap_or("?")
+            )));
+        }
+        let sketches: Vec<NodeId> = g
+            .nodes()
+            .iter()
+            .filter(|n| matches!(&n.op, Op::Custom { name, .. } if name == SKETCH_OP || name == SKETCH2_OP || name == SKETCH3_OP))
+            .map(|n| n.id)
+            .collect();
+        let inputs: Vec<(NodeId, String)> = g
+            .nodes()
+            .iter()
+            .filter_map(|n| match &n.op {
+                Op::Input { name } => Some((n.id, name.clone())),
+                _ => None,
+            })
+            .collect();
+        if sketches.is_empty() || inputs.is_empty() {
+            return Ok(());
+        }
+        if inputs.len() > MAX_GATE_INPUTS {
+            return Err(crate::error::Error::Graph(format!(
+                "sample{{every={every}}}: graph '{}' has {} inputs, a sampling gate reads at most {MAX_GATE_INPUTS}: record every run",
+                g.name,
+                inputs.len()
+            )));
+        }
+        let spec = GateSpec { every, names: inputs.iter().map(|(_, n)| n.clone()).collect() };
+        let attrs = serde_json::to_vec(&spec).map_err(|e| crate::error::Error::Internal(format!("gate attributes: {e}")))?;
+        let gate = self.graph.custom_op(format!("{GATE_PREFIX}{}", inputs.len()), attrs, inputs.iter().map(|(id, _)| *id).collect());
+        self.graph.node_mut(gate).name = Some("opscope/sample".into());
+        for id in sketches {
+            let node = self.graph.node(id).clone();
+            let Op::Custom { name, num_inputs, attrs } = node.op else { continue };
+            self.graph.node_mut(id).op = Op::Custom { name: gated_name(&name), num_inputs: num_inputs + 1, attrs };
+            let mut wired = node.inputs.clone();
+            wired.push(gate);
+            self.graph.set_inputs(id, wired);
+        }
+        // The gate was appended after the sketches that read it: `finish` rebuilds the graph
+        // in topological order (RLX runs nodes in index order).
+        self.restructured = true;
+        self.manifest.sample_every = Some(every);
+        Ok(())
+    }
+
+    /// Give every native tensor sketch its online key (`site/role` of its first use).
+    fn mark_online(&mut self) {
+        let keys: HashMap<u32, String> = self
+            .manifest
+            .outputs
+            .iter()
+            .filter_map(|o| o.uses.first().map(|u| (o.tensor, format!("{}/{}", u.site, u.role.as_str()))))
+            .collect();
+        let ids: Vec<NodeId> = self
+            .graph
+            .nodes()
+            .iter()
+            .filter(|n| matches!(&n.op, Op::Custom { name, .. } if name == SKETCH_OP))
+            .map(|n| n.id)
+            .collect();
+        for id in ids {
+            let node = self.graph.node(id).clone();
+            let Op::Custom { name, num_inputs, attrs } = node.op else { continue };
+            let (Ok(mut spec), Some(key)) = (SketchSpec::from_attrs(&attrs), node.inputs.first().and_then(|t| keys.get(&t.0))) else {
+                continue;
+            };
+            spec.online = Some(key.clone());
+            self.graph.node_mut(id).op = Op::Custom { name, num_inputs, attrs: spec.to_attrs() };
+        }
     }
 
     /// The padding row mask of this program for a tensor of `rows` rows (all leading dims

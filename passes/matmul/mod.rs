@@ -7,7 +7,7 @@ use crate::error::Error;
 use crate::manifest::Role;
 use crate::pass::{Globs, Opt, OptionSpec, Options, Pass, PassKind, PassRegistration, Range, Stats, Word, Words};
 use crate::rewrite::Rewrite;
-use crate::sketch::{static_dims, HistRange, SketchSpec, SELECTABLE};
+use crate::sketch::{static_dims, HistRange, SketchSpec, TAP_STATS};
 
 const SITES: Opt<Globs> = Opt::globs("sites", "[*]", "glob patterns over site names (ONNX node names without the leading '/', else matmul.K)");
 const ROLES: Opt<Words> = Opt::words(
@@ -18,9 +18,9 @@ const ROLES: Opt<Words> = Opt::words(
 );
 const STATS: Opt<Stats> = Opt::stats(
     "stats",
-    SELECTABLE,
+    TAP_STATS,
     "[all]",
-    "statistics to compute (count is always recorded; hist adds hist_lo/hist_hi/hist_outside)",
+    "statistics to compute (count is always recorded; hist adds hist_lo/hist_hi/hist_outside; all = every one but the opt-in hash)",
 );
 const HIST_BINS: Opt<u64> = Opt::uint("hist_bins", 1, 65536, "32", "value-histogram bins");
 const HIST_RANGE: Opt<Range> = Opt::range(

@@ -311,10 +311,11 @@ impl RepeatRate {
 /// Over `P` distinct inputs replayed for `T` runs this is `1 - P/T`, the hit rate of a memo
 /// guard with room for `P` entries ([`crate::memo::MemoGuard`]).
 ///
-/// What it can see: with `elemsig` (sampled elements) and `sumsq` in the recording two
-/// different real tensors almost never share a fingerprint; with `min,max` only, many do, and
-/// the rate is an upper bound. `None` when the series holds no statistic that varies with the
-/// content: record `matmul{stats=[sumsq,elemsig]}` or the full set.
+/// What it can see: with `hash` (XXH3-64 of every byte of the tensor) in the recording the
+/// rate is exact up to a 2^-64 collision per pair of distinct tensors; with `elemsig` (sampled
+/// elements) and `sumsq` two different real tensors almost never share a fingerprint; with
+/// `min,max` only, many do, and the rate is an upper bound. `None` when the series holds no statistic that varies with the
+/// content: record `matmul{stats=[hash]}`, `matmul{stats=[sumsq,elemsig]}` or the full set.
 pub fn repeat_rate(s: &Series) -> Option<RepeatRate> {
     let ids = fingerprints(s)?;
     let distinct = ids.iter().copied().max().map_or(0, |m| m + 1);
@@ -327,7 +328,7 @@ pub fn repeat_rate(s: &Series) -> Option<RepeatRate> {
 /// `None` as for [`repeat_rate`].
 pub fn fingerprints(s: &Series) -> Option<Vec<usize>> {
     use std::collections::HashMap;
-    let content = [tensor::SUMSQ, tensor::ELEMSIG, tensor::L1, tensor::MEAN, tensor::MIN, tensor::MAX];
+    let content = [tensor::HASH, tensor::SUMSQ, tensor::ELEMSIG, tensor::L1, tensor::MEAN, tensor::MIN, tensor::MAX];
     if !s.runs.iter().any(|r| content.iter().any(|&c| r.has(c))) {
         return None;
     }

@@ -23,6 +23,9 @@ pub enum PassKind {
     Tap,
     /// Changes the model on purpose (fake-quant, layer skip) to measure a decision.
     Actuation,
+    /// Sets how the pipeline's taps record (`sample`: one run in N); changes no program and
+    /// records nothing by itself. May stand anywhere in the pipeline.
+    Setting,
 }
 
 impl fmt::Display for PassKind {
@@ -30,6 +33,7 @@ impl fmt::Display for PassKind {
         f.write_str(match self {
             PassKind::Tap => "tap",
             PassKind::Actuation => "actuation",
+            PassKind::Setting => "setting",
         })
     }
 }

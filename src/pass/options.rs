@@ -476,7 +476,8 @@ impl OptionKind for Stats {
 }
 
 impl Options {
-    /// A statistics option, `all` expanded to its table (in table order), else each named
+    /// A statistics option, `all` expanded to its table (in table order; without the opt-in
+    /// statistics, [`crate::sketch::OPT_IN`]), else each named
     /// statistic.
     ///
     /// Errors: as [`Options::get`].
@@ -486,7 +487,8 @@ impl Options {
         };
         let words = self.get(key)?;
         Ok(if words.iter().any(|w| w == "all") {
-            table.to_vec()
+            // `all` leaves the opt-in statistics out (`hash`: selected by name only).
+            table.iter().copied().filter(|s| !crate::sketch::OPT_IN.contains(s)).collect()
         } else {
             words.iter().filter_map(|w| table.iter().copied().find(|s| s.as_str() == w)).collect()
         })

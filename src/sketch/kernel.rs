@@ -764,6 +764,17 @@ pub fn compute_masked(data: &[f32], dims: &[usize], spec: &SketchSpec, mask: Opt
             tensor::NAN_COUNT => dst[0] = acc.nan as f32,
             tensor::POSINF_COUNT => dst[0] = acc.posinf as f32,
             tensor::NEGINF_COUNT => dst[0] = acc.neginf as f32,
+            tensor::HASH => {
+                let bytes: &[u8] = unsafe {
+                    // SAFETY: f32 has no padding or invalid bit patterns; the slice covers
+                    // exactly `data`'s memory, read-only, for the duration of the borrow.
+                    std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data))
+                };
+                let h = xxhash_rust::xxh3::xxh3_64(bytes);
+                for (i, d) in dst.iter_mut().enumerate() {
+                    *d = ((h >> (16 * i)) & 0xffff) as f32;
+                }
+            }
             // Probe statistics never reach the tensor kernel (`SketchSpec::for_shape` never
             // selects them); a foreign spec gets NaN, which is never recorded.
             _ => dst.fill(f32::NAN),

@@ -22,6 +22,7 @@ mod kernel;
 pub mod lower;
 mod ops;
 pub mod probe;
+pub mod sample;
 mod stat;
 
 use rlx_ir::{DType, Dim, Shape};
@@ -32,7 +33,7 @@ use serde::{Deserialize, Serialize};
 pub use kernel::{compute, compute_into, compute_masked};
 pub use ops::register_kernels;
 pub use probe::{Probe, ProbeKernel, ProbeRegistration, Typed, TypedProbe};
-pub use stat::{tables, tensor, Stat, StatDef, StatLen, StatTable, SELECTABLE};
+pub use stat::{tables, tensor, Stat, StatDef, StatLen, StatTable, OPT_IN, SELECTABLE, TAP_STATS};
 
 /// Name of the custom RLX op that computes a sketch (`Op::Custom { name: SKETCH_OP, .. }`).
 pub const SKETCH_OP: &str = "opscope.sketch";
@@ -52,9 +53,23 @@ pub const SKETCH2_OP: &str = "opscope.sketch2";
 /// The sketch op with three inputs (fused attention's Q, K and mask).
 pub const SKETCH3_OP: &str = "opscope.sketch3";
 
-/// True for the name of any opscope sketch op (one, two or three inputs).
+/// True for the name of any opscope sketch op (one, two or three inputs), gated or not
+/// ([`sample`]).
 pub fn is_sketch_op(name: &str) -> bool {
-    name == SKETCH_OP || name == SKETCH2_OP || name == SKETCH3_OP
+    let base = name.strip_suffix(sample::GATED_SUFFIX).unwrap_or(name);
+    base == SKETCH_OP || base == SKETCH2_OP || base == SKETCH3_OP
+}
+
+/// Values of the `hash` statistic: XXH3-64 as four 16-bit limbs (each exact in f32).
+pub const HASH_LIMBS: usize = 4;
+
+/// The 64-bit hash the four recorded `hash` limbs hold (limb 0 least significant). `None`
+/// unless there are exactly [`HASH_LIMBS`] values, each an integer in 0..65536.
+pub fn hash_from_limbs(limbs: &[f32]) -> Option<u64> {
+    if limbs.len() != HASH_LIMBS || limbs.iter().any(|&x| !(0.0..65536.0).contains(&x) || x.fract() != 0.0) {
+        return None;
+    }
+    Some(limbs.iter().rev().fold(0u64, |h, &x| (h << 16) | x as u64))
 }
 
 /// Range of the value histogram.
@@ -106,6 +121,10 @@ pub struct SketchSpec {
     /// (attention, routing, residual: see [`Probe`]).
     #[serde(default)]
     pub probe: Probe,
+    /// `site/role` of the online state this tensor also feeds on the runs the kernel computes
+    /// (the `online` setting; see [`crate::online`]); `None` for none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub online: Option<String>,
 }
 
 /// Where one statistic sits in a sketch's output vector.
@@ -200,6 +219,7 @@ impl SketchSpec {
             tag: 0,
             memo: false,
             probe: Probe::Tensor,
+            online: None,
         };
         Ok(Planned { spec, dropped })
     }
@@ -224,6 +244,7 @@ impl SketchSpec {
                 name: P::NAME.to_string(),
                 params: serde_json::value::to_raw_value(params).expect("probe parameters serialize"),
             },
+            online: None,
         }
     }
 
@@ -241,6 +262,7 @@ impl SketchSpec {
                     tensor::ELEMSIG => self.elemsig_k,
                     tensor::CHAN_MAXABS => self.chans,
                     tensor::POS_SUMSQ | tensor::ROW_ABSMAX => self.rows,
+                    tensor::HASH => HASH_LIMBS,
                     _ => 1,
                 })
                 .collect()),

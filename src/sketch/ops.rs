@@ -13,13 +13,13 @@ use super::{shape_text, static_dims, SketchSpec, KEEP_OP, SKETCH2_OP, SKETCH3_OP
 
 /// Shape inference for [`SKETCH_OP`] and the multi-input probe ops.
 struct SketchOp {
-    name: &'static str,
+    name: String,
     inputs: usize,
 }
 
 impl OpExtension for SketchOp {
     fn name(&self) -> &str {
-        self.name
+        &self.name
     }
     fn num_inputs(&self) -> usize {
         self.inputs
@@ -32,14 +32,16 @@ impl OpExtension for SketchOp {
     }
 }
 
-/// CPU kernel for [`SKETCH_OP`] and the multi-input probe ops ([`SKETCH2_OP`], [`SKETCH3_OP`]).
+/// CPU kernel for [`SKETCH_OP`] and the multi-input probe ops ([`SKETCH2_OP`], [`SKETCH3_OP`]),
+/// and their gated forms (the sampling gate as an extra last input: see [`super::sample`]).
 struct SketchKernel {
-    name: &'static str,
+    name: String,
+    gated: bool,
 }
 
 impl CpuKernel for SketchKernel {
     fn name(&self) -> &str {
-        self.name
+        &self.name
     }
     fn execute(
         &self,
@@ -47,10 +49,28 @@ impl CpuKernel for SketchKernel {
         output: CpuTensorMut<'_>,
         attrs: &[u8],
     ) -> Result<(), String> {
+        let inputs = if self.gated {
+            let (gate, rest) = inputs.split_last().ok_or_else(|| format!("{}: no gate input", self.name))?;
+            let open = gate.expect_f32("opscope sampling gate")?.first().copied().unwrap_or(1.0);
+            if open == 0.0 {
+                // Not sampled: nothing is computed. The negated tag tells the recorder that
+                // this run was not sampled, and it reads nothing else of it (the other values
+                // are left as the buffer holds them: never recorded).
+                let tag = cached_tag(attrs)?;
+                let out = output.expect_f32_mut("opscope.sketch output")?;
+                if let Some(first) = out.first_mut() {
+                    *first = -(tag as f32);
+                }
+                return Ok(());
+            }
+            rest
+        } else {
+            inputs
+        };
         let spec = SketchSpec::from_attrs(attrs)?;
         if let Probe::Pass { name, params } = &spec.probe {
             let out = output.expect_f32_mut("opscope probe output")?;
-            return run_probe(self.name, &spec, name, params.get(), inputs, out);
+            return run_probe(&self.name, &spec, name, params.get(), inputs, out);
         }
         let x = inputs
             .first()
@@ -84,8 +104,35 @@ impl CpuKernel for SketchKernel {
             (true, None) => memo_compute(x, &dims, &spec, out),
             (_, mask) => compute_masked(x, &dims, &spec, mask, out),
         }
+        if let Some(key) = &spec.online {
+            crate::online::observe(key, x);
+        }
         Ok(())
     }
+}
+
+/// The compile tag of a sketch's attributes, decoded once per thread and attribute bytes (an
+/// unsampled run of a gated sketch needs only the tag: parsing the JSON spec on every call
+/// was most of what such a run cost).
+fn cached_tag(attrs: &[u8]) -> Result<u32, String> {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+    thread_local! {
+        static TAGS: RefCell<HashMap<u64, u32>> = RefCell::new(HashMap::new());
+    }
+    let key = xxhash_rust::xxh3::xxh3_64(attrs);
+    if let Some(t) = TAGS.with(|m| m.borrow().get(&key).copied()) {
+        return Ok(t);
+    }
+    let tag = SketchSpec::from_attrs(attrs)?.tag;
+    TAGS.with(|m| {
+        let mut m = m.borrow_mut();
+        if m.len() >= MEMO_CAPACITY {
+            m.clear();
+        }
+        m.insert(key, tag);
+    });
+    Ok(tag)
 }
 
 /// Run the registered probe `name` and lay its statistics out as `spec` says: the compile tag
@@ -199,9 +246,13 @@ pub fn register_kernels() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         for (name, inputs) in [(SKETCH_OP, 1), (SKETCH2_OP, 2), (SKETCH3_OP, 3)] {
-            rlx_ir::op_registry::register_op(Arc::new(SketchOp { name, inputs }));
-            rlx_cpu::op_registry::register_cpu_kernel(Arc::new(SketchKernel { name }));
+            rlx_ir::op_registry::register_op(Arc::new(SketchOp { name: name.to_string(), inputs }));
+            rlx_cpu::op_registry::register_cpu_kernel(Arc::new(SketchKernel { name: name.to_string(), gated: false }));
+            let gated = super::sample::gated_name(name);
+            rlx_ir::op_registry::register_op(Arc::new(SketchOp { name: gated.clone(), inputs: inputs + 1 }));
+            rlx_cpu::op_registry::register_cpu_kernel(Arc::new(SketchKernel { name: gated, gated: true }));
         }
+        super::sample::register_gates();
         rlx_ir::op_registry::register_op(Arc::new(KeepOp));
         rlx_cpu::op_registry::register_cpu_kernel(Arc::new(KeepKernel));
     });

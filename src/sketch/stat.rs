@@ -208,8 +208,42 @@ crate::stats! {
         POSINF_COUNT = "posinf_count", One;
         /// Number of -Inf elements (1 value).
         NEGINF_COUNT = "neginf_count", One;
+        /// XXH3-64 (seed 0) of the tensor's bytes (every element, row-major little-endian f32,
+        /// padding rows and non-finite values included: the bytes a memo would key on), as 4
+        /// values, the hash's 16-bit limbs, least significant first (`idx` 0..3), each exact in
+        /// f32. Equal hashes: the same content up to a 2^-64 collision, so the exact repeat rate
+        /// of a site ([`crate::mine::repeat_rate`]). Opt-in: not part of `stats=[all]`; no
+        /// lowering (a device without the native kernel skips it with the reason).
+        HASH = "hash", Vector;
     }
 }
+
+/// Statistics that `stats=[all]` leaves out: they are selected by name only (`hash` reads every
+/// byte of the tensor once more, and has no lowering).
+pub const OPT_IN: &[Stat] = &[tensor::HASH];
+
+/// [`SELECTABLE`] and the opt-in statistics ([`OPT_IN`]): what a tensor tap's `stats=[..]`
+/// accepts by name.
+pub const TAP_STATS: &[Stat] = &[
+    tensor::MIN,
+    tensor::MAX,
+    tensor::MEAN,
+    tensor::L1,
+    tensor::SUMSQ,
+    tensor::NNZ,
+    tensor::KURTOSIS,
+    tensor::HIST,
+    tensor::ELEMSIG,
+    tensor::CHAN_MAXABS,
+    tensor::CHAN_OUTLIER,
+    tensor::POS_SUMSQ,
+    tensor::ROW_ABSMAX,
+    tensor::ADJ_SUMSQ,
+    tensor::NAN_COUNT,
+    tensor::POSINF_COUNT,
+    tensor::NEGINF_COUNT,
+    tensor::HASH,
+];
 
 /// Statistics a user selects by name in a tensor tap's `stats=[..]`; `hist` brings `hist_lo`,
 /// `hist_hi`, `hist_outside` along, and `count` is always included.

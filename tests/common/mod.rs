@@ -336,6 +336,9 @@ pub fn render(g: &Graph, m: &opscope::Manifest) -> String {
     for a in &m.actuations {
         s.push_str(&format!("# actuation {} node=%{} pass={}#{}: {}\n", a.site, a.node, a.pass, a.pass_idx, a.action));
     }
+    if let Some(n) = m.sample_every {
+        s.push_str(&format!("# sampled: one run in {n}\n"));
+    }
     s
 }
 

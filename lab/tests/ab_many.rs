@@ -87,12 +87,12 @@ fn a_bad_pipeline_stops_at_once_and_is_named() {
             args.extend(["--pipeline".into(), x.to_string()]);
         }
         let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
-        let t = std::time::Instant::now();
         let out = opscope(&args);
         assert!(!out.status.success());
-        // Not a timing assertion on RLX: a 60 s budget that ran would take over 60 s.
-        assert!(t.elapsed().as_secs() < 50, "the error came only after timing");
-        String::from_utf8_lossy(&out.stderr).to_string()
+        let e = String::from_utf8_lossy(&out.stderr).to_string();
+        // From the dry run before the timing, not from a recording scope closing after it.
+        assert!(!e.contains("recording '"), "the error came only after timing: {e}");
+        e
     };
     let e = run(&["ok=fakequant", "wide=fakequant{bits=99}"]);
     assert!(e.contains("--pipeline wide") && e.contains("bits"), "{e}");

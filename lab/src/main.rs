@@ -14,6 +14,7 @@ use opscope_lab::summary::SummarySink;
 use opscope::Pipeline;
 
 mod plan_cmd;
+mod ab_many;
 use plan_cmd::{measure_plan, plan, PlanArgs};
 
 #[derive(Parser)]
@@ -398,11 +399,20 @@ struct AbArgs {
     #[command(flatten)]
     corpus: Corpus,
     /// Pipeline of program A; '' is the untapped model.
-    #[arg(long)]
-    a: String,
+    #[arg(long, required_unless_present = "pipelines", conflicts_with = "pipelines")]
+    a: Option<String>,
     /// Pipeline of program B; '' is the untapped model.
-    #[arg(long)]
-    b: String,
+    #[arg(long, required_unless_present = "pipelines", conflicts_with = "pipelines")]
+    b: Option<String>,
+    /// Instead of --a/--b: time every `NAME=PIPELINE` (repeat; '' after '=' is untapped) against
+    /// the untapped model in ONE sitting, interleaved round by round, with an A/A row (a second
+    /// untapped compile) as that sitting's noise floor; prints one Markdown row per pipeline.
+    #[arg(long = "pipeline", value_name = "NAME=PIPELINE", id = "pipelines")]
+    pipelines: Vec<String>,
+    /// With --pipeline: also give each row its accuracy against fp32 (mean and worst embedding
+    /// cosine, SQNR in dB, as `opscope measure --also`): one pass over the text per pipeline.
+    #[arg(long, requires = "pipelines")]
+    accuracy: bool,
     /// Which program the taps observe (`deployed` or `source`).
     #[arg(long, default_value = "deployed")]
     stage: opscope::activate::Stage,
@@ -461,7 +471,6 @@ fn ab(a: AbArgs) -> Result<()> {
         }
         Ok(Some(Pipeline::parse(text).with_context(|| format!("--{side}"))?))
     };
-    let (pa, pb) = (parse(&a.a, "a")?, parse(&a.b, "b")?);
     let opts = opscope_lab::timing::AbOptions {
         warmup: std::time::Duration::from_millis(a.warmup_ms),
         budget: std::time::Duration::from_millis(a.budget_ms),
@@ -472,16 +481,21 @@ fn ab(a: AbArgs) -> Result<()> {
         seed: a.seed,
     };
     opts.validate()?;
+    if !a.pipelines.is_empty() {
+        return ab_many::ab_many(&a, &opts);
+    }
+    let (ta, tb) = (a.a.clone().unwrap_or_default(), a.b.clone().unwrap_or_default());
+    let (pa, pb) = (parse(&ta, "a")?, parse(&tb, "b")?);
     let (model, batches) = ab_inputs(c)?;
     let bar = ProgressBar::new_spinner();
-    bar.set_message(format!("timing A '{}' against B '{}'", a.a, a.b));
+    bar.set_message(format!("timing A '{}' against B '{}'", ta, tb));
     let r = opscope_lab::timing::ab_pipelines(&model, &batches, pa.as_ref(), pb.as_ref(), a.stage, &opts);
     bar.finish_and_clear();
     let r = r?;
-    let doc = serde_json::json!({ "onnx": c.onnx, "a": a.a, "b": a.b, "batch": model.batch, "seq": c.seq, "batches": batches.len(), "report": r });
+    let doc = serde_json::json!({ "onnx": c.onnx, "a": ta, "b": tb, "batch": model.batch, "seq": c.seq, "batches": batches.len(), "report": r });
     write_json(a.json.as_deref(), &doc, "the comparison")?;
     let name = |p: &str| if p.trim().is_empty() { "untapped".to_string() } else { format!("'{p}'") };
-    let mut out = format!("A = {}, B = {} ({} x {} tokens, {} batches cycled)\n{}\n", name(&a.a), name(&a.b), model.batch, c.seq, batches.len(), r.line());
+    let mut out = format!("A = {}, B = {} ({} x {} tokens, {} batches cycled)\n{}\n", name(&ta), name(&tb), model.batch, c.seq, batches.len(), r.line());
     let o = |x: &opscope_lab::timing::Outliers| format!("{} low / {} high severe (dropped), {} low / {} high mild (kept)", x.low_severe, x.high_severe, x.low_mild, x.high_mild);
     out.push_str(&format!("outliers A: {}\noutliers B: {}\n", o(&r.outliers_a), o(&r.outliers_b)));
     out.push_str(&format!(

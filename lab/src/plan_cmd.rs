@@ -28,11 +28,23 @@ pub(crate) struct PlanArgs {
     #[arg(long, value_name = "GLOB")]
     sites: Vec<String>,
     /// Budget: weight bytes over the planned sites.
-    #[arg(long, conflicts_with = "budget_ratio", required_unless_present = "budget_ratio")]
+    #[arg(long, conflicts_with = "budget_ratio", required_unless_present_any = ["budget_ratio", "time_budget_us"])]
     budget_bytes: Option<u64>,
     /// Budget as a fraction of the planned sites' fp32 weight bytes (0 < r <= 1).
     #[arg(long)]
     budget_ratio: Option<f64>,
+    /// Time budget: extra microseconds per batch over the untapped model, summed over the planned
+    /// sites. Each option's time at each site is measured alone, interleaved against untapped in
+    /// one sitting (median of paired differences, negatives clamped to 0 and listed). Alone, or
+    /// with a byte budget (both constraints solved at once, exactly). On this CPU fake-quant options
+    /// only ADD time (RLX 0.2.19 has no int8 GEMM: the matmul still runs in f32, plus the
+    /// quantize/dequantize ops), so a time budget bounds the overhead of the rewrite; it does
+    /// not buy a speedup, and alone it picks fp32 everywhere (0 us, 0 error).
+    #[arg(long, value_name = "US")]
+    time_budget_us: Option<u64>,
+    /// With --time-budget-us: time budget of the interleaved timing, ms.
+    #[arg(long, default_value_t = 10_000, requires = "time_budget_us", value_parser = clap::value_parser!(u64).range(1..))]
+    time_ms: u64,
     /// The plan (table, choice, pipeline) as JSON.
     #[arg(long)]
     out: PathBuf,
@@ -71,13 +83,40 @@ pub(crate) fn plan(a: PlanArgs) -> Result<()> {
     })?;
     bar.finish_and_clear();
     let budget = match (a.budget_bytes, a.budget_ratio) {
-        (Some(b), _) => b,
-        (None, Some(r)) => (r * table.fp32_bytes as f64).floor() as u64,
-        (None, None) => unreachable!("clap requires one budget"),
+        (Some(b), _) => Some(b),
+        (None, Some(r)) => Some((r * table.fp32_bytes as f64).floor() as u64),
+        (None, None) => None,
     };
-    table.choose(budget)?;
+    let mut notes = String::new();
+    if let Some(us) = a.time_budget_us {
+        let opts = opscope_lab::timing::AbOptions {
+            warmup: std::time::Duration::from_millis(500),
+            budget: std::time::Duration::from_millis(a.time_ms),
+            min_pairs: 10,
+            max_pairs: 1_000_000,
+            resamples: 1000,
+            confidence: 0.95,
+            seed: 0,
+        };
+        let (model, batches) = ab_inputs(c)?;
+        let bar = ProgressBar::new_spinner();
+        bar.enable_steady_tick(std::time::Duration::from_millis(500));
+        bar.set_message(format!("timing {} (site, option) programs against untapped", sites.len() * options.len()));
+        let negative = table.measure_times(&model, &batches, &opts);
+        bar.finish_and_clear();
+        for (site, option, raw) in negative? {
+            notes.push_str(&format!("note: {option} at {site} measured {raw:.0} us (faster than untapped, within noise); clamped to 0\n"));
+        }
+        match budget {
+            Some(b) => table.choose_both(b, us)?,
+            None => table.choose_time(us)?,
+        }
+        notes.push_str("time: extra us per batch, each option alone at its site; on this CPU fake-quant only adds time (no int8 GEMM in RLX 0.2.19), so the time budget bounds the overhead\n");
+    } else {
+        table.choose(budget.expect("clap requires a budget"))?;
+    }
     write_json(Some(&a.out), &table, "the plan")?;
-    emit(&format!("{}pipeline: {}\nwritten: {}\n", table.markdown(), if table.pipeline.is_empty() { "(none: every site fp32)" } else { &table.pipeline }, a.out.display()))
+    emit(&format!("{}{notes}pipeline: {}\nwritten: {}\n", table.markdown(), if table.pipeline.is_empty() { "(none: every site fp32)" } else { &table.pipeline }, a.out.display()))
 }
 
 /// `opscope measure --plan`.

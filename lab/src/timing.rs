@@ -454,6 +454,147 @@ pub fn ab_pipelines(
     })
 }
 
+/// Times of several programs measured in one sitting by [`many_timed`]: `times[p][r]` is
+/// program `p`'s time in round `r`, in seconds. Program 0 is the baseline the others are compared with.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ManyTimes {
+    /// Per program, one time per measured round, s.
+    pub times: Vec<Vec<f64>>,
+    /// Warm-up rounds run (each runs every program once).
+    pub warmup_rounds: usize,
+}
+
+impl ManyTimes {
+    /// Program `p` (>= 1) against the baseline (program 0), paired by round, as [`analyze`]
+    /// compares A = `p` with B = baseline.
+    ///
+    /// Errors: `p` is 0 or out of range; as [`analyze`].
+    pub fn against_baseline(&self, p: usize, opts: &AbOptions) -> Result<AbReport> {
+        ensure!(p >= 1 && p < self.times.len(), "program {p} is not one of the 1..{} compared with the baseline", self.times.len());
+        analyze(&self.times[p], &self.times[0], opts, self.warmup_rounds)
+    }
+
+    /// Program `p`'s extra time over the baseline: the median over rounds of the PAIRED
+    /// difference `t_p[r] - t_0[r]`, in microseconds (negative when `p` ran faster). The median of
+    /// paired differences is the location estimate of the sign test (Lehmann, *Nonparametrics*,
+    /// 1975, ch. 3); pairing by round cancels drift common to a round.
+    ///
+    /// Errors: `p` is 0 or out of range, or no round was measured.
+    pub fn median_extra_us(&self, p: usize) -> Result<f64> {
+        ensure!(p >= 1 && p < self.times.len(), "program {p} is not one of the 1..{} compared with the baseline", self.times.len());
+        ensure!(!self.times[0].is_empty(), "no round was measured");
+        let d: Vec<f64> = self.times[p].iter().zip(&self.times[0]).map(|(a, b)| (a - b) * 1e6).collect();
+        Ok(median(&d))
+    }
+}
+
+/// Time several self-timing programs in ONE sitting, interleaved: each round runs every program
+/// once, in index order on even rounds and in reverse order on odd rounds (ABBA generalised to n
+/// programs, so every program's mean position in a round is the same and drift and
+/// first-of-round effects hit all alike). Warm-up rounds run for [`AbOptions::warmup`] (at least
+/// [`MIN_WARMUP_PAIRS`]); the median warm-up round time sets the round count from
+/// [`AbOptions::budget`], clamped to `[min_pairs, max_pairs]`, and rounds continue (up to
+/// `max_pairs`) while some program keeps fewer than [`MIN_PAIRS`] pairs with program 0 after
+/// the severe-outlier cut. With two programs this is exactly [`ab_timed`]'s schedule.
+///
+/// Errors: fewer than 2 programs; invalid options; the first error of a program.
+pub fn many_timed(progs: &mut [&mut dyn FnMut() -> Result<Duration>], opts: &AbOptions) -> Result<ManyTimes> {
+    opts.validate()?;
+    let n = progs.len();
+    ensure!(n >= 2, "{n} program(s): a comparison needs a baseline and at least one other");
+    let mut round = |r: usize, out: &mut Vec<f64>| -> Result<()> {
+        out.clear();
+        out.resize(n, 0.0);
+        for k in 0..n {
+            let p = if r % 2 == 0 { k } else { n - 1 - k };
+            out[p] = progs[p]()?.as_secs_f64();
+        }
+        Ok(())
+    };
+    let start = Instant::now();
+    let mut warm = Vec::new();
+    let mut row = Vec::with_capacity(n);
+    while warm.len() < MIN_WARMUP_PAIRS || start.elapsed() < opts.warmup {
+        round(warm.len(), &mut row)?;
+        warm.push(row.iter().sum::<f64>());
+    }
+    let per_round = median(&warm).max(1e-9);
+    let rounds = ((opts.budget.as_secs_f64() / per_round) as usize).clamp(opts.min_pairs, opts.max_pairs);
+    let mut times = vec![Vec::with_capacity(rounds); n];
+    let mut r = 0;
+    let short = |times: &Vec<Vec<f64>>| (1..n).any(|p| kept_pairs(&times[p], &times[0]) < MIN_PAIRS);
+    while r < rounds || (r < opts.max_pairs && short(&times)) {
+        round(r, &mut row)?;
+        for (t, &x) in times.iter_mut().zip(&row) {
+            t.push(x);
+        }
+        r += 1;
+    }
+    Ok(ManyTimes { times, warmup_rounds: warm.len() })
+}
+
+/// The model under several pipelines (`None`: untapped) in ONE sitting: one worker thread and
+/// one compile per program (as [`ab_pipelines`]), scheduled by [`many_timed`]; round `r` runs
+/// batch `r mod batches.len()` on every program. `programs[0]` is the baseline.
+///
+/// Errors: no batches; fewer than 2 programs; a run or a recording fails (the program named by
+/// its index); as [`many_timed`].
+pub fn many_pipelines(
+    model: &OnnxEncoder,
+    batches: &[Encoded],
+    programs: &[Option<&opscope::Pipeline>],
+    stage: opscope::activate::Stage,
+    opts: &AbOptions,
+) -> Result<ManyTimes> {
+    ensure!(!batches.is_empty(), "no batch to run: give the comparison at least one batch of input");
+    ensure!(programs.len() >= 2, "{} program(s): a comparison needs a baseline and at least one other", programs.len());
+    opts.validate()?;
+    // A dry run of every rewrite first: a pass error (a missing calibration table, a block that
+    // does not exist) would otherwise surface only when its scope closes, after the timing.
+    let options = rlx_runtime::CompileOptions::default();
+    for (k, p) in programs.iter().enumerate() {
+        if let Some(p) = p {
+            opscope::activate::rewrite(p, &model.graph, stage, &options, 0).map_err(|e| anyhow::anyhow!("program {k}: '{p}': {e}"))?;
+        }
+    }
+    std::thread::scope(|s| {
+        let mut gos = Vec::new();
+        let mut dones = Vec::new();
+        let mut workers = Vec::new();
+        for &p in programs {
+            let (go, rx) = std::sync::mpsc::sync_channel::<usize>(0);
+            let (tx, done) = std::sync::mpsc::sync_channel(0);
+            workers.push(s.spawn(move || worker(model, batches, p, stage, rx, tx)));
+            gos.push(go);
+            dones.push(done);
+        }
+        let mut calls: Vec<Box<dyn FnMut() -> Result<Duration> + '_>> = gos
+            .iter()
+            .zip(&dones)
+            .enumerate()
+            .map(|(k, (go, done))| {
+                let mut i = 0usize;
+                Box::new(move || -> Result<Duration> {
+                    let lost = || anyhow::anyhow!("program {k} stopped (its worker ended)");
+                    go.send(i).map_err(|_| lost())?;
+                    i += 1;
+                    done.recv().map_err(|_| lost())?
+                }) as Box<dyn FnMut() -> Result<Duration>>
+            })
+            .collect();
+        let mut refs: Vec<&mut dyn FnMut() -> Result<Duration>> = calls.iter_mut().map(|c| c.as_mut() as &mut dyn FnMut() -> Result<Duration>).collect();
+        let report = many_timed(&mut refs, opts);
+        drop(refs);
+        drop(calls);
+        drop((gos, dones));
+        // A worker's own error explains a lost hand-off better than the hand-off does.
+        for (k, w) in workers.into_iter().enumerate() {
+            w.join().map_err(|_| anyhow::anyhow!("program {k} panicked"))?.map_err(|e| e.context(format!("program {k}")))?;
+        }
+        report
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -189,6 +189,186 @@ pub fn brute_force(sites: &[Vec<Choice>], budget: u64) -> Result<Solution, Solve
     Ok(best.expect("the cheapest plan fits the budget"))
 }
 
+/// One option of one site under TWO budgets (bytes and time at once).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Choice2 {
+    /// First cost (bytes).
+    pub cost: u64,
+    /// Second cost (microseconds).
+    pub cost2: u64,
+    /// Error it adds (finite and >= 0).
+    pub error: f64,
+}
+
+/// An optimal plan under two budgets.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Solution2 {
+    /// Per site, the index of the option taken.
+    pub picks: Vec<usize>,
+    /// Summed first cost (<= its budget).
+    pub cost: u64,
+    /// Summed second cost (<= its budget).
+    pub cost2: u64,
+    /// Summed error, in site order.
+    pub error: f64,
+}
+
+/// Why no plan was returned under two budgets.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Solve2Error {
+    /// As [`SolveError`] for the instance itself (no options, a bad error), or the first budget
+    /// alone is infeasible.
+    Instance(SolveError),
+    /// The second budget alone is below the sum of each site's cheapest second cost.
+    Infeasible2 {
+        /// The second budget.
+        budget2: u64,
+        /// The smallest achievable second cost.
+        min_cost2: u64,
+    },
+    /// Each budget can be met alone, but no plan meets both.
+    Jointly {
+        /// The first budget.
+        budget: u64,
+        /// The second budget.
+        budget2: u64,
+    },
+}
+
+impl fmt::Display for Solve2Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Solve2Error::Instance(e) => e.fmt(f),
+            Solve2Error::Infeasible2 { budget2, min_cost2 } => write!(
+                f,
+                "no plan fits the second budget of {budget2}: the smallest achievable (the cheapest option at every site) is {min_cost2}; raise it to at least that"
+            ),
+            Solve2Error::Jointly { budget, budget2 } => write!(
+                f,
+                "each budget can be met alone, but no plan meets both {budget} and {budget2} at once: the plans small enough for the first cost too much of the second; raise either"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Solve2Error {}
+
+/// Solve the two-constraint MCKP exactly: minimise the summed error over one option per site
+/// subject to summed `cost <= budget` AND summed `cost2 <= budget2`. The same dynamic programme
+/// as [`solve`] with dominance in three dimensions (Kellerer et al. 2004, §9.7 on the
+/// multidimensional knapsack): a state is kept unless another has cost, cost2 and error all
+/// lower or equal. Pruning per site: states sorted by (cost, cost2, error); a staircase of
+/// (cost2 -> least error) over the states already kept answers "is there a kept state with
+/// cost2 <= mine and error <= mine" in O(log n). Exact; ties: smallest error, then smallest
+/// cost, then smallest cost2.
+///
+/// Errors: [`Solve2Error`].
+pub fn solve2(sites: &[Vec<Choice2>], budget: u64, budget2: u64) -> Result<Solution2, Solve2Error> {
+    let (min_cost, min_cost2) = validate2(sites)?;
+    if min_cost > budget {
+        return Err(Solve2Error::Instance(SolveError::Infeasible { budget, min_cost }));
+    }
+    if min_cost2 > budget2 {
+        return Err(Solve2Error::Infeasible2 { budget2, min_cost2 });
+    }
+    type State = (u64, u64, f64, usize, usize);
+    let mut frontiers: Vec<Vec<State>> = Vec::with_capacity(sites.len());
+    let mut prev: Vec<State> = vec![(0, 0, 0.0, usize::MAX, usize::MAX)];
+    for options in sites {
+        let mut next: Vec<State> = Vec::with_capacity(prev.len() * options.len());
+        for (p, &(c0, d0, e0, _, _)) in prev.iter().enumerate() {
+            for (o, ch) in options.iter().enumerate() {
+                let c = c0.checked_add(ch.cost).filter(|&c| c <= budget);
+                let d = d0.checked_add(ch.cost2).filter(|&d| d <= budget2);
+                if let (Some(c), Some(d)) = (c, d) {
+                    next.push((c, d, e0 + ch.error, p, o));
+                }
+            }
+        }
+        next.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.total_cmp(&b.2)));
+        let mut stair: std::collections::BTreeMap<u64, f64> = std::collections::BTreeMap::new();
+        let mut kept: Vec<State> = Vec::with_capacity(next.len());
+        for s in next {
+            // Every state in `stair` has cost <= s.0; dominated if one has cost2 <= s.1 and error <= s.2.
+            if stair.range(..=s.1).next_back().is_some_and(|(_, &e)| e <= s.2) {
+                continue;
+            }
+            let drop: Vec<u64> = stair.range(s.1..).take_while(|(_, &e)| e >= s.2).map(|(&k, _)| k).collect();
+            for k in drop {
+                stair.remove(&k);
+            }
+            stair.insert(s.1, s.2);
+            kept.push(s);
+        }
+        if kept.is_empty() {
+            return Err(Solve2Error::Jointly { budget, budget2 });
+        }
+        frontiers.push(kept.clone());
+        prev = kept;
+    }
+    let best = (0..prev.len())
+        .min_by(|&i, &j| prev[i].2.total_cmp(&prev[j].2).then(prev[i].0.cmp(&prev[j].0)).then(prev[i].1.cmp(&prev[j].1)))
+        .expect("non-empty frontier");
+    let (cost, cost2, error) = (prev[best].0, prev[best].1, prev[best].2);
+    let mut picks = vec![0; sites.len()];
+    let mut at = best;
+    for i in (0..sites.len()).rev() {
+        let (_, _, _, parent, option) = frontiers[i][at];
+        picks[i] = option;
+        at = parent;
+    }
+    Ok(Solution2 { picks, cost, cost2, error })
+}
+
+/// Check a two-cost instance; the cheapest totals of each cost (saturating).
+fn validate2(sites: &[Vec<Choice2>]) -> Result<(u64, u64), Solve2Error> {
+    let one: Vec<Vec<Choice>> = sites.iter().map(|o| o.iter().map(|c| Choice { cost: c.cost, error: c.error }).collect()).collect();
+    let min_cost = validate(&one).map_err(Solve2Error::Instance)?;
+    let min_cost2 = sites.iter().fold(0u64, |a, o| a.saturating_add(o.iter().map(|c| c.cost2).min().unwrap_or(0)));
+    Ok((min_cost, min_cost2))
+}
+
+/// The reference for [`solve2`]: every combination (exponential; tests and small instances).
+/// Same contract and tie rule.
+///
+/// Errors: as [`solve2`].
+pub fn brute_force2(sites: &[Vec<Choice2>], budget: u64, budget2: u64) -> Result<Solution2, Solve2Error> {
+    let (min_cost, min_cost2) = validate2(sites)?;
+    if min_cost > budget {
+        return Err(Solve2Error::Instance(SolveError::Infeasible { budget, min_cost }));
+    }
+    if min_cost2 > budget2 {
+        return Err(Solve2Error::Infeasible2 { budget2, min_cost2 });
+    }
+    let mut best: Option<Solution2> = None;
+    let mut picks = vec![0usize; sites.len()];
+    loop {
+        let (mut c, mut d, mut e) = (0u64, 0u64, 0.0f64);
+        for (s, &p) in picks.iter().enumerate() {
+            c = c.saturating_add(sites[s][p].cost);
+            d = d.saturating_add(sites[s][p].cost2);
+            e += sites[s][p].error;
+        }
+        let better = best.as_ref().is_none_or(|b| (e, c, d) < (b.error, b.cost, b.cost2));
+        if c <= budget && d <= budget2 && better {
+            best = Some(Solution2 { picks: picks.clone(), cost: c, cost2: d, error: e });
+        }
+        let mut i = 0;
+        while i < picks.len() {
+            picks[i] += 1;
+            if picks[i] < sites[i].len() {
+                break;
+            }
+            picks[i] = 0;
+            i += 1;
+        }
+        if i == picks.len() {
+            break;
+        }
+    }
+    best.ok_or(Solve2Error::Jointly { budget, budget2 })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

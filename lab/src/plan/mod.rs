@@ -198,6 +198,14 @@ pub struct Cell {
     pub bytes: u64,
     /// Embedding NSR against fp32 with only this site changed (0 for fp32).
     pub nsr: f64,
+    /// Extra time of this option at this site alone over the untapped model, microseconds per
+    /// run of one batch: `max(0, round(time_raw_us))` (0 for fp32). Only with a time budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_us: Option<u64>,
+    /// The measured median paired difference before clamping, microseconds (negative: the
+    /// option ran faster than untapped in that sitting, within noise for fake-quant on this CPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_raw_us: Option<f64>,
 }
 
 /// One site of the plan.
@@ -231,6 +239,15 @@ pub struct Plan {
     pub predicted_nsr: f64,
     /// The chosen plan as one pipeline (empty when every site stays fp32).
     pub pipeline: String,
+    /// The time budget, microseconds of extra time per batch over the planned sites (when given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_budget_us: Option<u64>,
+    /// The chosen plan's summed extra time, microseconds (when the table has times).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan_time_us: Option<u64>,
+    /// How the time column was measured (when it was).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_method: Option<String>,
     /// Per site, in execution order.
     pub sites: Vec<SitePlan>,
 }
@@ -244,23 +261,121 @@ impl Plan {
         self.sites.iter().map(|s| s.cells.iter().map(|c| mckp::Choice { cost: c.bytes, error: c.nsr }).collect()).collect()
     }
 
+    /// The MCKP instance under a time budget: per site, (time_us, nsr) per option.
+    ///
+    /// Errors: a cell has no time (the table was measured without a time budget).
+    pub fn instance_time(&self) -> Result<Vec<Vec<mckp::Choice>>> {
+        self.sites
+            .iter()
+            .map(|s| s.cells.iter().map(|c| Ok(mckp::Choice { cost: c.time_us.with_context(|| format!("site {}, option {}: no measured time", s.weight.site, c.option))?, error: c.nsr })).collect())
+            .collect()
+    }
+
     /// Solve the table under `budget` and fill in the choice, bytes, prediction and pipeline.
     ///
     /// Errors: no plan fits (the smallest achievable byte count named).
     pub fn choose(&mut self, budget: u64) -> Result<()> {
-        let sol = mckp::solve(&self.instance(), budget).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let sol = mckp::solve(&self.instance(), budget).map_err(|e| anyhow::anyhow!("byte budget: {e}"))?;
         self.budget_bytes = budget;
-        self.plan_bytes = sol.cost;
-        self.predicted_nsr = sol.error;
+        self.time_budget_us = None;
+        self.take(&sol.picks, sol.error);
+        Ok(())
+    }
+
+    /// Solve the table under a time budget alone (microseconds of extra time over the planned
+    /// sites), no byte limit. fp32 costs 0 us and 0 error, so with fake-quant options (which
+    /// only add time on this CPU) the optimum is fp32 everywhere; a time budget bites together
+    /// with a byte budget ([`Plan::choose_both`]) or with options that save time.
+    ///
+    /// Errors: the table has no times; no plan fits.
+    pub fn choose_time(&mut self, budget_us: u64) -> Result<()> {
+        let sol = mckp::solve(&self.instance_time()?, budget_us).map_err(|e| anyhow::anyhow!("time budget (us): {e}"))?;
+        self.budget_bytes = self.fp32_bytes;
+        self.time_budget_us = Some(budget_us);
+        self.take(&sol.picks, sol.error);
+        Ok(())
+    }
+
+    /// Solve under a byte budget AND a time budget at once ([`mckp::solve2`]).
+    ///
+    /// Errors: the table has no times; no plan fits one budget, or both at once.
+    pub fn choose_both(&mut self, budget_bytes: u64, budget_us: u64) -> Result<()> {
+        let times = self.instance_time()?;
+        let inst: Vec<Vec<mckp::Choice2>> = self
+            .instance()
+            .iter()
+            .zip(&times)
+            .map(|(b, t)| b.iter().zip(t).map(|(b, t)| mckp::Choice2 { cost: b.cost, cost2: t.cost, error: b.error }).collect())
+            .collect();
+        let sol = mckp::solve2(&inst, budget_bytes, budget_us).map_err(|e| anyhow::anyhow!("byte budget {budget_bytes} B and time budget {budget_us} us: {e}"))?;
+        self.budget_bytes = budget_bytes;
+        self.time_budget_us = Some(budget_us);
+        self.take(&sol.picks, sol.error);
+        Ok(())
+    }
+
+    /// Record `picks` (one option index per site) as the choice.
+    fn take(&mut self, picks: &[usize], error: f64) {
+        self.plan_bytes = self.sites.iter().zip(picks).map(|(s, &p)| s.cells[p].bytes).sum();
+        self.plan_time_us = self.sites.iter().zip(picks).map(|(s, &p)| s.cells[p].time_us).sum();
+        self.predicted_nsr = error;
         let mut parts = Vec::new();
-        for (s, &pick) in self.sites.iter_mut().zip(&sol.picks) {
+        for (s, &pick) in self.sites.iter_mut().zip(picks) {
             s.chosen = s.cells[pick].option.clone();
             if let Some(o) = self.options.iter().find(|o| o.name == s.chosen) {
                 parts.push(o.pipeline_for(&s.weight.site));
             }
         }
         self.pipeline = parts.join(",");
-        Ok(())
+    }
+
+    /// Measure the time column: every option at every site alone against the untapped model in
+    /// ONE sitting ([`crate::timing::many_pipelines`], rounds interleaved), each cell's extra time
+    /// the median over rounds of the paired difference, in microseconds, clamped at 0 (the raw
+    /// value kept in [`Cell::time_raw_us`]). Returns the cells that were negative before
+    /// clamping, as `(site, option, raw us)`.
+    ///
+    /// Errors: a template does not parse; as [`crate::timing::many_pipelines`].
+    pub fn measure_times(
+        &mut self,
+        model: &crate::model::OnnxEncoder,
+        batches: &[crate::model::Encoded],
+        opts: &crate::timing::AbOptions,
+    ) -> Result<Vec<(String, String, f64)>> {
+        let mut parsed = Vec::new();
+        let mut at = Vec::new();
+        for (i, s) in self.sites.iter().enumerate() {
+            for (j, c) in s.cells.iter().enumerate().skip(1) {
+                let o = self.options.iter().find(|o| o.name == c.option).with_context(|| format!("option {} is not in the plan's options", c.option))?;
+                parsed.push(Pipeline::parse(&o.pipeline_for(&s.weight.site)).with_context(|| format!("--option {} at {}", o.name, s.weight.site))?);
+                at.push((i, j));
+            }
+        }
+        let mut programs: Vec<Option<&Pipeline>> = vec![None];
+        programs.extend(parsed.iter().map(Some));
+        let times = crate::timing::many_pipelines(model, batches, &programs, Stage::Deployed, opts)?;
+        let mut negative = Vec::new();
+        for s in &mut self.sites {
+            s.cells[0].time_us = Some(0);
+            s.cells[0].time_raw_us = Some(0.0);
+        }
+        for (k, &(i, j)) in at.iter().enumerate() {
+            let raw = times.median_extra_us(k + 1)?;
+            let site = &mut self.sites[i];
+            let cell = &mut site.cells[j];
+            if raw < 0.0 {
+                negative.push((site.weight.site.clone(), cell.option.clone(), raw));
+            }
+            cell.time_raw_us = Some(raw);
+            cell.time_us = Some(raw.max(0.0).round() as u64);
+        }
+        self.time_method = Some(format!(
+            "extra time per batch of {} x {} tokens: every (site, option) program and the untapped model in one sitting, {} interleaved rounds (order reversed every other round), median over rounds of the paired difference, us, negatives clamped to 0",
+            model.batch,
+            model.seq,
+            times.times[0].len()
+        ));
+        Ok(negative)
     }
 
     /// Read a plan written by `opscope plan`.
@@ -312,7 +427,7 @@ pub fn measure_table(
     let mut out = Vec::new();
     let mut done = 1;
     for w in sites {
-        let mut cells = vec![Cell { option: FP32.into(), bytes: 4 * w.k * w.n, nsr: 0.0 }];
+        let mut cells = vec![Cell { option: FP32.into(), bytes: 4 * w.k * w.n, nsr: 0.0, time_us: None, time_raw_us: None }];
         for o in options {
             let text = o.pipeline_for(&w.site);
             progress(done, total, &format!("{} at {}", o.name, short_all(&w.site)));
@@ -320,7 +435,7 @@ pub fn measure_table(
             let bytes = option_bytes(o, w)?;
             let (q, _, manifests) = embed(job, &p)?;
             check_actuated(&manifests, &w.site, &format!("--option {}", o.name))?;
-            cells.push(Cell { option: o.name.clone(), bytes, nsr: nsr(&fp32, &q) });
+            cells.push(Cell { option: o.name.clone(), bytes, nsr: nsr(&fp32, &q), time_us: None, time_raw_us: None });
             done += 1;
         }
         out.push(SitePlan { weight: w.clone(), cells, chosen: FP32.into() });
@@ -335,6 +450,9 @@ pub fn measure_table(
         plan_bytes: fp32_bytes,
         predicted_nsr: 0.0,
         pipeline: String::new(),
+        time_budget_us: None,
+        plan_time_us: None,
+        time_method: None,
         sites: out,
     })
 }
@@ -406,10 +524,25 @@ impl Plan {
             self.predicted_nsr,
             -10.0 * self.predicted_nsr.log10(),
         );
+        if let (Some(t), Some(b)) = (self.plan_time_us, self.time_budget_us) {
+            s.insert_str(s.len() - 2, &format!("; time budget {b} us, plan +{t} us per batch"));
+        } else if let Some(t) = self.plan_time_us {
+            s.insert_str(s.len() - 2, &format!("; plan +{t} us per batch"));
+        }
+        let timed = self.sites.iter().all(|s| s.cells.iter().all(|c| c.time_us.is_some()));
         let names: Vec<String> = self.sites.first().map(|f| f.cells.iter().map(|c| c.option.clone()).collect()).unwrap_or_default();
-        s.push_str(&format!("| site | K x N | {} | chosen |\n|---|---|{}---|\n", names.iter().map(|n| format!("{n} B / NSR")).collect::<Vec<_>>().join(" | "), "---|".repeat(names.len())));
+        let unit = if timed { "B / NSR / +us" } else { "B / NSR" };
+        s.push_str(&format!("| site | K x N | {} | chosen |\n|---|---|{}---|\n", names.iter().map(|n| format!("{n} {unit}")).collect::<Vec<_>>().join(" | "), "---|".repeat(names.len())));
         for site in &self.sites {
-            let cells: Vec<String> = site.cells.iter().map(|c| format!("{} / {:.2e}", c.bytes, c.nsr)).collect();
+            let cells: Vec<String> = site
+                .cells
+                .iter()
+                .map(|c| match (timed, c.time_raw_us) {
+                    (true, Some(r)) if r < 0.0 => format!("{} / {:.2e} / 0 ({r:.0})", c.bytes, c.nsr),
+                    (true, _) => format!("{} / {:.2e} / {}", c.bytes, c.nsr, c.time_us.unwrap_or(0)),
+                    _ => format!("{} / {:.2e}", c.bytes, c.nsr),
+                })
+                .collect();
             s.push_str(&format!("| {} | {}x{} | {} | {} |\n", short_all(&site.weight.site), site.weight.k, site.weight.n, cells.join(" | "), site.chosen));
         }
         let mut counts: BTreeMap<&str, usize> = BTreeMap::new();

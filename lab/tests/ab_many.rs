@@ -50,10 +50,11 @@ fn one_row_per_pipeline_with_an_a_a_floor_and_accuracy() {
         assert_eq!(rep["pairs"].as_u64().unwrap(), rounds, "every row comes from the same rounds");
         assert!(rep["kept"].as_u64().unwrap() >= 10);
     }
-    // Two untapped rows: the built-in A/A and the user's '' (wide bound: not a timing test).
+    // Two untapped rows: the built-in A/A and the user's ''. Their time ratio is not asserted
+    // (a timed assertion fails under load; the benches report time).
     for k in [0, 2] {
         let ratio = rows[k]["report"]["ratio"].as_f64().unwrap();
-        assert!((0.67..=1.5).contains(&ratio), "untapped vs untapped {ratio}");
+        assert!(ratio.is_finite() && ratio > 0.0, "untapped vs untapped {ratio}");
         assert_eq!(rows[k]["cos_mean"].as_f64().unwrap(), 1.0);
         assert!(rows[k]["sqnr_db"].is_null(), "identical embeddings: infinite SQNR, written null");
     }

@@ -42,6 +42,7 @@ pub mod analysis;
 pub mod error;
 pub mod manifest;
 pub mod mine;
+pub mod params;
 pub mod pass;
 pub mod pipeline;
 pub mod record;

@@ -74,6 +74,15 @@ pub enum Error {
     /// exist).
     #[error("{0}")]
     Graph(String),
+    /// A calibration table a pass reads (`staticquant{table=..}`) is missing, is not a table,
+    /// or lacks a tensor the graph needs.
+    #[error("calibration table {path}: {why}")]
+    Table {
+        /// The table file.
+        path: PathBuf,
+        /// What is wrong, and the fix.
+        why: String,
+    },
     /// A bug in opscope.
     #[error("opscope internal error: {0}")]
     Internal(String),

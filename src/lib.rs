@@ -41,6 +41,7 @@ pub mod activate;
 pub mod analysis;
 pub mod error;
 pub mod manifest;
+pub mod memo;
 pub mod mine;
 pub mod params;
 pub mod pass;

@@ -333,6 +333,21 @@ impl Pipeline {
         tag: u32,
         device: rlx_runtime::Device,
     ) -> Result<(Graph, Manifest), Error> {
+        let (g, m, _) = self.apply_mapped(graph, source, tag, device)?;
+        Ok((g, m))
+    }
+
+    /// [`Pipeline::apply_on`], also returning where each node of `graph` is in the rewritten
+    /// graph (entry `i`: the new id of node `i`; `None` when an actuation removed it as dead).
+    ///
+    /// Errors: as [`Pipeline::apply`].
+    pub fn apply_mapped(
+        &self,
+        graph: &Graph,
+        source: Option<&Graph>,
+        tag: u32,
+        device: rlx_runtime::Device,
+    ) -> Result<(Graph, Manifest, Vec<Option<rlx_ir::NodeId>>), Error> {
         crate::sketch::register_kernels();
         let mut rw = Rewrite::new(graph, source, self.to_string(), tag);
         rw.set_native_kernel(crate::sketch::lower::native_kernel(device));
@@ -340,6 +355,6 @@ impl Pipeline {
             rw.begin_pass(i, p.pass.name());
             p.pass.run(&p.options, &mut rw)?;
         }
-        Ok(rw.finish())
+        Ok(rw.finish_mapped())
     }
 }

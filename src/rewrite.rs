@@ -441,7 +441,17 @@ impl Rewrite {
     /// RLX (which runs nodes in index order) computes a sketch while its tensor is still in
     /// cache and frees the tensor at its last real use, instead of keeping every tapped tensor
     /// alive to the end of the run. Node ids in the manifest are renumbered.
-    pub fn finish(mut self) -> (Graph, Manifest) {
+    pub fn finish(self) -> (Graph, Manifest) {
+        let (g, m, _) = self.finish_mapped();
+        (g, m)
+    }
+
+    /// [`Rewrite::finish`], also returning where each node of the graph given to
+    /// [`Rewrite::new`] is in the finished graph: entry `i` is the new id of original node `i`,
+    /// `None` when an actuation made it dead and it was removed. Used to compare a rewritten
+    /// program with the original node by node (`opscope parity --pipeline`).
+    pub fn finish_mapped(mut self) -> (Graph, Manifest, Vec<Option<NodeId>>) {
+        let original = self.live.len();
         let user_outputs = self.manifest.user_outputs;
         let (graph, first) = if self.restructured {
             let (g, m) = rebuild(&self.graph);
@@ -470,7 +480,8 @@ impl Rewrite {
         for a in &mut m.actuations {
             a.node = to_new(a.node);
         }
-        (graph, self.manifest)
+        let map = (0..original as u32).map(|old| Some(to_new(old)).filter(|&v| v != u32::MAX).map(NodeId)).collect();
+        (graph, self.manifest, map)
     }
 }
 

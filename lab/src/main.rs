@@ -13,6 +13,9 @@ use opscope_lab::output::Output;
 use opscope_lab::summary::SummarySink;
 use opscope::Pipeline;
 
+mod plan_cmd;
+use plan_cmd::{measure_plan, plan, PlanArgs};
+
 #[derive(Parser)]
 #[command(name = "opscope", version, about = "Record what flows through an RLX model's op sites")]
 struct Cli {
@@ -54,9 +57,14 @@ enum Cmd {
     /// `sites=[..]` (as `record` prints them; the full ONNX names work too), op, roles, shape.
     Sites(SitesArgs),
     /// Check an ONNX encoder as RLX compiles it against the same graph run op by op, on one batch
-    /// of text: per output the max difference and ULPs; if an output diverges, the first node
-    /// that does (each node exposed alone, in execution order).
+    /// of text: per output the max difference and ULPs; if an output diverges, the node where it
+    /// starts (bisection, or each node in execution order). `--pipeline` compares a rewrite or a
+    /// tap pipeline against the original program node by node.
     Parity(ParityArgs),
+    /// A memo guard (content-hash LRU cache of the model's outputs, verified byte for byte) over a
+    /// replay of a pool of batches: the hit rate a recording of the replay predicts against the
+    /// guard's measured hits, outputs against unguarded runs, and time (interleaved).
+    Memo(MemoArgs),
     /// Cost of the deployed (fused) graph: per op kind and top sites, FLOPs, bytes moved,
     /// arithmetic intensity and roofline class against a ridge point measured in this process
     /// (copy bandwidth and GEMM peak through RLX on the CPU); the GEMM shapes RLX runs.
@@ -77,6 +85,12 @@ enum Cmd {
     /// by Weisfeiler-Lehman colours, grown as disjoint occurrences, each confirmed isomorphic
     /// (petgraph VF2); ranked by the ops they cover. Without running the model.
     Blocks(BlocksArgs),
+    /// Choose one option per matmul weight site (fp32 or a pipeline template such as int8 /
+    /// int4 fake-quant) minimising the measured embedding error (noise-to-signal power, 1/SQNR)
+    /// under a budget of weight bytes: each option measured end to end at each site alone, then
+    /// an exact multiple-choice knapsack. Writes the table and the plan as JSON
+    /// (`opscope measure --plan` applies it).
+    Plan(PlanArgs),
 }
 
 #[derive(clap::Args)]
@@ -237,6 +251,15 @@ struct ParityArgs {
     /// `--features gpu`); the reference runs op by op on the CPU, so this compares two backends.
     #[arg(long, default_value = "cpu")]
     device: rlx_runtime::Device,
+    /// How to search for the divergent node: `bisect` (O(log n) compiles, checked at the node
+    /// found: its operands agree) or `linear` (every node in execution order).
+    #[arg(long, value_enum, default_value = "bisect")]
+    search: opscope_lab::parity::Search,
+    /// Compare a rewrite against the original: the candidate is the deployed graph rewritten by
+    /// this opscope pipeline (a tap pipeline: tapped against untapped, which must agree to 0
+    /// ULPs; an actuation such as `fakequant`: the node where it first changes a value).
+    #[arg(long)]
+    pipeline: Option<String>,
 }
 
 fn parity(a: ParityArgs) -> Result<()> {
@@ -253,13 +276,70 @@ fn parity(a: ParityArgs) -> Result<()> {
     let enc = opscope_lab::model::TextEncoder::load(&a.tokenizer, a.seq as usize)?.encode(&entries)?;
     let mut input = model.parity_input(&enc)?;
     input.device = a.device;
-    let report = opscope_lab::parity::check(&input, opscope_lab::parity::Tolerance { rtol: a.rtol, atol: a.atol })?;
+    let pipeline = a.pipeline.as_deref().map(|p| p.parse::<opscope::Pipeline>().with_context(|| format!("--pipeline '{p}'"))).transpose()?;
+    let how = opscope_lab::parity::Check { tol: opscope_lab::parity::Tolerance { rtol: a.rtol, atol: a.atol }, search: a.search, pipeline };
+    let report = opscope_lab::parity::check_with(&input, &how)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", opscope_lab::parity::render(&report));
     }
     Ok(())
+}
+
+#[derive(clap::Args)]
+struct MemoArgs {
+    /// ONNX model.
+    #[arg(long)]
+    onnx: PathBuf,
+    /// tokenizer.json.
+    #[arg(long)]
+    tokenizer: PathBuf,
+    /// Text file; the first `--pool` x `--batch` entries make the pool.
+    #[arg(long)]
+    text: PathBuf,
+    /// Sentences per batch.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    batch: u32,
+    /// Tokens per sentence.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(2..=512))]
+    seq: u32,
+    /// Distinct batches in the pool.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10000))]
+    pool: u32,
+    /// Runs replayed (each batch of the pool at least once).
+    #[arg(long, default_value_t = 64)]
+    runs: u32,
+    /// Guard capacity in entries (default: the pool).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    capacity: Option<u32>,
+    /// Seed of the replay order.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Also write the report as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn memo(a: MemoArgs) -> Result<()> {
+    let (pool, runs) = (a.pool as usize, a.runs as usize);
+    let order = opscope_lab::memo::replay_order(pool, runs, a.seed)?;
+    let text = std::fs::read_to_string(&a.text).with_context(|| format!("reading {}", a.text.display()))?;
+    let entries = split_entries(&text);
+    let need = pool * a.batch as usize;
+    if entries.len() < need {
+        anyhow::bail!("{} holds {} entries; --pool {} x --batch {} needs {need}", a.text.display(), entries.len(), a.pool, a.batch);
+    }
+    if let Some(j) = &a.json {
+        opscope_lab::output::check(j, &[a.onnx.as_path(), a.tokenizer.as_path(), a.text.as_path()], opscope_lab::output::Output::Json, false)?;
+    }
+    let model = opscope_lab::model::OnnxEncoder::load(&a.onnx, a.batch as usize, a.seq as usize)?;
+    let tok = opscope_lab::model::TextEncoder::load(&a.tokenizer, a.seq as usize)?;
+    let batches = entries[..need].chunks(a.batch as usize).map(|c| tok.encode(c)).collect::<Result<Vec<_>>>()?;
+    let capacity = std::num::NonZeroUsize::new(a.capacity.unwrap_or(a.pool) as usize).expect("capacity >= 1");
+    let report = opscope_lab::memo::replay(&model, &batches, &order, capacity)?;
+    write_json(a.json.as_deref(), &report, "the memo report")?;
+    emit(&report.text())
 }
 
 fn blocks(a: BlocksArgs) -> Result<()> {
@@ -355,6 +435,21 @@ struct AbArgs {
 /// Batches `ab` cycles through (pair i runs batch i mod this on both sides).
 const AB_BATCHES: usize = 16;
 
+/// The model and the batches `opscope ab` times: at most [`AB_BATCHES`] full batches of the
+/// corpus's entries (a batch is shrunk to the entry count when fewer entries exist).
+///
+/// Errors: the corpus's files cannot be read or tokenized, or the model cannot be loaded.
+fn ab_inputs(c: &Corpus) -> Result<(opscope_lab::model::OnnxEncoder, Vec<opscope_lab::model::Encoded>)> {
+    let (tok, _) = c.text_files()?;
+    let mut entries = c.entries()?;
+    let batch = (c.batch as usize).min(entries.len());
+    entries.truncate((entries.len() / batch).min(AB_BATCHES) * batch);
+    let text = opscope_lab::model::TextEncoder::load(tok, c.seq as usize)?;
+    let batches = entries.chunks(batch).map(|b| text.encode(b)).collect::<Result<Vec<_>>>()?;
+    let model = opscope_lab::model::OnnxEncoder::load(c.onnx()?, batch, c.seq as usize)?;
+    Ok((model, batches))
+}
+
 fn ab(a: AbArgs) -> Result<()> {
     let c = &a.corpus;
     if let Some(path) = &a.json {
@@ -377,22 +472,16 @@ fn ab(a: AbArgs) -> Result<()> {
         seed: a.seed,
     };
     opts.validate()?;
-    let (tok, _) = c.text_files()?;
-    let mut entries = c.entries()?;
-    let batch = (c.batch as usize).min(entries.len());
-    entries.truncate((entries.len() / batch).min(AB_BATCHES) * batch);
-    let text = opscope_lab::model::TextEncoder::load(tok, c.seq as usize)?;
-    let batches = entries.chunks(batch).map(|b| text.encode(b)).collect::<Result<Vec<_>>>()?;
-    let model = opscope_lab::model::OnnxEncoder::load(c.onnx()?, batch, c.seq as usize)?;
+    let (model, batches) = ab_inputs(c)?;
     let bar = ProgressBar::new_spinner();
     bar.set_message(format!("timing A '{}' against B '{}'", a.a, a.b));
     let r = opscope_lab::timing::ab_pipelines(&model, &batches, pa.as_ref(), pb.as_ref(), a.stage, &opts);
     bar.finish_and_clear();
     let r = r?;
-    let doc = serde_json::json!({ "onnx": c.onnx, "a": a.a, "b": a.b, "batch": batch, "seq": c.seq, "batches": batches.len(), "report": r });
+    let doc = serde_json::json!({ "onnx": c.onnx, "a": a.a, "b": a.b, "batch": model.batch, "seq": c.seq, "batches": batches.len(), "report": r });
     write_json(a.json.as_deref(), &doc, "the comparison")?;
     let name = |p: &str| if p.trim().is_empty() { "untapped".to_string() } else { format!("'{p}'") };
-    let mut out = format!("A = {}, B = {} ({} x {} tokens, {} batches cycled)\n{}\n", name(&a.a), name(&a.b), batch, c.seq, batches.len(), r.line());
+    let mut out = format!("A = {}, B = {} ({} x {} tokens, {} batches cycled)\n{}\n", name(&a.a), name(&a.b), model.batch, c.seq, batches.len(), r.line());
     let o = |x: &opscope_lab::timing::Outliers| format!("{} low / {} high severe (dropped), {} low / {} high mild (kept)", x.low_severe, x.high_severe, x.low_mild, x.high_mild);
     out.push_str(&format!("outliers A: {}\noutliers B: {}\n", o(&r.outliers_a), o(&r.outliers_b)));
     out.push_str(&format!(
@@ -555,6 +644,14 @@ struct MeasureArgs {
     /// more), e.g. `smoothquant{alpha=0.5},fakequant{scope=tensor,weights=true}`.
     #[arg(long, value_name = "PIPELINE")]
     also: Vec<String>,
+    /// With --onnx: instead of the standard measurements, apply a plan written by `opscope plan`
+    /// and report its embedding cosine, SQNR and joint error beside the plan's prediction, and
+    /// its time against fp32 (interleaved, as `opscope ab`).
+    #[arg(long, conflicts_with_all = ["also", "gguf"])]
+    plan: Option<PathBuf>,
+    /// With --plan: time budget of the interleaved timing, ms (0: no timing).
+    #[arg(long, default_value_t = 3000, requires = "plan")]
+    time_budget_ms: u64,
 }
 
 fn measure(a: MeasureArgs) -> Result<()> {
@@ -581,6 +678,9 @@ fn measure(a: MeasureArgs) -> Result<()> {
         bar.finish_and_clear();
         write_json(a.json.as_deref(), &m, "the measurement")?;
         return emit(&m.markdown());
+    }
+    if let Some(plan) = &a.plan {
+        return measure_plan(c, plan, a.time_budget_ms, a.json.as_deref());
     }
     let job = Job::new(c.onnx()?, c.text_files()?.0, c.entries()?, c.batch as usize, c.seq as usize)?;
     let bar = ProgressBar::new_spinner();
@@ -1394,11 +1494,13 @@ fn main() -> ExitCode {
         Cmd::Measure(a) => measure(a),
         Cmd::Sites(a) => sites(a),
         Cmd::Parity(a) => parity(a),
+        Cmd::Memo(a) => memo(a),
         Cmd::Cost(a) => cost(a),
         Cmd::Calibrate(a) => calibrate(a),
         Cmd::Ab(a) => ab(a),
         Cmd::Time(a) => time(a),
         Cmd::Blocks(a) => blocks(a),
+        Cmd::Plan(a) => plan(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

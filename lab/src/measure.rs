@@ -105,7 +105,7 @@ pub struct Measurement {
 /// Run the corpus under `pipeline` (observing the deployed program): sentence embeddings
 /// (`[sentences][hidden]`, the model's last output), the recorded rows and the manifests of the
 /// compiles.
-fn embed(job: &Job, pipeline: &Pipeline) -> Result<(Vec<Vec<f32>>, Vec<Row>, Vec<opscope::Manifest>)> {
+pub fn embed(job: &Job, pipeline: &Pipeline) -> Result<(Vec<Vec<f32>>, Vec<Row>, Vec<opscope::Manifest>)> {
     let sink = MemorySink::default();
     let mut emb = Vec::new();
     job.run(pipeline, Stage::Deployed, Box::new(sink.clone()), |sentences, outs| {
@@ -129,7 +129,7 @@ fn cos(a: &[f32], b: &[f32]) -> f64 {
 }
 
 /// (mean cos, min cos, SQNR dB) of `got` against `want`.
-fn compare(want: &[Vec<f32>], got: &[Vec<f32>]) -> (f64, f64, f64) {
+pub fn compare(want: &[Vec<f32>], got: &[Vec<f32>]) -> (f64, f64, f64) {
     let c: Vec<f64> = want.iter().zip(got).map(|(a, b)| cos(a, b)).collect();
     let (mut s, mut n) = (0f64, 0f64);
     for (a, b) in want.iter().zip(got) {

@@ -292,6 +292,17 @@ impl OnnxEncoder {
         Ok(crate::parity::ParityInput { graph: self.graph.clone(), params, inputs, options: CompileOptions::default(), device: rlx_runtime::Device::Cpu })
     }
 
+    /// One batch's inputs as `run_typed` takes them: (name, little-endian bytes, dtype), in the
+    /// model's input order.
+    ///
+    /// Errors: the batch does not fit the graph's `[batch, seq]`.
+    pub fn inputs(&self, enc: &Encoded) -> Result<Vec<(String, Vec<u8>, DType)>> {
+        if enc.ids.len() != self.batch * self.seq {
+            bail!("batch holds {} ids, graph expects {}x{}", enc.ids.len(), self.batch, self.seq);
+        }
+        self.feeds.iter().map(|f| Ok((f.name.clone(), f.bytes(enc, self.seq)?, f.dtype))).collect()
+    }
+
     /// Run one batch; returns the model's outputs as (little-endian bytes, dtype), in graph
     /// output order (see [`decode`]).
     pub fn run(&self, compiled: &mut CompiledGraph, enc: &Encoded) -> Result<Vec<(Vec<u8>, DType)>> {

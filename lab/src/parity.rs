@@ -10,6 +10,23 @@
 //! a wrong in-place read) still shows at that node; a fault that exposing the node itself hides
 //! is reported as "outputs differ, no single node diverges".
 //!
+//! **Search.** The scan in execution order compiles the program once per node up to the first
+//! divergent one. Bisection ([`Search::Bisect`], the default) compiles it O(log n) times: among
+//! the ancestors of a divergent output, in execution order, it finds by binary search the
+//! earliest node that diverges when exposed, assuming a divergence propagates to what reads it.
+//! That assumption is then checked, not trusted: every operand of the node found is exposed, and
+//! if one diverges the search restarts among that operand's ancestors. It ends at a node whose
+//! operands all agree with the reference and whose own value does not: the fault is in that
+//! node, whatever order the divergences appeared in (with several independent faults, it finds
+//! one of them; the linear scan finds the earliest in execution order).
+//!
+//! **A rewrite against the original.** With a pipeline ([`Check::pipeline`]) the candidate is
+//! the deployed graph rewritten by opscope (a tap pipeline: tapped against untapped, where every
+//! caller output and node must agree to 0 ULPs; an actuation: where the rewrite first changes
+//! a value beyond the tolerance). The reference stays the original deployed graph op by op;
+//! nodes are matched through the rewrite's node map ([`opscope::Pipeline::apply_mapped`]), and
+//! a node an actuation removed is not compared.
+//!
 //! Distances: the absolute difference, and the distance in units in the last place (ULPs) of
 //! f32 (adjacent floats differ by 1; +0 and -0 by 0). A node diverges when
 //! `max |cand - ref| > atol + rtol * max |ref|` (a tensor-level `numpy.allclose`); defaults
@@ -57,6 +74,36 @@ impl Default for Tolerance {
     }
 }
 
+/// How the divergent node is searched for (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Search {
+    /// Every node in execution order up to the first that diverges (one compile per node).
+    Linear,
+    /// Binary search over the ancestors of a divergent output, checked at the node found
+    /// (O(log n) compiles on a chain).
+    Bisect,
+}
+
+/// What a parity check compares, beyond its input.
+#[derive(Debug, Clone)]
+pub struct Check {
+    /// Tolerance.
+    pub tol: Tolerance,
+    /// Search for the divergent node.
+    pub search: Search,
+    /// An opscope pipeline applied to the deployed graph to make the candidate (a rewrite or a
+    /// tap against the original program); `None`: the program as RLX compiles it.
+    pub pipeline: Option<opscope::Pipeline>,
+}
+
+impl Check {
+    /// The default search ([`Search::Bisect`]) and no pipeline, at `tol`.
+    pub fn new(tol: Tolerance) -> Check {
+        Check { tol, search: Search::Bisect, pipeline: None }
+    }
+}
+
 /// One compared tensor.
 #[derive(Debug, Clone, Serialize)]
 pub struct Compared {
@@ -91,9 +138,14 @@ pub struct ParityReport {
     pub tolerance: Tolerance,
     /// The caller's outputs: candidate against the op-by-op reference.
     pub outputs: Vec<Compared>,
-    /// Nodes scanned (in execution order) when an output diverged, up to the first divergent.
+    /// The pipeline that rewrote the candidate, if any.
+    pub pipeline: Option<String>,
+    /// How the divergent node was searched for.
+    pub search: Search,
+    /// Nodes exposed when an output diverged, in the order they were compiled and compared.
     pub scanned: Vec<Compared>,
-    /// The first node that diverges, if the scan found one.
+    /// The divergent node the search ended at: with [`Search::Linear`] the first in execution
+    /// order; with [`Search::Bisect`] one whose operands all agree with the reference.
     pub first_divergent: Option<Compared>,
 }
 
@@ -245,24 +297,47 @@ fn reference(g: &Graph, input: &ParityInput, params: &HashMap<&str, &Typed>) -> 
     Ok(out)
 }
 
+/// Run the parity check (see the module docs) with the default search and no pipeline.
+///
+/// Errors: as [`check_with`].
+pub fn check(input: &ParityInput, tol: Tolerance) -> Result<ParityReport> {
+    check_with(input, &Check::new(tol))
+}
+
 /// Run the parity check (see the module docs).
 ///
-/// Errors: an input or parameter of the graph has no value; a node's candidate and reference
-/// differ in dtype or length; a dtype other than F32, F64, I32 or I64 is compared.
-pub fn check(input: &ParityInput, tol: Tolerance) -> Result<ParityReport> {
+/// Errors: an input or parameter of the graph has no value; the pipeline fails on the graph or
+/// changes the caller's outputs' count; a node's candidate and reference differ in dtype or
+/// length; a dtype other than F32, F64, I32 or I64 is compared.
+pub fn check_with(input: &ParityInput, how: &Check) -> Result<ParityReport> {
+    let tol = how.tol;
     let params: HashMap<&str, &Typed> = input.params.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let deployed = opscope::activate::fuse(&input.graph, input.device, &input.options);
     let reference = reference(&deployed, input, &params)?;
+    // The candidate graph and where each deployed node is in it.
+    let (cand_graph, map): (Graph, Vec<Option<NodeId>>) = match &how.pipeline {
+        None => (deployed.clone(), deployed.nodes().iter().map(|n| Some(n.id)).collect()),
+        Some(p) => {
+            let (g, _manifest, map) = p
+                .apply_mapped(&deployed, Some(&input.graph), 0, input.device)
+                .with_context(|| format!("applying pipeline '{p}' to the deployed graph"))?;
+            if g.outputs.len() < deployed.outputs.len() {
+                bail!("pipeline '{p}' left {} outputs of the caller's {}", g.outputs.len(), deployed.outputs.len());
+            }
+            (g, map)
+        }
+    };
     let session = Session::new(input.device);
-    let mut cand = compile(&session, input.graph.clone(), &input.options, &params);
+    let user = deployed.outputs.len();
+    let mut cand = compile(&session, cand_graph.clone(), &input.options, &params);
     let outs = run(&mut cand, &input.inputs);
-    if outs.len() != deployed.outputs.len() {
-        bail!("the program gave {} outputs, its deployed graph lists {}", outs.len(), deployed.outputs.len());
+    if outs.len() < user {
+        bail!("the program gave {} outputs, its deployed graph lists {user}", outs.len());
     }
     let outputs = deployed
         .outputs
         .iter()
-        .zip(&outs)
+        .zip(&outs[..user])
         .map(|(id, o)| compare(id.0, &deployed, o, &reference[&id.0], tol))
         .collect::<Result<Vec<_>>>()?;
     let mut report = ParityReport {
@@ -270,31 +345,96 @@ pub fn check(input: &ParityInput, tol: Tolerance) -> Result<ParityReport> {
         deployed_nodes: deployed.len(),
         tolerance: tol,
         outputs,
+        pipeline: how.pipeline.as_ref().map(|p| p.to_string()),
+        search: how.search,
         scanned: Vec::new(),
         first_divergent: None,
     };
     if report.outputs_agree() {
         return Ok(report);
     }
-    for n in deployed.nodes() {
-        if matches!(n.op, Op::Input { .. } | Op::Param { .. }) {
-            continue;
+    // Node `k` of the deployed graph exposed as one extra output of the candidate, compared
+    // with its reference (memoized: bisection asks again for operands it already saw).
+    let mut seen: HashMap<u32, Compared> = HashMap::new();
+    let mut probe = |k: NodeId, report: &mut ParityReport| -> Result<Option<bool>> {
+        if let Some(c) = seen.get(&k.0) {
+            return Ok(Some(c.diverges));
         }
-        let mut g = deployed.clone();
-        g.name = format!("{}_parity_{}", deployed.name, n.id.0);
-        g.outputs.push(n.id);
+        let Some(at) = map.get(k.0 as usize).copied().flatten() else { return Ok(None) };
+        let mut g = cand_graph.clone();
+        g.name = format!("{}_parity_{}", deployed.name, k.0);
+        g.outputs.push(at);
         let mut c = compile(&session, g, &input.options, &params);
         let mut o = run(&mut c, &input.inputs);
-        let Some(v) = o.pop() else { bail!("node %{}: no output", n.id.0) };
-        let cmp = compare(n.id.0, &deployed, &v, &reference[&n.id.0], tol)?;
-        let diverges = cmp.diverges;
+        let Some(v) = o.pop() else { bail!("node %{}: no output", k.0) };
+        let cmp = compare(k.0, &deployed, &v, &reference[&k.0], tol)?;
+        let d = cmp.diverges;
         report.scanned.push(cmp.clone());
-        if diverges {
-            report.first_divergent = Some(cmp);
-            break;
+        seen.insert(k.0, cmp);
+        Ok(Some(d))
+    };
+    let computed = |n: &rlx_ir::Node| !matches!(n.op, Op::Input { .. } | Op::Param { .. });
+    match how.search {
+        Search::Linear => {
+            for n in deployed.nodes() {
+                if computed(n) && probe(n.id, &mut report)? == Some(true) {
+                    report.first_divergent = seen.get(&n.id.0).cloned();
+                    break;
+                }
+            }
+        }
+        Search::Bisect => {
+            // Start from the first divergent caller output.
+            let mut target = deployed.outputs[report.outputs.iter().position(|c| c.diverges).unwrap_or(0)];
+            loop {
+                let anc: Vec<NodeId> = ancestors(&deployed, target)
+                    .into_iter()
+                    .filter(|&k| computed(deployed.node(k)) && map.get(k.0 as usize).copied().flatten().is_some())
+                    .collect();
+                // Invariant: anc[hi] diverges (the target does, when comparable).
+                let (mut lo, mut hi) = (0usize, anc.len().saturating_sub(1));
+                if anc.is_empty() || probe(anc[hi], &mut report)? != Some(true) {
+                    break;
+                }
+                while lo < hi {
+                    let mid = (lo + hi) / 2;
+                    if probe(anc[mid], &mut report)? == Some(true) {
+                        hi = mid;
+                    } else {
+                        lo = mid + 1;
+                    }
+                }
+                let found = anc[lo];
+                let mut bad_operand = None;
+                for &op in &deployed.node(found).inputs {
+                    if computed(deployed.node(op)) && probe(op, &mut report)? == Some(true) {
+                        bad_operand = Some(op);
+                        break;
+                    }
+                }
+                match bad_operand {
+                    Some(op) => target = op,
+                    None => {
+                        report.first_divergent = seen.get(&found.0).cloned();
+                        break;
+                    }
+                }
+            }
         }
     }
     Ok(report)
+}
+
+/// The ancestors of `target` in `g` (itself included), in execution (index) order.
+fn ancestors(g: &Graph, target: NodeId) -> Vec<NodeId> {
+    let mut keep = vec![false; g.len()];
+    let mut stack = vec![target];
+    while let Some(k) = stack.pop() {
+        if !std::mem::replace(&mut keep[k.0 as usize], true) {
+            stack.extend(g.node(k).inputs.iter().copied());
+        }
+    }
+    (0..g.len() as u32).map(NodeId).filter(|k| keep[k.0 as usize]).collect()
 }
 
 /// The report as text: the outputs, then the scanned nodes with the first divergent marked.
@@ -313,8 +453,12 @@ pub fn render(r: &ParityReport) -> String {
         )
     };
     let mut s = format!(
-        "parity of {} ({} deployed nodes) against its op-by-op reference; tolerance atol {:e} + rtol {:e} x ref absmax\noutputs:\n",
-        r.graph, r.deployed_nodes, r.tolerance.atol, r.tolerance.rtol
+        "parity of {}{} ({} deployed nodes) against its op-by-op reference; tolerance atol {:e} + rtol {:e} x ref absmax\noutputs:\n",
+        r.graph,
+        r.pipeline.as_ref().map_or(String::new(), |p| format!(" rewritten by '{p}'")),
+        r.deployed_nodes,
+        r.tolerance.atol,
+        r.tolerance.rtol
     );
     for c in &r.outputs {
         s.push_str(&line(c));
@@ -324,13 +468,25 @@ pub fn render(r: &ParityReport) -> String {
         s.push_str("every output agrees: no scan needed\n");
         return s;
     }
-    s.push_str("scan (each node exposed alone, in execution order):\n");
+    s.push_str(match r.search {
+        Search::Linear => "scan (each node exposed alone, in execution order):\n",
+        Search::Bisect => "bisection (each node exposed alone, in the order compared):\n",
+    });
     for c in &r.scanned {
         s.push_str(&line(c));
         s.push('\n');
     }
     match &r.first_divergent {
-        Some(c) => s.push_str(&format!("first divergent node: %{} {}\n", c.node, c.op)),
+        Some(c) => s.push_str(&format!(
+            "{}: %{} {} ({} nodes compared)\n",
+            match r.search {
+                Search::Linear => "first divergent node",
+                Search::Bisect => "divergent node whose operands agree",
+            },
+            c.node,
+            c.op,
+            r.scanned.len()
+        )),
         None => s.push_str("outputs differ, but no node diverges when exposed alone (exposing a node changes buffer lifetimes)\n"),
     }
     s

@@ -14,10 +14,10 @@ fn passes_lists_every_pass_with_kind_and_options() {
     let heads: Vec<String> = text.lines().filter(|l| !l.starts_with(' ')).map(|l| l.split("  ").take(2).collect::<Vec<_>>().join(" ")).collect();
     assert_eq!(
         heads,
-        ["attn (tap)", "fakequant (actuation)", "matmul (tap)", "residual (tap)", "route (tap)", "skip (actuation)", "smoothquant (actuation)"],
+        ["attn (tap)", "fakequant (actuation)", "matmul (tap)", "residual (tap)", "route (tap)", "skip (actuation)", "smoothquant (actuation)", "sparseattn (actuation)", "staticquant (actuation)"],
         "{text}"
     );
-    for opt in ["sites", "roles", "stats", "hist_bins", "hist_range", "elemsig", "topk", "bits", "scope", "weights", "rounding", "range", "clip", "blocks", "mask", "alpha"] {
+    for opt in ["sites", "roles", "stats", "hist_bins", "hist_range", "elemsig", "topk", "bits", "scope", "weights", "rounding", "range", "clip", "blocks", "mask", "alpha", "table", "window", "sinks"] {
         assert!(text.contains(&format!("    {opt} ")), "option {opt} listed: {text}");
     }
 }
@@ -44,7 +44,7 @@ fn record_with_bogus_pipeline_fails_listing_the_passes() {
     assert!(!out.status.success());
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.contains("unknown pass 'bogus'") && err.contains("known passes (closest first): "), "{err}");
-    for name in ["attn", "fakequant", "matmul", "residual", "route", "skip", "smoothquant"] {
+    for name in ["attn", "fakequant", "matmul", "residual", "route", "skip", "smoothquant", "staticquant"] {
         assert!(err.contains(name), "{name} listed: {err}");
     }
     assert!(!err.contains("panicked"), "{err}");

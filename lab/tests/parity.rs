@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 
-use opscope_lab::parity::{check, render, ParityInput, Tolerance, Typed};
+use opscope_lab::parity::{check, check_with, render, Check, ParityInput, Search, Tolerance, Typed};
 use rlx_ir::DType;
 
 fn typed(v: &[f32]) -> Typed {
@@ -29,7 +29,8 @@ fn qkv_input(b: usize, s: usize) -> ParityInput {
 #[test]
 fn parity_localizes_rlx_in_place_qkv_attention_miscompile_to_the_attention_node() {
     // 2 x 40 tokens: RLX 0.2.19 reuses the QKV buffer while its fused attention still reads it.
-    let r = check(&qkv_input(2, 40), Tolerance::default()).unwrap();
+    let linear = Check { search: Search::Linear, ..Check::new(Tolerance::default()) };
+    let r = check_with(&qkv_input(2, 40), &linear).unwrap();
     println!("{}", render(&r));
     assert!(!r.outputs_agree(), "RLX fixed its in-place QKV attention: pick another known miscompile");
     let first = r.first_divergent.as_ref().expect("a divergent node");
@@ -39,6 +40,54 @@ fn parity_localizes_rlx_in_place_qkv_attention_miscompile_to_the_attention_node(
     assert!(!before.is_empty(), "the projection was scanned first");
     assert!(before.iter().all(|c| !c.diverges && c.max_ulps.unwrap() <= 64), "{before:?}");
     assert!(first.max_abs > 1.0, "off by far more than rounding: {first:?}");
+}
+
+#[test]
+fn bisection_finds_the_same_attention_node_and_checks_its_operands() {
+    let input = qkv_input(2, 40);
+    let linear = check_with(&input, &Check { search: Search::Linear, ..Check::new(Tolerance::default()) }).unwrap();
+    let r = check(&input, Tolerance::default()).unwrap();
+    println!("{}", render(&r));
+    assert_eq!(r.search, Search::Bisect);
+    let found = r.first_divergent.as_ref().expect("a divergent node");
+    let first = linear.first_divergent.as_ref().unwrap();
+    assert_eq!(found.node, first.node, "bisection {found:?} vs linear scan {first:?}");
+    // The node's operands were compared (the check that ends the search) and agree.
+    let deployed = opscope::activate::fuse(&input.graph, rlx_runtime::Device::Cpu, &input.options);
+    for op in &deployed.node(rlx_ir::NodeId(found.node)).inputs {
+        if matches!(deployed.node(*op).op, rlx_ir::Op::Input { .. } | rlx_ir::Op::Param { .. }) {
+            continue;
+        }
+        let c = r.scanned.iter().find(|c| c.node == op.0).unwrap_or_else(|| panic!("operand %{} not compared", op.0));
+        assert!(!c.diverges, "{c:?}");
+    }
+    assert!(r.scanned.len() <= linear.scanned.len(), "bisection compared {} nodes, the scan {}", r.scanned.len(), linear.scanned.len());
+}
+
+#[test]
+fn a_tap_pipeline_leaves_every_value_and_an_actuation_is_localized_to_its_first_matmul() {
+    // Tapped against untapped: the sketches read the program's tensors and change nothing.
+    let input = qkv_input(2, 8);
+    let pipeline = |p: &str| Check { pipeline: Some(p.parse().unwrap()), ..Check::new(Tolerance::default()) };
+    let r = check_with(&input, &pipeline("matmul,attn")).unwrap();
+    println!("{}", render(&r));
+    assert!(r.outputs_agree(), "{}", render(&r));
+    assert!(r.outputs.iter().all(|c| c.max_ulps == Some(0)), "{:?}", r.outputs);
+    // An int4 fake-quant of every matmul input: the search ends at the projection that reads
+    // the first quantized activation (its operands are the input and the weight).
+    let r = check_with(&input, &pipeline("fakequant{bits=4}")).unwrap();
+    println!("{}", render(&r));
+    assert!(!r.outputs_agree());
+    let found = r.first_divergent.as_ref().expect("a divergent node");
+    let deployed = opscope::activate::fuse(&input.graph, rlx_runtime::Device::Cpu, &input.options);
+    let first_matmul = deployed
+        .nodes()
+        .iter()
+        .find(|n| n.op.to_string().to_lowercase().contains("matmul"))
+        .unwrap();
+    assert_eq!(found.node, first_matmul.id.0, "{found:?}");
+    // A pipeline that does not parse is refused before anything runs.
+    assert!("fakequant{bits=99}".parse::<opscope::Pipeline>().is_err());
 }
 
 #[test]

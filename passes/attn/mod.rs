@@ -47,7 +47,7 @@ pub struct AttnTap;
 
 /// Walk back from the softmax input through elementwise and shape ops (both operands of a
 /// binary op, a few steps deep): true if a matmul (the scores) is found.
-fn from_matmul(g: &Graph, id: NodeId) -> bool {
+pub(crate) fn from_matmul(g: &Graph, id: NodeId) -> bool {
     fn walk(g: &Graph, id: NodeId, depth: usize) -> bool {
         let n = g.node(id);
         if family(&n.op) == "matmul" {

@@ -108,12 +108,13 @@ const OPTIONS: &[OptionSpec] = &[SITES.spec, BITS.spec, SCOPE.spec, WEIGHTS.spec
 pub struct FakeQuant;
 
 /// A resolved quantizer: `q = clamp(round(x / s'), lo, hi)`, `s = clip * absmax / qmax`.
+/// (Also `staticquant`'s per-column weight quantizer.)
 #[derive(Clone, Copy)]
-struct Quantizer {
-    qmax: f32,
-    lo: f32,
-    clip: f32,
-    away: bool,
+pub(super) struct Quantizer {
+    pub(super) qmax: f32,
+    pub(super) lo: f32,
+    pub(super) clip: f32,
+    pub(super) away: bool,
 }
 
 /// True if `id` is a weight: reachable only from parameters through reshapes, transposes and
@@ -140,7 +141,7 @@ fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
 }
 
 /// Append the fake-quantizer of `x` with one scale per slice over `axes` and return its output.
-fn fake_quant(g: &mut Graph, x: NodeId, axes: Vec<usize>, qz: Quantizer) -> NodeId {
+pub(super) fn fake_quant(g: &mut Graph, x: NodeId, axes: Vec<usize>, qz: Quantizer) -> NodeId {
     let xs = g.shape(x).clone();
     let ones = vec![1usize; xs.rank()];
     let c = |g: &mut Graph, v: f32| g.full(&ones, v, DType::F32);

@@ -32,7 +32,7 @@ pub use calibrate::{
     TensorCalibration,
 };
 pub use hist::{histograms_by_run, merged_histogram, merged_histograms, MergedHistogram, RunHistograms};
-pub use series::{load, no_data, series_from_rows, weighted_vector, Series, SeriesKey, StepStats};
+pub use series::{fingerprints, load, no_data, repeat_rate, series_from_rows, weighted_vector, RepeatRate, Series, SeriesKey, StepStats};
 pub use time::{PayoffBasis, TimeShares, TimeSharesError, SUM_TOLERANCE};
 pub use tensor::{kinds, outlier_channels, payoff_fraction, sqnr8_per_token, OUTLIER_CHANNEL_RATIO};
 

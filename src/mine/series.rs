@@ -5,7 +5,7 @@ use std::path::Path;
 
 use crate::error::Error;
 use crate::recording::{read_rows, read_sidecar, Row, RowRef};
-use crate::sketch::Stat;
+use crate::sketch::{tensor, Stat};
 
 /// One execution (step) of one tensor: its statistics.
 #[derive(Debug, Clone)]
@@ -285,3 +285,71 @@ pub fn weighted_vector(s: &Series, stat: Stat, weight: impl Fn(&StepStats) -> f6
     sum.iter().zip(&w).map(|(s, w)| if *w > 0.0 { s / w } else { f64::NAN }).collect()
 }
 
+
+/// Runs of a series and how many of them repeat an earlier run exactly, by the values the
+/// recording holds for each run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct RepeatRate {
+    /// Runs of the series.
+    pub runs: usize,
+    /// Runs whose fingerprint equals an earlier run's (a memo guard with room for every
+    /// distinct input would answer these from its cache).
+    pub repeats: usize,
+    /// Distinct fingerprints.
+    pub distinct: usize,
+}
+
+impl RepeatRate {
+    /// repeats / runs (`None` for a series without runs).
+    pub fn rate(&self) -> Option<f64> {
+        (self.runs > 0).then(|| self.repeats as f64 / self.runs as f64)
+    }
+}
+
+/// The exact-repeat rate of a series: a run repeats when every value recorded for it (every
+/// scalar and vector statistic, compared as f32 bit patterns) equals those of an earlier run.
+/// Over `P` distinct inputs replayed for `T` runs this is `1 - P/T`, the hit rate of a memo
+/// guard with room for `P` entries ([`crate::memo::MemoGuard`]).
+///
+/// What it can see: with `elemsig` (sampled elements) and `sumsq` in the recording two
+/// different real tensors almost never share a fingerprint; with `min,max` only, many do, and
+/// the rate is an upper bound. `None` when the series holds no statistic that varies with the
+/// content: record `matmul{stats=[sumsq,elemsig]}` or the full set.
+pub fn repeat_rate(s: &Series) -> Option<RepeatRate> {
+    let ids = fingerprints(s)?;
+    let distinct = ids.iter().copied().max().map_or(0, |m| m + 1);
+    Some(RepeatRate { runs: ids.len(), repeats: ids.len() - distinct, distinct })
+}
+
+/// Per run of a series, the id of its fingerprint (ids numbered in order of first appearance;
+/// see [`repeat_rate`] for what a fingerprint is). Feeding these ids to a cache simulation
+/// ([`crate::memo::predicted_hits`]) predicts a memo guard's hits at any capacity.
+/// `None` as for [`repeat_rate`].
+pub fn fingerprints(s: &Series) -> Option<Vec<usize>> {
+    use std::collections::HashMap;
+    let content = [tensor::SUMSQ, tensor::ELEMSIG, tensor::L1, tensor::MEAN, tensor::MIN, tensor::MAX];
+    if !s.runs.iter().any(|r| content.iter().any(|&c| r.has(c))) {
+        return None;
+    }
+    let mut seen: HashMap<Vec<u32>, usize> = HashMap::new();
+    let mut ids = Vec::with_capacity(s.runs.len());
+    for r in &s.runs {
+        let mut key: Vec<u32> = Vec::new();
+        let mut scalars = r.scalars.clone();
+        scalars.sort_by_key(|(st, _)| st.as_str());
+        for (st, v) in &scalars {
+            key.extend(st.as_str().bytes().map(u32::from));
+            key.push(v.to_bits());
+        }
+        let mut vectors: Vec<&(Stat, Vec<f32>)> = r.vectors.iter().collect();
+        vectors.sort_by_key(|(st, _)| st.as_str());
+        for (st, v) in vectors {
+            key.extend(st.as_str().bytes().map(u32::from));
+            key.push(v.len() as u32);
+            key.extend(v.iter().map(|x| x.to_bits()));
+        }
+        let next = seen.len();
+        ids.push(*seen.entry(key).or_insert(next));
+    }
+    Some(ids)
+}

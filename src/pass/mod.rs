@@ -9,7 +9,7 @@ mod options;
 use std::fmt;
 
 pub use options::{
-    split_list, Globs, Opt, OptionKind, SitePatterns, OptionSpec, OptionType, OptionValue, Options, Range, RawValue, Stats, Word, Words,
+    split_list, Globs, Opt, OptionKind, SitePatterns, OptionSpec, OptionType, OptionValue, Options, Range, RawValue, Stats, Text, Word, Words,
 };
 
 use crate::error::Error;

@@ -41,6 +41,9 @@ pub enum OptionType {
         /// Largest accepted item.
         max: u64,
     },
+    /// One free word, such as a file path: any text without whitespace or `,{}[]=` (the
+    /// pipeline grammar's separators).
+    Text,
 }
 
 impl OptionType {
@@ -59,6 +62,7 @@ impl OptionType {
             OptionType::Range => "absmax or LO:HI".into(),
             OptionType::Float { min, max } => format!("number {min}..={max}"),
             OptionType::UIntList { max } => format!("list of distinct integers 0..={max}"),
+            OptionType::Text => "text without whitespace or ,{}[]=".into(),
         }
     }
 }
@@ -206,6 +210,7 @@ impl OptionSpec {
                 }
                 Ok(OptionValue::UIntList(out))
             }
+            (OptionType::Text, RawValue::Scalar(s)) => Ok(OptionValue::Word(s.clone())),
             (_, RawValue::List(_)) => Err(format!("a list is not allowed here: {}", expected())),
         }
     }
@@ -331,6 +336,8 @@ pub struct Stats;
 /// Marker: a histogram range ([`OptionType::Range`]), read as `None` for `absmax` or
 /// `Some((lo, hi))`.
 pub struct Range;
+/// Marker: one free word such as a path ([`OptionType::Text`]), read as a `String`.
+pub struct Text;
 
 const fn spec(name: &'static str, ty: OptionType, default: &'static str, doc: &'static str) -> OptionSpec {
     OptionSpec { name, ty, default, doc }
@@ -384,6 +391,12 @@ impl Opt<Stats> {
         Opt { spec: spec(name, OptionType::Stats(table), default, doc), _t: PhantomData }
     }
 }
+impl Opt<Text> {
+    /// One free word (a path): any text without whitespace or `,{}[]=`.
+    pub const fn text(name: &'static str, default: &'static str, doc: &'static str) -> Opt<Text> {
+        Opt { spec: spec(name, OptionType::Text, default, doc), _t: PhantomData }
+    }
+}
 impl Opt<Range> {
     /// `absmax` or `LO:HI`.
     pub const fn range(name: &'static str, default: &'static str, doc: &'static str) -> Opt<Range> {
@@ -413,6 +426,7 @@ option_kind! {
     Vec<u64> => Vec<u64>, UIntList;
     Word => String, Word;
     Words => Vec<String>, List;
+    Text => String, Word;
 }
 
 impl OptionKind for Globs {

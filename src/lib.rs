@@ -40,6 +40,7 @@
 pub mod activate;
 pub mod analysis;
 pub mod error;
+pub mod linalg;
 pub mod manifest;
 pub mod memo;
 pub mod mine;

@@ -1,5 +1,5 @@
 //! The `lowrank` actuation against numpy (`numpy.linalg.svd`, f64, run by python3):
-//! - faer's singular values equal numpy's to 1e-4 relative; `||W - U V||_F^2` equals the tail
+//! - `opscope::linalg::svd`'s singular values equal numpy's to 1e-4 relative; `||W - U V||_F^2` equals the tail
 //!   energy `sum_{i>r} sigma_i^2`; the compiled graph's output equals `x @ W_r` to f32 precision
 //!   and its error `||x W - x W_r||_F` equals numpy's;
 //! - a planted rank-r weight (sigma_{r+1}/sigma_1 < 1e-6) is reconstructed exactly;
@@ -81,8 +81,8 @@ fn error_equals_the_tail_energy_of_numpys_svd() {
     let w = randn(K * N, 7);
     let x = randn(M * K, 8);
     let np = numpy(&w, &x, r);
-    // Singular values: faer against numpy.
-    let (_, sigma, _) = opscope::passes::lowrank::svd(&w, K, N).unwrap();
+    // Singular values: opscope::linalg (nalgebra) against numpy.
+    let sigma = opscope::linalg::svd(&w, K, N).unwrap().sigma;
     let np_sigma = f64s(&np["sigma"]);
     for (a, b) in sigma.iter().zip(&np_sigma) {
         assert!((a - b).abs() <= 1e-4 * b.abs().max(1e-12), "sigma {a} vs numpy {b}");

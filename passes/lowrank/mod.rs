@@ -2,7 +2,7 @@
 //! the truncated SVD), as two matmuls: `x @ W` becomes `(x @ U) @ V` with
 //!
 //! ```text
-//! W = U_full diag(sigma) V_full^T          exact (thin) SVD, faer, in f64
+//! W = U_full diag(sigma) V_full^T          exact (thin) SVD, crate::linalg, in f64
 //! U = U_r diag(sigma_r)   [K, r]           V = V_r^T   [r, N]
 //! ||W - U V||_F^2 = sum_{i > r} sigma_i^2  (the tail energy)
 //! ```
@@ -21,6 +21,7 @@
 use rlx_ir::{DType, Graph, NodeId, Op, Shape};
 
 use crate::error::Error;
+use crate::linalg::{self, LinalgError};
 use crate::manifest::Role;
 use crate::params::{declare, Derivation};
 use crate::pass::{Globs, Opt, OptionSpec, Options, Pass, PassKind, PassRegistration};
@@ -88,36 +89,16 @@ fn permute(data: &[f32], dims: &[usize], perm: &[usize]) -> Vec<f32> {
     out
 }
 
-/// The exact thin SVD of row-major `w [k, n]` (faer, f64): `(U [k, m], sigma [m], V [n, m])`
-/// with `m = min(k, n)`, sigma non-increasing, row-major.
+/// The factors `U = U_r diag(sigma_r) [k, r]` and `V = V_r^T [r, n]` of row-major `w [k, n]`
+/// from the exact SVD ([`crate::linalg::svd`]), row-major f32.
 ///
-/// Errors: the SVD does not converge, or `w` holds a non-finite value.
-pub fn svd(w: &[f32], k: usize, n: usize) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>), String> {
-    if w.len() != k * n {
-        return Err(format!("{} values for a [{k}, {n}] weight", w.len()));
-    }
-    if let Some(i) = w.iter().position(|x| !x.is_finite()) {
-        return Err(format!("value {} at flat index {i} is not finite", w[i]));
-    }
-    let a = faer::Mat::<f64>::from_fn(k, n, |i, j| w[i * n + j] as f64);
-    let s = a.thin_svd().map_err(|e| format!("SVD did not converge ({e:?})"))?;
-    let m = k.min(n);
-    let (u, v, d) = (s.U(), s.V(), s.S().column_vector());
-    let uu = (0..k * m).map(|x| u[(x / m, x % m)]).collect();
-    let vv = (0..n * m).map(|x| v[(x / m, x % m)]).collect();
-    Ok((uu, (0..m).map(|i| d[i]).collect(), vv))
-}
-
-/// The factors `U = U_r diag(sigma_r) [k, r]` and `V = V_r^T [r, n]` of row-major `w [k, n]`,
-/// row-major f32.
-///
-/// Errors: as [`svd`].
-pub fn factors(w: &[f32], k: usize, n: usize, r: usize) -> Result<(Vec<f32>, Vec<f32>), String> {
-    let (u, s, v) = svd(w, k, n)?;
-    let m = k.min(n);
+/// Errors: as [`crate::linalg::svd`] (wrong length, non-finite value, no convergence).
+pub fn factors(w: &[f32], k: usize, n: usize, r: usize) -> Result<(Vec<f32>, Vec<f32>), LinalgError> {
+    let s = linalg::svd(w, k, n)?;
+    let m = s.rank();
     let r = r.min(m);
-    let uf = (0..k * r).map(|x| (u[(x / r) * m + x % r] * s[x % r]) as f32).collect();
-    let vf = (0..r * n).map(|x| v[(x % n) * m + x / n] as f32).collect();
+    let uf = (0..k * r).map(|x| (s.u[(x / r) * m + x % r] * s.sigma[x % r]) as f32).collect();
+    let vf = s.vt[..r * n].iter().map(|&v| v as f32).collect();
     Ok((uf, vf))
 }
 
@@ -183,7 +164,7 @@ impl Pass for LowRank {
                         m = permute(&m, dims, perm);
                     }
                 }
-                let (u, v) = factors(&m, k, n, r)?;
+                let (u, v) = factors(&m, k, n, r).map_err(|e| e.to_string())?;
                 Ok(vec![u, v])
             };
             declare(Derivation { source: param.clone(), targets: vec![(un.clone(), k * r), (vn.clone(), r * n)], compute: std::sync::Arc::new(compute) });

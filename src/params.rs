@@ -8,12 +8,20 @@
 //! compiled graph declares. [`check`] refuses a compiled graph whose derived params were never
 //! set (RLX would otherwise read zeros and only warn).
 //!
+//! Code that does not know about opscope (the environment mode, a scope around unchanged code)
+//! calls plain `CompiledGraph::set_param`: opscope's backend wrapper (`activate::env`) wraps
+//! every executable whose graph declares derived params, computes them in `set_param` /
+//! `set_param_typed` through [`derive`], and refuses to run while one is unbound. [`derive`]
+//! keeps the last result per derivation keyed by the source's XXH3-128 hash, so binding the same
+//! weight twice (the wrapper, then [`bind`]) factors it once.
+//!
 //! The registry is process-wide and keyed by target name; target names encode everything the
 //! derivation depends on (the pass and its options), so two compiles of one model share one entry.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use rlx_ir::{Graph, Op};
 use rlx_runtime::CompiledGraph;
 
 use crate::error::Error;
@@ -51,6 +59,51 @@ pub fn derivation(name: &str) -> Option<Arc<Derivation>> {
     registry().lock().unwrap_or_else(|e| e.into_inner()).get(name).cloned()
 }
 
+/// The derived params `graph` declares (its `Op::Param`s with a declared [`Derivation`]), in
+/// node order, with their derivations.
+pub fn derived_in(graph: &Graph) -> Vec<(String, Arc<Derivation>)> {
+    graph
+        .nodes()
+        .iter()
+        .filter_map(|n| match &n.op {
+            Op::Param { name } => derivation(name).map(|d| (name.clone(), d)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The values of `d`'s targets computed from source values `data`, in [`Derivation::targets`]
+/// order, each checked against its element count. The last result per derivation is kept, keyed
+/// by the XXH3-128 hash of `data`'s bytes, so a second bind of the same weight is a lookup.
+///
+/// Errors: the derivation fails on `data` (wrong length, non-finite value), or returns a target
+/// of the wrong length; the message names the param.
+pub fn derive(d: &Derivation, data: &[f32]) -> Result<Arc<Vec<Vec<f32>>>, Error> {
+    type Cache = Mutex<HashMap<String, (u128, Arc<Vec<Vec<f32>>>)>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let key = d.targets.first().map(|t| t.0.clone()).unwrap_or_default();
+    let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let hash = xxhash_rust::xxh3::xxh3_128(&bytes);
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some((h, v)) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        if *h == hash {
+            return Ok(v.clone());
+        }
+    }
+    let values = (d.compute)(data).map_err(|why| Error::Params { why: format!("deriving {key} from '{}': {why}", d.source) })?;
+    if values.len() != d.targets.len() {
+        return Err(Error::Params { why: format!("deriving from '{}' gave {} values for {} targets", d.source, values.len(), d.targets.len()) });
+    }
+    for ((t, n), v) in d.targets.iter().zip(&values) {
+        if v.len() != *n {
+            return Err(Error::Params { why: format!("derived param '{t}' has {} values, its shape holds {n}", v.len()) });
+        }
+    }
+    let values = Arc::new(values);
+    cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, (hash, values.clone()));
+    Ok(values)
+}
+
 /// Set param `name` of `c` to `data` (as `CompiledGraph::set_param`) and every derived param of
 /// `c` computed from it.
 ///
@@ -64,12 +117,9 @@ pub fn bind(c: &mut CompiledGraph, name: &str, data: &[f32]) -> Result<(), Error
             continue;
         }
         done.push(Arc::as_ptr(&d));
-        let values = (d.compute)(data).map_err(|why| Error::Params { why: format!("deriving {} from '{name}': {why}", p.name) })?;
-        for ((t, n), v) in d.targets.iter().zip(values) {
-            if v.len() != *n {
-                return Err(Error::Params { why: format!("derived param '{t}' has {} values, its shape holds {n}", v.len()) });
-            }
-            c.set_param(t, &v);
+        let values = derive(&d, data)?;
+        for ((t, _), v) in d.targets.iter().zip(values.iter()) {
+            c.set_param(t, v);
         }
     }
     Ok(())
@@ -81,7 +131,9 @@ pub fn bind(c: &mut CompiledGraph, name: &str, data: &[f32]) -> Result<(), Error
 pub fn check(c: &CompiledGraph) -> Result<(), Error> {
     let unset: Vec<String> = match c.check_bindings(&[]) {
         Ok(()) => return Ok(()),
-        Err(rlx_runtime::io_check::IoError::Unbound { params, .. }) => params.into_iter().filter(|p| derivation(p).is_some()).collect(),
+        // A param the executable holds (set by opscope's wrapper, which RLX's own bookkeeping
+        // does not see) is bound.
+        Err(rlx_runtime::io_check::IoError::Unbound { params, .. }) => params.into_iter().filter(|p| derivation(p).is_some() && !c.param_already_set(p)).collect(),
         Err(_) => return Ok(()),
     };
     if unset.is_empty() {

@@ -13,7 +13,9 @@
 //!
 //! Weights are usually bound after compile, so the factors are *derived params*
 //! (`<W>/lowrank/r<R>/U`, `.../V`, see [`crate::params`]): the pass declares how to compute them
-//! from `W`'s values and whoever binds weights calls `opscope::params::bind`. Forms: `MatMul`,
+//! from `W`'s values. Code that knows opscope binds with `opscope::params::bind`; plain RLX code
+//! (the environment mode, a scope) binds `W` with `set_param` and opscope's executable wrapper
+//! computes the factors there, refusing to run while they are unbound. Forms: `MatMul`,
 //! `FusedMatMulBiasAct` (bias and activation kept: the fused kernel now reads `x @ U` and `V`).
 //! Skipped with a reason: a weight that is not one param reached through reshapes and transposes
 //! (concatenated Q/K/V, activations), non-f32 or symbolic shapes, a weight of rank other than 2.

@@ -157,7 +157,11 @@ pub fn randomized_svd(a: &[f32], rows: usize, cols: usize, rank: usize, oversamp
     }
     let l = (rank + oversample).min(m);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    let omega = DMatrix::<f64>::from_fn(cols, l, |_, _| rng.sample(rand_distr::StandardNormal));
+    // Standard Gaussian entries by Box-Muller (u1 in (0, 1], so ln u1 is finite).
+    let omega = DMatrix::<f64>::from_fn(cols, l, |_, _| {
+        let (u1, u2): (f64, f64) = (1.0 - rng.gen::<f64>(), rng.gen::<f64>());
+        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+    });
     let mut q = orth(&a * omega);
     for _ in 0..power_iters {
         let w = orth(a.tr_mul(&q));

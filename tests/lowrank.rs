@@ -40,7 +40,8 @@ W = np.array(d["w"], dtype=np.float32).astype(np.float64).reshape(K, N)
 X = np.array(d["x"], dtype=np.float32).astype(np.float64).reshape(M, K)
 U, s, Vt = np.linalg.svd(W, full_matrices=False)
 Wr = (U[:, :r] * s[:r]) @ Vt[:r]
-print(json.dumps({"sigma": s.tolist(), "tail": float((s[r:] ** 2).sum()),
+e = np.cumsum(s ** 2) / (s ** 2).sum()
+print(json.dumps({"sigma": s.tolist(), "tail": float((s[r:] ** 2).sum()), "r99": int(np.searchsorted(e, 0.99) + 1),
                   "yr": (X @ Wr).ravel().tolist(), "out_err": float(np.linalg.norm(X @ W - X @ Wr))}))
 "#;
     let input = serde_json::json!({"K": K, "N": N, "M": M, "r": r, "w": w, "x": x});
@@ -148,4 +149,38 @@ fn no_saving_is_skipped_and_the_rewrite_is_pinned() {
     assert!(m.skipped.iter().any(|s| s.reason.contains("no FLOP saving")), "{:?}", m.skipped);
     let (out, m) = opscope::Pipeline::parse("lowrank{rank=8}").unwrap().apply(&graph(true)).unwrap();
     snapshot("lowrank__transposed_r8", &out, &m);
+}
+
+/// `x [M, K] @ W` with `W` an `Op::Constant` (values known at compile time).
+fn graph_constant(w: &[f32]) -> Graph {
+    let mut g = Graph::new("lrc");
+    let x = g.input("x", Shape::new(&[M, K], DType::F32));
+    let data: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let c = g.add_node(rlx_ir::Op::Constant { data }, vec![], Shape::new(&[K, N], DType::F32));
+    let y = g.matmul(x, c, Shape::new(&[M, N], DType::F32));
+    g.set_outputs(vec![y]);
+    g
+}
+
+#[test]
+fn energy_picks_numpys_rank_for_a_constant_weight() {
+    // Planted rank 5 plus noise 1e-2: 99% of the energy lies in the first few components.
+    let (a, b, noise) = (randn(K * 5, 51), randn(5 * N, 52), randn(K * N, 53));
+    let w: Vec<f32> = (0..K * N).map(|i| (0..5).map(|t| a[(i / N) * 5 + t] * b[t * N + i % N]).sum::<f32>() + 1e-2 * noise[i]).collect();
+    let x = randn(M * K, 54);
+    let r99 = numpy(&w, &x, 1)["r99"].as_u64().unwrap() as usize;
+    let np = numpy(&w, &x, r99);
+    let (out, m) = opscope::Pipeline::parse("lowrank{energy=0.99}").unwrap().apply(&graph_constant(&w)).unwrap();
+    assert_eq!(m.actuations.len(), 1, "{:?}", m.skipped);
+    assert!(m.actuations[0].action.contains(&format!("lowrank r {r99}:")), "numpy's 99% rank {r99}: {}", m.actuations[0].action);
+    let y = Session::new(Device::Cpu).compile(out.clone()).run(&[("x", &x)]).remove(0);
+    let yr = f64s(&np["yr"]);
+    let scale = yr.iter().fold(0f64, |a, v| a.max(v.abs()));
+    for (p, q) in y.iter().zip(&yr) {
+        assert!((*p as f64 - q).abs() <= 1e-5 * scale, "constant W, energy 0.99: {p} vs numpy x W_r {q}");
+    }
+    // A param weight: no values at compile time, skipped with the reason.
+    let (_, m) = opscope::Pipeline::parse("lowrank{energy=0.99}").unwrap().apply(&graph(false)).unwrap();
+    assert!(m.actuations.is_empty());
+    assert!(m.skipped.iter().any(|s| s.reason.contains("needs W's values at compile time") && s.reason.contains("use rank=R")), "{:?}", m.skipped);
 }

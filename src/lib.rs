@@ -40,10 +40,12 @@
 pub mod activate;
 pub mod analysis;
 pub mod error;
+pub mod linalg;
 pub mod manifest;
 pub mod memo;
 pub mod mine;
 pub mod online;
+pub mod params;
 pub mod pass;
 pub mod pipeline;
 pub mod record;

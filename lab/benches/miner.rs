@@ -51,7 +51,7 @@ fn minilm(dir: &std::path::Path) {
     let path = dir.join("minilm.parquet");
     let t = Instant::now();
     opscope::scope(&Pipeline::parse("matmul").unwrap(), opscope::recording::open(&path).unwrap(), || {
-        let mut c = model.compile(&Session::new(Device::Cpu));
+        let mut c = model.compile(&Session::new(Device::Cpu)).unwrap();
         for chunk in entries.chunks(batch).take(steps) {
             if chunk.len() == batch {
                 model.run(&mut c, &enc.encode(chunk).unwrap()).unwrap();

@@ -37,7 +37,7 @@ fn main() {
     for _ in 0..rounds {
         for (i, cfg) in CONFIGS.iter().enumerate() {
             let run = || {
-                let mut c = model.compile(&session);
+                let mut c = model.compile(&session).unwrap();
                 let t = Instant::now();
                 for b in &batches {
                     model.run(&mut c, b).unwrap();

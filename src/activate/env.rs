@@ -187,7 +187,7 @@ mod backend {
             match tapped {
                 None => exec,
                 Some((manifest, recorder)) => Box::new(Tapped {
-                    extra: manifest.outputs.iter().filter(|o| o.output_index.is_some()).count(),
+                    extra: manifest.appended(),
                     inner: exec,
                     manifest,
                     recorder,

@@ -4,6 +4,7 @@
 pub mod attn;
 pub mod capture;
 pub mod fakequant;
+pub mod lowrank;
 pub mod matmul;
 pub mod residual;
 pub mod route;
@@ -17,5 +18,5 @@ pub mod staticquant;
 /// program that links opscope with just `use opscope as _;` saw `matmul` but not the passes in
 /// other files (measured with the `mlp` example). The crate's load-time constructor calls it.
 pub fn link() {
-    std::hint::black_box([attn::link as fn(), capture::link, fakequant::link, matmul::link, residual::link, route::link, skip::link, smoothquant::link, sparseattn::link, staticquant::link]);
+    std::hint::black_box([attn::link as fn(), capture::link, fakequant::link, lowrank::link, matmul::link, residual::link, route::link, skip::link, smoothquant::link, sparseattn::link, staticquant::link]);
 }

@@ -56,6 +56,12 @@ pub enum Error {
         /// What is wrong with it, and the fix.
         why: String,
     },
+    /// A derived parameter (`opscope::params`) cannot be computed or was never bound.
+    #[error("{why}")]
+    Params {
+        /// What is wrong, and the fix.
+        why: String,
+    },
     /// The outputs a tapped graph returned do not match what its manifest says it appended.
     #[error("tap outputs of graph '{graph}' do not match its manifest: {detail}")]
     Mismatch {

@@ -84,7 +84,7 @@ pub fn replay(model: &OnnxEncoder, pool: &[Encoded], order: &[usize], capacity: 
     let sink = opscope::MemorySink::default();
     let pipeline: opscope::Pipeline = "matmul{stats=[sumsq,elemsig]}".parse().expect("a valid pipeline");
     opscope::scope(&pipeline, Box::new(sink.clone()), || -> Result<()> {
-        let mut c = model.compile(&session);
+        let mut c = model.compile(&session)?;
         for &k in order {
             model.run(&mut c, &pool[k])?;
         }
@@ -107,7 +107,7 @@ pub fn replay(model: &OnnxEncoder, pool: &[Encoded], order: &[usize], capacity: 
     let predicted_hits = opscope::memo::predicted_hits(&ids, capacity);
 
     // 2. The guard, each guarded run followed by an unguarded one.
-    let mut c = model.compile(&session);
+    let mut c = model.compile(&session)?;
     let mut guard = opscope::memo::MemoGuard::new(&model.graph, capacity).map_err(anyhow::Error::msg)?;
     let (mut plain, mut hit, mut miss) = (Vec::new(), Vec::new(), Vec::new());
     let mut bit_identical = true;

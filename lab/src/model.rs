@@ -254,16 +254,22 @@ impl OnnxEncoder {
     /// Options: ONNX Level 3 (`CompileOptions::default()`, as `rlx_onnx` uses). Not
     /// `cache_param_invariant`: under `run_typed` (I64 token ids) RLX 0.2.19 hands a custom op
     /// reading a hoisted value zeros (measured), so weight sketches would be lost.
-    pub fn compile(&self, session: &Session) -> CompiledGraph {
+    ///
+    /// Weights are bound with `opscope::params::bind`, so params an actuation derives from them
+    /// (the `lowrank` factors) are computed and set too.
+    ///
+    /// Errors: a derived param cannot be computed, or one the graph declares was never set.
+    pub fn compile(&self, session: &Session) -> Result<CompiledGraph> {
         let options = CompileOptions::default();
         let mut c = session.compile_with(self.graph.clone(), &options);
         for (name, data) in &self.params {
-            c.set_param(name, data);
+            opscope::params::bind(&mut c, name, data)?;
         }
+        opscope::params::check(&c)?;
         let shape = [self.batch as i64, self.seq as i64];
         let bytes: Vec<u8> = shape.iter().flat_map(|v| v.to_le_bytes()).collect();
         c.set_param_typed("__onnx_runtime__/input_ids_shape", &bytes, DType::I64);
-        c
+        Ok(c)
     }
 
     /// The graph, its weights and one batch's inputs as typed buffers, for a node-by-node
@@ -445,8 +451,11 @@ impl Job {
         let session = Session::new(device);
         let scope = opscope::Scope::new(pipeline, sink).stage(stage).device(device).interrupt_flag(&INTERRUPTED);
         let (res, recorded) = scope.run(|| -> Result<()> {
-            let mut full = self.full.compile(&session);
-            let mut tail = self.tail.as_ref().map(|m| (m, m.compile(&session)));
+            let mut full = self.full.compile(&session)?;
+            let mut tail = match self.tail.as_ref() {
+                Some(m) => Some((m, m.compile(&session)?)),
+                None => None,
+            };
             for (chunk, enc) in self.batches.iter().zip(&self.encoded) {
                 if INTERRUPTED.load(Ordering::SeqCst) {
                     break;

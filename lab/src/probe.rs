@@ -9,6 +9,12 @@
 //!   multiple of 4 gives no count (said why).
 //! - **cardinality**: the exact number of distinct f32 bit patterns (so `0.0` and `-0.0`
 //!   count twice, as do NaN payloads).
+//! - **spectrum**: singular values of the tensor as a matrix `[numel / last, last]` (a weight
+//!   `[K, N]` as is; an activation `[.., K]` with one row per token), with `opscope::linalg`
+//!   (nalgebra, f64): exact when `min(rows, cols) <= 1024`, else a rank-64 randomized SVD
+//!   (Halko, Martinsson & Tropp 2011; oversampling 10, 2 power steps) whose energy rank is
+//!   then only over the 64 values kept; the effective rank `exp(H(sigma / sum sigma))`
+//!   (Roy & Vetterli 2007) and the 99%-energy rank (smallest r keeping 99% of `sum sigma^2`).
 //!
 //! Per matmul site and run whose `lhs` and `rhs` are both captured (a weight is captured once
 //! per compile and pairs with every run of it), `Y = X W` is computed in f64 and compared with:
@@ -50,6 +56,52 @@ pub struct TensorProbe {
     pub distinct: u64,
     /// Number of elements.
     pub numel: u64,
+    /// Singular-value spectrum, or why there is none (a non-finite value).
+    pub spectrum: Result<Spectrum, String>,
+}
+
+/// Singular values of a tensor seen as a `[rows, cols]` matrix.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Spectrum {
+    /// `[rows, cols]`: rows = numel / last dim, cols = last dim.
+    pub matrix: [usize; 2],
+    /// `exact` (every singular value) or `randomized` (the top 64).
+    pub method: &'static str,
+    /// The singular values computed, non-increasing.
+    pub sigma: Vec<f64>,
+    /// Effective rank `exp(H(p))`, `p_i = sigma_i / sum sigma` (Roy & Vetterli 2007).
+    pub effective_rank: f64,
+    /// Smallest r with `sum_{i<=r} sigma_i^2 >= 0.99 sum sigma^2`.
+    pub energy_rank_99: usize,
+}
+
+/// Largest `min(rows, cols)` given an exact SVD; above it a rank-[`RANDOMIZED_RANK`]
+/// randomized SVD is used (cost `O(rows cols l)` instead of `O(rows cols min)`).
+pub const EXACT_SVD_MAX: usize = 1024;
+/// Rank of the randomized SVD for large tensors.
+pub const RANDOMIZED_RANK: usize = 64;
+
+/// The spectrum of `data` (dims `dims`) as a `[numel / last, last]` matrix.
+///
+/// Errors: a non-finite value or an empty tensor ([`opscope::linalg::LinalgError`]).
+pub fn spectrum(data: &[f32], dims: &[usize]) -> Result<Spectrum, String> {
+    let cols = dims.last().copied().unwrap_or(1).max(1);
+    let rows = data.len() / cols;
+    let svd = if rows.min(cols) <= EXACT_SVD_MAX {
+        opscope::linalg::svd(data, rows, cols)
+    } else {
+        opscope::linalg::randomized_svd(data, rows, cols, RANDOMIZED_RANK, 10, 2, 0)
+    }
+    .map_err(|e| e.to_string())?;
+    let method = if rows.min(cols) <= EXACT_SVD_MAX { "exact" } else { "randomized" };
+    let energy_rank_99 = opscope::linalg::rank_for_energy(&svd.sigma, 0.99).map_err(|e| e.to_string())?;
+    Ok(Spectrum {
+        matrix: [rows, cols],
+        method,
+        effective_rank: opscope::linalg::effective_rank_entropy(&svd.sigma),
+        energy_rank_99,
+        sigma: svd.sigma,
+    })
 }
 
 /// Group-of-4 counts along the reduction axis.
@@ -279,6 +331,7 @@ pub fn probe_dir(dir: &Path) -> Result<ProbeReport> {
             two_four: two_four(&v, &c.shape, axis),
             distinct: distinct_bits(&v),
             numel: v.len() as u64,
+            spectrum: spectrum(&v, &c.shape),
         });
         if c.role == "rhs" && c.invariant {
             cache.insert(c.file.clone(), v);
@@ -333,21 +386,26 @@ fn db(x: Option<f64>) -> String {
 /// The report as text: one line per tensor, then one block per GEMM.
 pub fn render(r: &ProbeReport) -> String {
     let mut s = String::new();
-    s.push_str("tensor                                   role  run  shape            2:4 groups (>=2 zeros / all)  distinct\n");
+    s.push_str("tensor                                   role  run  shape            2:4 groups (>=2 zeros / all)  distinct  eff.rank  99%-energy rank / min(rows,cols)\n");
     for t in &r.tensors {
         let tf = match &t.two_four {
             Ok(tf) => format!("{}/{} = {:.4}", tf.satisfying, tf.groups, tf.fraction),
             Err(why) => format!("- ({why})"),
         };
+        let sp = match &t.spectrum {
+            Ok(sp) => format!("{:.1}  {}/{}{}", sp.effective_rank, sp.energy_rank_99, sp.matrix[0].min(sp.matrix[1]), if sp.method == "exact" { "" } else { " (top 64, randomized)" }),
+            Err(why) => format!("- ({why})"),
+        };
         s.push_str(&format!(
-            "{:<40} {:<5} {:>4} {:<16} {:<29} {}/{}\n",
+            "{:<40} {:<5} {:>4} {:<16} {:<29} {}/{}  {}\n",
             t.site,
             t.role,
             format!("{}:{}", t.compile, t.run),
             format!("{:?}", t.shape).replace(' ', ""),
             tf,
             t.distinct,
-            t.numel
+            t.numel,
+            sp
         ));
     }
     if !r.gemms.is_empty() {

@@ -388,7 +388,13 @@ fn worker(
 ) -> Result<()> {
     let serve = || {
         let session = rlx_runtime::Session::new(rlx_runtime::Device::Cpu);
-        let mut compiled = model.compile(&session);
+        let mut compiled = match model.compile(&session) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = done.send(Err(e));
+                return;
+            }
+        };
         while let Ok(i) = go.recv() {
             let t = Instant::now();
             let r = model.run(&mut compiled, &batches[i % batches.len()]).map(|outs| {

@@ -33,13 +33,13 @@ fn minilm_sketches_match_onnxruntime_and_outputs_are_bit_identical() {
     let model = OnnxEncoder::load(&onnx, batch, seq).unwrap();
     let session = rlx_runtime::Session::new(rlx_runtime::Device::Cpu);
 
-    let plain = model.run(&mut model.compile(&session), &enc).unwrap();
+    let plain = model.run(&mut model.compile(&session).unwrap(), &enc).unwrap();
     let sink = MemorySink::default();
     // The onnxruntime reference sketches whole tensors: padding rows included here (the
     // exclusion of padding is checked against a host reference in tests/padding.rs and for
     // padding invariance in padding_invariance.rs).
     let p = Pipeline::parse("matmul{padding=include},attn,residual").unwrap();
-    let tapped = opscope::scope(&p, Box::new(sink.clone()), || model.run(&mut model.compile(&session), &enc).unwrap()).unwrap();
+    let tapped = opscope::scope(&p, Box::new(sink.clone()), || model.run(&mut model.compile(&session).unwrap(), &enc).unwrap()).unwrap();
     assert_eq!(plain.len(), tapped.len());
     assert_eq!(plain, tapped, "model outputs must be bit-identical with taps on (bytes and dtypes)");
 

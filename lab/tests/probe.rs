@@ -10,6 +10,8 @@
 //! - the quantized GEMM output SQNR equals numpy's for each of int8/int4 x weights per tensor or
 //!   per column x activations per tensor or per token; the activations hold exact rounding
 //!   ties (x.5 at scale 1), so round-half-away would differ from numpy's half-to-even;
+//! - singular values equal `numpy.linalg.svd` to 1e-4 of sigma_1; the effective rank (Roy &
+//!   Vetterli) and the 99%-energy rank equal numpy's;
 //! - the miner's `two_four_probe` verdict becomes confirmed on the planted weight, refuted on
 //!   the random one; other verdicts are untouched.
 
@@ -83,8 +85,14 @@ def prune(w):
 
 out = {"tensors": [], "gemms": {}}
 for site, role, t in tensors:
+    sv = np.linalg.svd(t.reshape(-1, t.shape[-1]).astype(np.float64), compute_uv=False)
+    p = sv / sv.sum()
+    p = p[p > 0]
+    e = np.cumsum(sv ** 2) / (sv ** 2).sum()
     out["tensors"].append({"site": site, "role": role, "two_four": two_four(t, role),
-                           "distinct": int(np.unique(t.view(np.uint32)).size)})
+                           "distinct": int(np.unique(t.view(np.uint32)).size),
+                           "sigma": sv.tolist(), "erank": float(np.exp(-(p * np.log(p)).sum())),
+                           "energy99": int(np.argmax(e >= 0.99 * (1 - 1e-12)) + 1)})
 for site, x, w in [("a", xa, wa), ("b", xb, wb)]:
     x2 = x.reshape(-1, K).astype(np.float64); w2 = w.astype(np.float64)
     y = x2 @ w2
@@ -138,6 +146,24 @@ fn group_of_4_counts_and_distinct_values_equal_numpy() {
     for t in report.tensors.iter().filter(|t| (t.site == "b" && t.role == "rhs") || (t.site == "a" && t.role == "lhs")) {
         let f = t.two_four.as_ref().unwrap().fraction;
         assert!(f > 0.4 && f < 0.9, "{}/{}: {f}", t.site, t.role);
+    }
+}
+
+#[test]
+fn singular_values_and_effective_ranks_equal_numpy() {
+    let (_dir, reference, report) = setup();
+    for (t, w) in report.tensors.iter().zip(reference["tensors"].as_array().unwrap()) {
+        let what = format!("{}/{}", t.site, t.role);
+        let sp = t.spectrum.as_ref().unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(sp.method, "exact");
+        let want: Vec<f64> = w["sigma"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        assert_eq!(sp.sigma.len(), want.len(), "{what}");
+        for (i, (a, b)) in sp.sigma.iter().zip(&want).enumerate() {
+            assert!((a - b).abs() <= 1e-4 * want[0], "{what} sigma_{i}: {a} vs numpy {b}");
+        }
+        let er = w["erank"].as_f64().unwrap();
+        assert!((sp.effective_rank - er).abs() <= 1e-6 * er, "{what} effective rank {} vs numpy {er}", sp.effective_rank);
+        assert_eq!(sp.energy_rank_99 as u64, w["energy99"].as_u64().unwrap(), "{what} 99% energy rank");
     }
 }
 

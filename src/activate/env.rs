@@ -14,6 +14,15 @@
 //! sketches are lowered into RLX primitive ops ([`crate::sketch::lower`]) and what cannot be
 //! lowered is listed in the manifest's `skipped`, per compile.
 //!
+//! Derived params (the `lowrank` factors, [`crate::params`]): a program that links opscope
+//! binds weights with plain `set_param`, so every executable whose graph declares derived params
+//! is wrapped, in this mode and under a scope alike (and even while `RLX_OPSCOPE` is unset, when
+//! a scope rewrote the graph): the wrapper's `set_param` / `set_param_typed` (F32) computes the
+//! derived params of the param it sets, and every run refuses, with the unbound params and the
+//! fix on stderr and exit code 2, while one is unbound (RLX alone would read zeros and warn).
+//! RLX's own unbound-param warning still names them at the first run: RLX does not see params
+//! set below its `CompiledGraph`.
+//!
 //! A backend registered after load (an external crate's `register()` called from `main`) for a
 //! device RLX had not registered is wrapped by calling [`init`] again after it. One registered
 //! for a device already wrapped replaces the wrapper, and that device is then not tapped (RLX
@@ -145,8 +154,11 @@ mod backend {
     use rlx_runtime::backend::{Backend, ExecutableGraph};
     use rlx_runtime::{CompileOptions, Device};
 
+    use std::collections::HashSet;
+
     use super::env_state;
     use crate::activate::tap_graph;
+    use crate::params::{self, Derivation};
     use crate::manifest::Manifest;
     use crate::record::Recorder;
 
@@ -180,20 +192,23 @@ mod backend {
             SLOTS[self.slot].get().expect("a wrapper is registered only after its slot is set").1.as_ref()
         }
 
+        /// Wrap `exec` when it has tap outputs to strip or derived params to bind; else the
+        /// backend's own executable.
         fn wrap(
             exec: Box<dyn ExecutableGraph>,
             tapped: Option<(Arc<Manifest>, Arc<Recorder>)>,
+            derived: Vec<(String, Arc<Derivation>)>,
         ) -> Box<dyn ExecutableGraph> {
-            match tapped {
-                None => exec,
-                Some((manifest, recorder)) => Box::new(Tapped {
-                    extra: manifest.appended(),
-                    inner: exec,
-                    manifest,
-                    recorder,
-                    slots: Vec::new(),
-                }),
+            if tapped.is_none() && derived.is_empty() {
+                return exec;
             }
+            Box::new(Tapped {
+                extra: tapped.as_ref().map_or(0, |(m, _)| m.appended()),
+                inner: exec,
+                tap: tapped,
+                derived: Derived { params: derived, bound: HashSet::new(), fault: None },
+                slots: Vec::new(),
+            })
         }
 
         fn tap(
@@ -222,7 +237,8 @@ mod backend {
 
     impl Backend for Tapping {
         fn compile(&self, graph: rlx_ir::Graph, options: &CompileOptions) -> Box<dyn ExecutableGraph> {
-            self.inner().compile(graph, options)
+            let derived = params::derived_in(&graph);
+            Self::wrap(self.inner().compile(graph, options), None, derived)
         }
 
         fn compile_lir(&self, lir: rlx_ir::LirModule, options: &CompileOptions) -> Box<dyn ExecutableGraph> {
@@ -244,17 +260,20 @@ mod backend {
             device: Device,
             options: &CompileOptions,
         ) -> Result<Box<dyn ExecutableGraph>, rlx_ir::hir::LowerError> {
-            // Off: the wrapped backend's own compile of the caller's module, and its executable.
+            // Off: the wrapped backend's own compile of the caller's module, and its executable
+            // (wrapped only to bind derived params a scope's rewrite declared).
             if env_state().is_none() {
-                return self.inner().compile_module(module, device, options);
+                let derived = module.as_graph().map(params::derived_in).unwrap_or_default();
+                return Ok(Self::wrap(self.inner().compile_module(module, device, options)?, None, derived));
             }
             let Some(graph) = module.as_graph().cloned() else {
                 return self.inner().compile_module(module, device, options);
             };
             debug_assert_eq!(device, self.device());
             let (graph, tapped) = self.tap(graph, device, options);
+            let derived = params::derived_in(&graph);
             let exec = self.inner().compile_module(rlx_ir::GraphModule::from_graph(graph), device, options)?;
-            Ok(Self::wrap(exec, tapped))
+            Ok(Self::wrap(exec, tapped, derived))
         }
 
         fn supported_ops(&self) -> &'static [rlx_ir::OpKind] {
@@ -264,38 +283,133 @@ mod backend {
 
     struct Tapped {
         inner: Box<dyn ExecutableGraph>,
+        /// Trailing tap outputs to strip (0 without a tap).
         extra: usize,
-        manifest: Arc<Manifest>,
-        recorder: Arc<Recorder>,
+        tap: Option<(Arc<Manifest>, Arc<Recorder>)>,
+        derived: Derived,
         slots: Vec<(usize, usize)>,
+    }
+
+    /// The derived params of one executable and which of them hold values.
+    #[derive(Clone)]
+    struct Derived {
+        /// Each derived param the graph declares, with its derivation.
+        params: Vec<(String, Arc<Derivation>)>,
+        /// Derived params set (computed from their source, or set directly).
+        bound: HashSet<String>,
+        /// Why a derivation failed at the last bind of its source (refuses every run).
+        fault: Option<String>,
     }
 
     impl Tapped {
         /// Record the trailing `extra` outputs and return the caller's.
         fn strip<T>(&self, mut outs: Vec<T>, to_f32: impl Fn(&T) -> Vec<f32>) -> Vec<T> {
-            if outs.len() >= self.extra {
-                let tail = outs.split_off(outs.len() - self.extra);
-                self.recorder.record(&self.manifest, tail.iter().map(to_f32).collect());
+            if let Some((manifest, recorder)) = &self.tap {
+                if outs.len() >= self.extra {
+                    let tail = outs.split_off(outs.len() - self.extra);
+                    recorder.record(manifest, tail.iter().map(to_f32).collect());
+                }
             }
             outs
+        }
+
+        /// After param `name` was set to `data`: compute and set every derived param of this
+        /// executable computed from it (or note `name` bound, if it is itself a derived param).
+        fn bind_derived(&mut self, name: &str, data: Option<&[f32]>) {
+            let d = &mut self.derived;
+            if d.params.iter().any(|(t, _)| t == name) {
+                d.bound.insert(name.to_string());
+            }
+            let mut done: Vec<*const Derivation> = Vec::new();
+            let sources: Vec<Arc<Derivation>> = d.params.iter().filter(|(_, x)| x.source == name).map(|(_, x)| x.clone()).collect();
+            for der in sources {
+                if done.contains(&Arc::as_ptr(&der)) {
+                    continue;
+                }
+                done.push(Arc::as_ptr(&der));
+                for (t, _) in &der.targets {
+                    d.bound.remove(t);
+                }
+                let Some(data) = data else {
+                    d.fault = Some(format!("param '{name}' was set with a non-f32 dtype or a byte range; its derived params need the whole f32 values: set it with set_param (or set_param_typed as F32)"));
+                    continue;
+                };
+                match params::derive(&der, data) {
+                    Ok(values) => {
+                        for ((t, _), v) in der.targets.iter().zip(values.iter()) {
+                            self.inner.set_param(t, v);
+                            d.bound.insert(t.clone());
+                        }
+                        d.fault = None;
+                    }
+                    Err(e) => d.fault = Some(e.to_string()),
+                }
+            }
+        }
+
+        /// After params were copied or shared from `src`: a derived param `src` holds is bound.
+        fn note_copied(&mut self, ok: bool, src: &dyn ExecutableGraph) {
+            if ok {
+                for (t, _) in &self.derived.params {
+                    if src.param_already_set(t) {
+                        self.derived.bound.insert(t.clone());
+                    }
+                }
+            }
+        }
+
+        /// Refuse to run (stderr, exit code 2) while a derived param is unbound: RLX would read
+        /// zeros for it and compute silently wrong outputs.
+        fn guard(&self) {
+            let d = &self.derived;
+            if d.params.is_empty() {
+                return;
+            }
+            let unbound: Vec<&(String, Arc<Derivation>)> = d.params.iter().filter(|(t, _)| !d.bound.contains(t) && !self.inner.param_already_set(t)).collect();
+            if let Some(why) = &d.fault {
+                eprintln!("opscope: refusing to run: {why}");
+                std::process::exit(2);
+            }
+            if !unbound.is_empty() {
+                let names: Vec<&str> = unbound.iter().map(|(t, _)| t.as_str()).collect();
+                let mut sources: Vec<&str> = unbound.iter().map(|(_, x)| x.source.as_str()).collect();
+                sources.dedup();
+                eprintln!(
+                    "opscope: refusing to run: derived params {} were never set (RLX would read zeros); fix: set their source params {} with set_param on this compiled graph (opscope computes the derived ones), or bind with opscope::params::bind",
+                    names.join(", "),
+                    sources.join(", ")
+                );
+                std::process::exit(2);
+            }
         }
     }
 
     impl ExecutableGraph for Tapped {
         fn capabilities(&self) -> rlx_runtime::ExecutableCapabilities { self.inner.capabilities() }
-        fn set_param(&mut self, name: &str, data: &[f32]) { self.inner.set_param(name, data) }
-        fn set_param_range(&mut self, name: &str, byte_offset: usize, data: &[u8]) -> bool { self.inner.set_param_range(name, byte_offset, data) }
+        fn set_param(&mut self, name: &str, data: &[f32]) {
+            self.inner.set_param(name, data);
+            self.bind_derived(name, Some(data));
+        }
+        fn set_param_range(&mut self, name: &str, byte_offset: usize, data: &[u8]) -> bool {
+            let ok = self.inner.set_param_range(name, byte_offset, data);
+            // A partial update leaves derived params stale: refuse until the source is set whole.
+            if ok && self.derived.params.iter().any(|(_, d)| d.source == name) {
+                self.bind_derived(name, None);
+            }
+            ok
+        }
         fn finalize_params(&mut self) { self.inner.finalize_params() }
         fn clone_box(&self) -> Box<dyn ExecutableGraph> {
             Box::new(Tapped {
                 inner: self.inner.clone_box(),
                 extra: self.extra,
-                manifest: self.manifest.clone(),
-                recorder: self.recorder.clone(),
+                tap: self.tap.clone(),
+                derived: self.derived.clone(),
                 slots: Vec::new(),
             })
         }
         fn run(&mut self, inputs: &[(&str, &[f32])]) -> Vec<Vec<f32>> {
+            self.guard();
             let outs = self.inner.run(inputs);
             self.strip(outs, |v| v.clone())
         }
@@ -309,12 +423,14 @@ mod backend {
         }
         fn optimizer_step_resident(&mut self, trainable: &[(String, Vec<usize>)], step: &mut dyn FnMut(&str, &[usize], &mut [f32], &[f32])) -> bool { self.inner.optimizer_step_resident(trainable, step) }
         fn run_raw(&mut self, inputs: &[(&str, &[f32])]) -> Vec<(*const f32, usize)> {
+            self.guard();
             let raw = self.inner.run_raw(inputs);
             // SAFETY: the backend's run_raw returns pointers into its arena that stay valid
             // until the next run; the tap outputs are copied right away.
             self.strip(raw, |&(p, n)| unsafe { std::slice::from_raw_parts(p, n) }.to_vec())
         }
         fn run_slots(&mut self, inputs: &[&[f32]]) -> &[(usize, usize)] {
+            self.guard();
             let slots = self.inner.run_slots(inputs).to_vec();
             let arena = self.inner.arena_ptr();
             self.slots = if slots.len() >= self.extra && !arena.is_null() {
@@ -362,13 +478,24 @@ mod backend {
         fn stage_bound_gpu_handles_to_arena(&mut self) { self.inner.stage_bound_gpu_handles_to_arena() }
         fn seed_resident_kv_prefix_from(&mut self, src: &dyn ExecutableGraph, prefix_tokens: usize, outgoing_upper: usize, kv_dim: usize, n_layers: usize) -> bool { self.inner.seed_resident_kv_prefix_from(src, prefix_tokens, outgoing_upper, kv_dim, n_layers) }
         fn copy_resident_kv_rows_from(&mut self, src: &dyn ExecutableGraph, from_row: usize, to_row: usize, outgoing_upper: usize, kv_dim: usize, n_layers: usize) -> bool { self.inner.copy_resident_kv_rows_from(src, from_row, to_row, outgoing_upper, kv_dim, n_layers) }
-        fn copy_params_from(&mut self, src: &dyn ExecutableGraph) -> bool { self.inner.copy_params_from(src) }
-        fn share_params_from(&mut self, src: &dyn ExecutableGraph) -> bool { self.inner.share_params_from(src) }
-        fn param_already_set(&self, name: &str) -> bool { self.inner.param_already_set(name) }
+        fn copy_params_from(&mut self, src: &dyn ExecutableGraph) -> bool {
+            let ok = self.inner.copy_params_from(src);
+            self.note_copied(ok, src);
+            ok
+        }
+        fn share_params_from(&mut self, src: &dyn ExecutableGraph) -> bool {
+            let ok = self.inner.share_params_from(src);
+            self.note_copied(ok, src);
+            ok
+        }
+        fn param_already_set(&self, name: &str) -> bool { self.derived.bound.contains(name) || self.inner.param_already_set(name) }
         fn executable_as_any(&self) -> Option<&dyn std::any::Any> { self.inner.executable_as_any() }
         fn executable_as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> { self.inner.executable_as_any_mut() }
         fn read_output_row(&self, out_idx: usize, row: usize, row_inner: usize) -> Option<Vec<f32>> { self.inner.read_output_row(out_idx, row, row_inner) }
-        fn run_feed_gpu_handle(&mut self, inputs: &[(&str, &[f32])], handle_name: &str, output_index: usize) -> Option<Vec<f32>> { self.inner.run_feed_gpu_handle(inputs, handle_name, output_index) }
+        fn run_feed_gpu_handle(&mut self, inputs: &[(&str, &[f32])], handle_name: &str, output_index: usize) -> Option<Vec<f32>> {
+            self.guard();
+            self.inner.run_feed_gpu_handle(inputs, handle_name, output_index)
+        }
         fn commit_no_wait(&mut self, inputs: &[(&str, &[f32])]) {
             // Run synchronously so the tap outputs are stripped and recorded (the CPU backend
             // has no asynchronous commit either).
@@ -376,11 +503,21 @@ mod backend {
         }
         fn sync_pending(&mut self) { self.inner.sync_pending() }
         fn run_pipelined(&mut self, input_sets: &[Vec<(&str, &[f32])>]) -> Vec<Vec<Vec<f32>>> {
+            self.guard();
             let outs = self.inner.run_pipelined(input_sets);
             outs.into_iter().map(|o| self.strip(o, |v| v.clone())).collect()
         }
-        fn set_param_typed(&mut self, name: &str, data: &[u8], dtype: rlx_ir::DType) { self.inner.set_param_typed(name, data, dtype) }
+        fn set_param_typed(&mut self, name: &str, data: &[u8], dtype: rlx_ir::DType) {
+            self.inner.set_param_typed(name, data, dtype);
+            if dtype == rlx_ir::DType::F32 && data.len() % 4 == 0 {
+                let values: Vec<f32> = data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+                self.bind_derived(name, Some(&values));
+            } else {
+                self.bind_derived(name, None);
+            }
+        }
         fn run_typed(&mut self, inputs: &[(&str, &[u8], rlx_ir::DType)]) -> Vec<(Vec<u8>, rlx_ir::DType)> {
+            self.guard();
             let outs = self.inner.run_typed(inputs);
             self.strip(outs, |(b, d)| rlx_runtime::taps::to_f32(b, *d))
         }

@@ -2,6 +2,7 @@
 //! this folder names a concrete pass.
 
 pub mod attn;
+pub mod capture;
 pub mod fakequant;
 pub mod lowrank;
 pub mod matmul;
@@ -19,5 +20,5 @@ pub mod staticquant;
 /// program that links opscope with just `use opscope as _;` saw `matmul` but not the passes in
 /// other files (measured with the `mlp` example). The crate's load-time constructor calls it.
 pub fn link() {
-    std::hint::black_box([attn::link as fn(), fakequant::link, lowrank::link, matmul::link, online::link, residual::link, route::link, sample::link, skip::link, smoothquant::link, sparseattn::link, staticquant::link]);
+    std::hint::black_box([attn::link as fn(), capture::link, fakequant::link, lowrank::link, matmul::link, online::link, residual::link, route::link, sample::link, skip::link, smoothquant::link, sparseattn::link, staticquant::link]);
 }

@@ -149,6 +149,35 @@ pub struct Manifest {
     /// [`crate::sketch::sample`]); `None` when every run is recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sample_every: Option<u64>,
+    /// Whole tensors appended as extra outputs by a `capture` pass, after every sketch output
+    /// (so value 0 of the first extra output is still a sketch's compile tag).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub captures: Vec<CaptureOutput>,
+}
+
+/// One whole tensor a `capture` pass appended as an extra graph output. The recorder writes it
+/// as `.npy` on the runs the pass samples, within the pass's byte budget (see
+/// [`crate::capture`]); it never becomes rows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CaptureOutput {
+    /// Index of this output among the graph's outputs (after the caller's own and the sketches).
+    pub output_index: usize,
+    /// Node id of the tensor.
+    pub tensor: u32,
+    /// Site name.
+    pub site: String,
+    /// Role of the tensor there.
+    pub role: Role,
+    /// Static dims of the tensor.
+    pub dims: Vec<usize>,
+    /// The tensor depends on parameters and constants only (a weight): written once per compile.
+    pub invariant: bool,
+    /// Position of the capture pass in the pipeline.
+    pub pass_idx: usize,
+    /// Write the tensor on runs whose step is a multiple of this (1 = every run).
+    pub every: u64,
+    /// Byte budget of the capture pass (whole recording).
+    pub budget: u64,
 }
 
 /// One change an actuation pass made to the program (fake-quant inserted, block bypassed).
@@ -179,6 +208,12 @@ impl TapOutput {
 }
 
 impl Manifest {
+    /// Extra outputs the rewritten graph appends after the caller's: the sketch outputs that
+    /// got a node, then the captured tensors.
+    pub fn appended(&self) -> usize {
+        self.outputs.iter().filter(|o| o.output_index.is_some()).count() + self.captures.len()
+    }
+
     /// Look a site up by name.
     pub fn site(&self, name: &str) -> Option<&Site> {
         self.sites.iter().find(|s| s.site == name)

@@ -2,11 +2,13 @@
 //! compile that produced them, and hands them to a sink.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use crate::capture::{Pick, Selector, Store};
 use crate::error::Error;
 use crate::manifest::Manifest;
 use crate::recording::{Row, Sink};
@@ -65,6 +67,8 @@ impl Interned {
 enum Msg {
     Manifest(Arc<Manifest>),
     Run { manifest: Arc<Manifest>, step: u64, outputs: Vec<Vec<f32>> },
+    /// Whole tensors of one run to write into the capture directory `dir`.
+    Capture { dir: PathBuf, manifest: Arc<Manifest>, step: u64, picks: Vec<Pick> },
     /// Every run is in: finish the sink (`true`), or close it as a partial recording
     /// (`false`: interrupted, readable, never renamed into place). Without it (a panic, an
     /// early drop) the sink is left unfinished, so an incomplete recording never looks complete.
@@ -86,6 +90,11 @@ struct Front {
     error: Option<Error>,
     tx: Option<SyncSender<Msg>>,
     writer: Option<JoinHandle<Result<(), Error>>>,
+    /// Where captured tensors go ([`Recorder::set_capture_dir`]; a file sink's
+    /// `<path>.capture`).
+    capture_dir: Option<PathBuf>,
+    /// Sampling and budget state of captured tensors.
+    selector: Selector,
 }
 
 /// Shared recording state of one scope (or of the environment-activated process).
@@ -111,6 +120,7 @@ fn writer(mut sink: Box<dyn Sink>, run_id: Arc<str>, rx: Receiver<Msg>) -> Resul
     // Last recorded sketch of each weight (compile tag, output position): a weight is written
     // again only when it changes (a `set_param` between runs).
     let mut weights: HashMap<(u32, usize), Vec<f32>> = HashMap::new();
+    let mut store: Option<Store> = None;
     for msg in rx {
         if first.is_some() {
             continue;
@@ -139,6 +149,17 @@ fn writer(mut sink: Box<dyn Sink>, run_id: Arc<str>, rx: Receiver<Msg>) -> Resul
                 decode_each(&run_id, &names, step, &manifest, &outputs, &mut changed, |rows| sink.write(rows))
                     .and_then(|_| sink.flush())
             }
+            Msg::Capture { dir, manifest, step, picks } => {
+                let s = match store.take() {
+                    Some(s) => Ok(s),
+                    None => Store::create(&dir, &run_id),
+                };
+                s.and_then(|mut s| {
+                    let r = s.write(&manifest, step, picks);
+                    store = Some(s);
+                    r
+                })
+            }
             Msg::Finish(complete) => {
                 finish = true;
                 partial = !complete;
@@ -161,6 +182,7 @@ impl Recorder {
     /// A recorder writing to `sink` from a writer thread.
     pub fn new(sink: Box<dyn Sink>, run_id: String) -> Recorder {
         let run_id: Arc<str> = Arc::from(run_id);
+        let capture_dir = sink.capture_dir();
         let (tx, rx) = sync_channel(QUEUE);
         let id = run_id.clone();
         let writer = std::thread::Builder::new()
@@ -179,8 +201,16 @@ impl Recorder {
                 error,
                 tx,
                 writer,
+                capture_dir,
+                selector: Selector::default(),
             }),
         }
+    }
+
+    /// Write captured tensors (a `capture` pass) into `dir` instead of the sink's default
+    /// (`<recording>.capture` for a file sink; none for a [`crate::MemorySink`]).
+    pub fn set_capture_dir(&self, dir: PathBuf) {
+        self.with_front(|s| s.capture_dir = Some(dir));
     }
 
     /// The run id written in every row.
@@ -261,10 +291,13 @@ impl Recorder {
         }
     }
 
-    /// The extra outputs of one run of the graph `manifest` describes. A run that was not
-    /// sampled (`sample{every=N}`: every output carries the negated compile tag) is counted as
-    /// a step and writes no row.
-    pub fn record(&self, manifest: &Arc<Manifest>, outputs: Vec<Vec<f32>>) {
+    /// The extra outputs of one run of the graph `manifest` describes: the sketches, then the
+    /// whole tensors of a `capture` pass. A run that was not sampled (`sample{every=N}`: every
+    /// sketch output carries the negated compile tag) is counted as a step and writes no row
+    /// and no captured tensor.
+    pub fn record(&self, manifest: &Arc<Manifest>, mut outputs: Vec<Vec<f32>>) {
+        let ncap = manifest.captures.len();
+        let captures = if ncap > 0 && outputs.len() >= ncap { outputs.split_off(outputs.len() - ncap) } else { Vec::new() };
         let negated = -(manifest.tag as f32);
         let unsampled = outputs.iter().filter(|o| o.first() == Some(&negated)).count();
         if unsampled > 0 && unsampled != outputs.len() {
@@ -290,6 +323,30 @@ impl Recorder {
                 step,
                 outputs,
             });
+            if ncap > 0 {
+                self.capture(manifest, step, captures);
+            }
+        }
+    }
+
+    /// Hand the sampled, in-budget captured tensors of one run to the writer.
+    fn capture(&self, manifest: &Arc<Manifest>, step: u64, captures: Vec<Vec<f32>>) {
+        let picked = self.with_front(|s| {
+            let dir = s.capture_dir.clone();
+            (dir, s.selector.pick(manifest, step, captures))
+        });
+        let Some((dir, picks)) = picked else { return };
+        if picks.is_empty() {
+            return;
+        }
+        match dir {
+            Some(dir) => self.send(Msg::Capture { dir, manifest: manifest.clone(), step, picks }),
+            None => self.fail(Error::BadPath {
+                path: PathBuf::new(),
+                why: "the pipeline captures tensors but the recording has no capture directory: record to a file \
+                      (tensors go to <path>.capture/) or call Scope::capture_dir"
+                    .into(),
+            }),
         }
     }
 

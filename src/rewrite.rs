@@ -45,6 +45,9 @@ pub struct Rewrite {
     sample_every: Option<u64>,
     /// Feed the online state ([`crate::online`]) from every native tensor sketch.
     online: bool,
+    /// Whole tensors a `capture` pass asked for: appended after every sketch output in
+    /// [`Rewrite::finish`].
+    captures: Vec<NodeId>,
 }
 
 impl Rewrite {
@@ -63,6 +66,7 @@ impl Rewrite {
             actuations: Vec::new(),
             padding: None,
             sample_every: None,
+            captures: Vec::new(),
         };
         let mut rw = Rewrite {
             graph: graph.clone(),
@@ -81,6 +85,7 @@ impl Rewrite {
             force_lower: false,
             sample_every: None,
             online: false,
+            captures: Vec::new(),
         };
         let mut dynamic = vec![false; graph.len()];
         for n in graph.nodes() {
@@ -503,6 +508,46 @@ impl Rewrite {
         }
     }
 
+    /// Append the whole tensor `tensor` (F32, static shape) as an extra output, written by the
+    /// recorder as `.npy` on the runs a `capture` pass samples (`every`, byte `budget`: see
+    /// [`crate::capture`]). A count sketch of the tensor is tapped too, so every tapped run still
+    /// starts with a compile tag and records `count` for the site. Returns `false` (after
+    /// [`Rewrite::skip`] with the reason) when the tensor cannot be captured: not F32, a
+    /// symbolic or zero-size shape, or never written by the backend.
+    pub fn capture(&mut self, site: &str, role: Role, tensor: NodeId, every: u64, budget: u64) -> bool {
+        let shape = self.graph.node(tensor).shape.clone();
+        let why = if shape.dtype() != DType::F32 {
+            Some(format!("capture writes F32 tensors only; this one is {:?}", shape.dtype()))
+        } else if static_dims(&shape).is_none() {
+            Some("capture needs a static shape (a symbolic dim is only known at run time)".to_string())
+        } else if static_dims(&shape).is_some_and(|d| d.iter().product::<usize>() == 0) {
+            Some("zero-size tensor: nothing to capture".to_string())
+        } else {
+            self.elided(tensor).map(|w| w.to_string())
+        };
+        if let Some(why) = why {
+            self.skip(site, Some(role), Some(tensor), why);
+            return false;
+        }
+        let dims = static_dims(&shape).unwrap_or_default();
+        if let Ok(plan) = SketchSpec::for_shape(&shape, &[], 1, crate::sketch::HistRange::Absmax, 1) {
+            self.tap(site, role.clone(), tensor, plan.spec);
+        }
+        self.manifest.captures.push(crate::manifest::CaptureOutput {
+            output_index: 0, // set by `finish`
+            tensor: tensor.0,
+            site: site.to_string(),
+            role,
+            dims,
+            invariant: !self.is_dynamic(tensor),
+            pass_idx: self.current.0,
+            every,
+            budget,
+        });
+        self.captures.push(tensor);
+        true
+    }
+
     /// The padding row mask of this program for a tensor of `rows` rows (all leading dims
     /// flattened): the graph input `attention_mask` (the Hugging Face export name) as F32, when
     /// it holds exactly `rows` values, one per token; `None` otherwise (every row then counts).
@@ -578,6 +623,12 @@ impl Rewrite {
     pub fn finish_mapped(mut self) -> (Graph, Manifest, Vec<Option<NodeId>>) {
         let original = self.live.len();
         let user_outputs = self.manifest.user_outputs;
+        // Captured tensors go after every sketch output (the recorder reads the compile tag
+        // from the first extra output).
+        for (c, &t) in self.manifest.captures.iter_mut().zip(&self.captures) {
+            c.output_index = self.graph.outputs.len();
+            self.graph.outputs.push(t);
+        }
         let (graph, first) = if self.restructured {
             let (g, m) = rebuild(&self.graph);
             (g, Some(m))
@@ -604,6 +655,9 @@ impl Rewrite {
         }
         for a in &mut m.actuations {
             a.node = to_new(a.node);
+        }
+        for c in &mut m.captures {
+            c.tensor = to_new(c.tensor);
         }
         let map = (0..original as u32).map(|old| Some(to_new(old)).filter(|&v| v != u32::MAX).map(NodeId)).collect();
         (graph, self.manifest, map)

@@ -60,7 +60,7 @@ fn main() {
     let extra = manifest.outputs.iter().filter(|o| o.output_index.is_some()).count();
     model.graph = tapped;
     let session = Session::new(Device::Cpu);
-    let mut compiled = model.compile(&session);
+    let mut compiled = model.compile(&session).expect("compile");
     let runs: Vec<Vec<Vec<f32>>> = encoded
         .iter()
         .map(|b| {

@@ -17,6 +17,7 @@ pub mod npz;
 pub mod output;
 pub mod parity;
 pub mod plan;
+pub mod probe;
 pub mod report;
 pub mod shares;
 pub mod staticq;

@@ -92,6 +92,25 @@ enum Cmd {
     /// an exact multiple-choice knapsack. Writes the table and the plan as JSON
     /// (`opscope measure --plan` applies it).
     Plan(PlanArgs),
+    /// Host probes on the tensors a `capture` pass wrote (`<recording>.capture/`): per tensor
+    /// the exact 2:4 group count along K and the distinct f32 count; per matmul site with both
+    /// operands captured, the measured SQNR of the GEMM output under int8/int4 per-tensor,
+    /// per-channel and per-token quantization, and under 2:4 pruning of the weight. With
+    /// `--recording`, the miner's `two_four_probe` verdicts confirmed or refuted.
+    Probe(ProbeArgs),
+}
+
+#[derive(clap::Args)]
+struct ProbeArgs {
+    /// The capture directory (holds manifest.json).
+    #[arg(long)]
+    capture: PathBuf,
+    /// A recording to mine: its 2:4 probe verdicts are upgraded with the measured counts.
+    #[arg(long)]
+    recording: Option<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -902,6 +921,33 @@ struct MineArgs {
     time_shares: Option<PathBuf>,
 }
 
+fn probe(a: ProbeArgs) -> Result<()> {
+    let report = opscope_lab::probe::probe_dir(&a.capture).with_context(|| format!("probing {}", a.capture.display()))?;
+    let upgraded = match &a.recording {
+        Some(rec) => {
+            let series = opscope::mine::load(rec)?;
+            let verdicts = opscope::mine::mine(&series);
+            let evidence = opscope_lab::probe::two_four_evidence(&report);
+            Some(opscope::mine::probe::upgrade_two_four(verdicts, &evidence))
+        }
+        None => None,
+    };
+    if a.json {
+        let doc = serde_json::json!({ "capture": a.capture, "tensors": report.tensors, "gemms": report.gemms, "verdicts": upgraded });
+        return emit(&(serde_json::to_string_pretty(&doc).context("JSON")? + "\n"));
+    }
+    let mut text = opscope_lab::probe::render(&report);
+    if let Some(v) = &upgraded {
+        let probed: Vec<_> = v.iter().filter(|v| v.kind.name.starts_with("two_four")).collect();
+        text.push_str(&format!("\n2:4 verdicts ({}):\n", probed.len()));
+        for v in probed {
+            let ev: Vec<String> = v.evidence.iter().map(|(k, x)| format!("{k}={x:.4}")).collect();
+            text.push_str(&format!("  {} {} {}: {}\n", v.site, v.role, v.kind.name, ev.join(" ")));
+        }
+    }
+    emit(&text)
+}
+
 fn mine(a: MineArgs) -> Result<()> {
     let series = opscope::mine::load(&a.recording)?;
     let time = a.time_shares.as_deref().map(opscope::mine::TimeShares::load).transpose()?;
@@ -1515,6 +1561,7 @@ fn main() -> ExitCode {
         Cmd::Time(a) => time(a),
         Cmd::Blocks(a) => blocks(a),
         Cmd::Plan(a) => plan(a),
+        Cmd::Probe(a) => probe(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -108,6 +108,38 @@ fn matmul_operands(op: &Op, inputs: &[NodeId]) -> Option<(NodeId, Option<NodeId>
     }
 }
 
+/// Every logical matmul site of the graph as `(site name, node, lhs, rhs, out)`: one per
+/// matmul node, and one per part of a horizontally merged Q/K/V matmul (named after the source
+/// graph's site of its weight). Shared with the `capture` pass, so both name sites alike.
+pub(crate) fn logical_sites(rw: &Rewrite) -> Vec<(String, NodeId, NodeId, Option<NodeId>, NodeId)> {
+    let nodes: Vec<NodeId> = rw.original_nodes().collect();
+    // (site name, node, lhs, rhs, out) of every logical site.
+    let mut sites: Vec<(String, NodeId, NodeId, Option<NodeId>, NodeId)> = Vec::new();
+    for id in nodes {
+        let node = rw.graph().node(id);
+        let Some((lhs, rhs)) = matmul_operands(&node.op, &node.inputs) else {
+            continue;
+        };
+        let parts = match (&node.op, rhs) {
+            (Op::MatMul, Some(r)) => merged_parts(rw, id, r),
+            _ => None,
+        };
+        match parts {
+            Some(parts) => {
+                let whole = rw.site_name(id);
+                for (i, p) in parts.into_iter().enumerate() {
+                    let name = rw
+                        .source_name_for_param("matmul", &p.param)
+                        .unwrap_or_else(|| format!("{whole}[{i}]"));
+                    sites.push((name, id, lhs, Some(p.weight), p.out));
+                }
+            }
+            None => sites.push((rw.site_name(id), id, lhs, rhs, id)),
+        }
+    }
+    sites
+}
+
 impl Pass for MatmulTap {
     fn name(&self) -> &'static str {
         "matmul"
@@ -139,31 +171,7 @@ impl Pass for MatmulTap {
         rw.force_lowering(opts.get(&LOWER)?);
 
         rw.note_removed(|op| crate::rewrite::family(op) == "matmul");
-        let nodes: Vec<NodeId> = rw.original_nodes().collect();
-        // (site name, node, lhs, rhs, out) of every logical site.
-        let mut sites: Vec<(String, NodeId, NodeId, Option<NodeId>, NodeId)> = Vec::new();
-        for id in nodes {
-            let node = rw.graph().node(id);
-            let Some((lhs, rhs)) = matmul_operands(&node.op, &node.inputs) else {
-                continue;
-            };
-            let parts = match (&node.op, rhs) {
-                (Op::MatMul, Some(r)) => merged_parts(rw, id, r),
-                _ => None,
-            };
-            match parts {
-                Some(parts) => {
-                    let whole = rw.site_name(id);
-                    for (i, p) in parts.into_iter().enumerate() {
-                        let name = rw
-                            .source_name_for_param("matmul", &p.param)
-                            .unwrap_or_else(|| format!("{whole}[{i}]"));
-                        sites.push((name, id, lhs, Some(p.weight), p.out));
-                    }
-                }
-                None => sites.push((rw.site_name(id), id, lhs, rhs, id)),
-            }
-        }
+        let sites = logical_sites(rw);
         for (site_name, id, lhs, rhs, out) in sites {
             if !patterns.matches(&site_name) {
                 continue;

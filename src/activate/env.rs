@@ -203,7 +203,7 @@ mod backend {
                 return exec;
             }
             Box::new(Tapped {
-                extra: tapped.as_ref().map_or(0, |(m, _)| m.outputs.iter().filter(|o| o.output_index.is_some()).count()),
+                extra: tapped.as_ref().map_or(0, |(m, _)| m.appended()),
                 inner: exec,
                 tap: tapped,
                 derived: Derived { params: derived, bound: HashSet::new(), fault: None },

@@ -28,7 +28,7 @@ impl GraphTap for ScopeTap {
         // `Session::compile` and `compile_with(CompileOptions::default())` use.
         let options = rlx_runtime::CompileOptions::new();
         let (g, m) = tap_graph(&self.pipeline, &self.recorder, graph, self.stage, self.device, &options);
-        let n = m.map_or(0, |m| m.outputs.iter().filter(|o| o.output_index.is_some()).count());
+        let n = m.map_or(0, |m| m.appended());
         (g, n)
     }
 
@@ -51,6 +51,7 @@ pub struct Scope<'a> {
     stage: Stage,
     device: rlx_runtime::Device,
     interrupt: Option<&'static AtomicBool>,
+    capture_dir: Option<std::path::PathBuf>,
 }
 
 /// What a scope recorded, and what looked wrong.
@@ -71,7 +72,7 @@ pub struct Summary {
 impl<'a> Scope<'a> {
     /// A scope recording `pipeline` to `sink`, observing the deployed program.
     pub fn new(pipeline: &'a Pipeline, sink: Box<dyn Sink>) -> Scope<'a> {
-        Scope { pipeline, sink, stage: Stage::Deployed, device: rlx_runtime::Device::Cpu, interrupt: None }
+        Scope { pipeline, sink, stage: Stage::Deployed, device: rlx_runtime::Device::Cpu, interrupt: None, capture_dir: None }
     }
 
     /// The device the code inside the scope compiles for (default the CPU). RLX 0.2.19's
@@ -94,6 +95,13 @@ impl<'a> Scope<'a> {
         self
     }
 
+    /// Write tensors captured by a `capture` pass into `dir` (default: `<path>.capture` beside
+    /// a file recording; a [`crate::MemorySink`] has no default and needs this).
+    pub fn capture_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Scope<'a> {
+        self.capture_dir = Some(dir.into());
+        self
+    }
+
     /// Observe the program at `stage` instead.
     pub fn stage(mut self, stage: Stage) -> Scope<'a> {
         self.stage = stage;
@@ -106,6 +114,9 @@ impl<'a> Scope<'a> {
     /// are printed on stderr too.
     pub fn run<T>(self, f: impl FnOnce() -> T) -> (T, Result<Summary, Error>) {
         let recorder = Arc::new(Recorder::new(self.sink, new_run_id()));
+        if let Some(dir) = self.capture_dir.clone() {
+            recorder.set_capture_dir(dir);
+        }
         let tap = Rc::new(ScopeTap {
             pipeline: self.pipeline.clone(),
             recorder: recorder.clone(),

@@ -18,6 +18,7 @@
 
 pub mod calibrate;
 mod hist;
+pub mod probe;
 mod series;
 mod tensor;
 mod time;

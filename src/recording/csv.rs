@@ -107,6 +107,9 @@ impl CsvSink {
 }
 
 impl Sink for CsvSink {
+    fn capture_dir(&self) -> Option<std::path::PathBuf> {
+        Some(super::sink::capture_dir_of(&self.path))
+    }
     fn manifest(&mut self, manifest: &Manifest) -> Result<(), Error> {
         self.manifests.push(manifest.clone());
         Ok(())

@@ -275,6 +275,9 @@ impl DatasetSink {
 }
 
 impl Sink for DatasetSink {
+    fn capture_dir(&self) -> Option<std::path::PathBuf> {
+        Some(super::sink::capture_dir_of(&self.root))
+    }
     fn recording_id(&mut self, id: &str) -> Result<(), Error> {
         if self.id.is_none() {
             self.id = Some(id.to_string());

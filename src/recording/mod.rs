@@ -31,7 +31,7 @@ pub use format::{
     Sidecar, COLUMNS, FORMAT,
 };
 pub use read::{read_rows, RowRef};
-pub use sink::{MemorySink, Sink, Tee};
+pub use sink::{capture_dir_of, MemorySink, Sink, Tee};
 
 use crate::error::Error;
 

@@ -36,6 +36,11 @@ pub trait Sink: Send {
     fn abandon(&mut self) -> Result<(), Error> {
         Ok(())
     }
+    /// Where whole tensors captured by a `capture` pass are written (a directory beside the
+    /// recording, `<path>.capture`); `None` (the default) when the sink has no path.
+    fn capture_dir(&self) -> Option<std::path::PathBuf> {
+        None
+    }
 }
 
 /// An in-memory sink (tests, and programs that mine right away). Clones share storage.
@@ -100,4 +105,14 @@ impl Sink for Tee {
     fn abandon(&mut self) -> Result<(), Error> {
         self.0.iter_mut().try_for_each(|s| s.abandon())
     }
+    fn capture_dir(&self) -> Option<std::path::PathBuf> {
+        self.0.iter().find_map(|s| s.capture_dir())
+    }
+}
+
+/// `<path>.capture`: the capture directory beside a recording at `path`.
+pub fn capture_dir_of(path: &std::path::Path) -> std::path::PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".capture");
+    std::path::PathBuf::from(p)
 }

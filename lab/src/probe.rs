@@ -1,0 +1,423 @@
+//! `opscope probe --capture DIR`: host probes on the tensors a `capture` pass wrote, measuring
+//! what sketches cannot see.
+//!
+//! Per captured tensor:
+//! - **2:4 (N:M) structure**: the exact count of groups of 4 consecutive values along the
+//!   reduction axis that hold >= 2 zeros (`== 0.0`, either sign). The axis is K: the last axis
+//!   of an activation `lhs` `[.., K]` (and of an `out`, the next op's activation), the
+//!   second-to-last of a weight `rhs` `[.., K, N]` (each column's K values). A K that is not a
+//!   multiple of 4 gives no count (said why).
+//! - **cardinality**: the exact number of distinct f32 bit patterns (so `0.0` and `-0.0`
+//!   count twice, as do NaN payloads).
+//! - **spectrum**: singular values of the tensor as a matrix `[numel / last, last]` (a weight
+//!   `[K, N]` as is; an activation `[.., K]` with one row per token), with `opscope::linalg`
+//!   (nalgebra, f64): exact when `min(rows, cols) <= 1024`, else a rank-64 randomized SVD
+//!   (Halko, Martinsson & Tropp 2011; oversampling 10, 2 power steps) whose energy rank is
+//!   then only over the 64 values kept; the effective rank `exp(H(sigma / sum sigma))`
+//!   (Roy & Vetterli 2007) and the 99%-energy rank (smallest r keeping 99% of `sum sigma^2`).
+//!
+//! Per matmul site and run whose `lhs` and `rhs` are both captured (a weight is captured once
+//! per compile and pairs with every run of it), `Y = X W` is computed in f64 and compared with:
+//! - **quantized GEMM** `Q(X) Q(W)`, int8 (q_max 127) and int4 (q_max 7), symmetric absmax
+//!   scales `s = max|v| / q_max`, `Q(v) = s * clamp(round_half_even(v / s), -q_max, q_max)`
+//!   (`0` when `max|v| = 0`), weights per tensor or per output column `n`, activations per
+//!   tensor or per token (each row of X): the measured SQNR
+//!   `10 log10(sum Y^2 / sum (Y - Yq)^2)` in dB, with the real activations;
+//! - **2:4-pruned GEMM** `X P(W)`, `P` keeping the 2 largest |w| of each group of 4 along K
+//!   (ties: the earlier index), with its SQNR. Shapes: `X [.., M, K]`, `W [K, N]` or batched
+//!   `[B.., K, N]` with the same batch as X.
+//!
+//! `Y` is the product of the captured operands, not the captured `out` (a fused site's `out`
+//! includes its bias and activation).
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use opscope::capture::{read_manifest, read_tensor, Captured};
+use serde::Serialize;
+
+/// Structure of one captured tensor.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TensorProbe {
+    /// Site name.
+    pub site: String,
+    /// Role (`lhs`, `rhs`, `out`).
+    pub role: String,
+    /// Compile number and step of the run (a weight: the first run of its compile).
+    pub compile: u32,
+    /// Step.
+    pub run: u64,
+    /// Dims.
+    pub shape: Vec<usize>,
+    /// 2:4 counts along the reduction axis, or why there are none.
+    pub two_four: Result<TwoFour, String>,
+    /// Exact number of distinct f32 bit patterns.
+    pub distinct: u64,
+    /// Number of elements.
+    pub numel: u64,
+    /// Singular-value spectrum, or why there is none (a non-finite value).
+    pub spectrum: Result<Spectrum, String>,
+}
+
+/// Singular values of a tensor seen as a `[rows, cols]` matrix.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Spectrum {
+    /// `[rows, cols]`: rows = numel / last dim, cols = last dim.
+    pub matrix: [usize; 2],
+    /// `exact` (every singular value) or `randomized` (the top 64).
+    pub method: &'static str,
+    /// The singular values computed, non-increasing.
+    pub sigma: Vec<f64>,
+    /// Effective rank `exp(H(p))`, `p_i = sigma_i / sum sigma` (Roy & Vetterli 2007).
+    pub effective_rank: f64,
+    /// Smallest r with `sum_{i<=r} sigma_i^2 >= 0.99 sum sigma^2`.
+    pub energy_rank_99: usize,
+}
+
+/// Largest `min(rows, cols)` given an exact SVD; above it a rank-[`RANDOMIZED_RANK`]
+/// randomized SVD is used (cost `O(rows cols l)` instead of `O(rows cols min)`).
+pub const EXACT_SVD_MAX: usize = 1024;
+/// Rank of the randomized SVD for large tensors.
+pub const RANDOMIZED_RANK: usize = 64;
+
+/// The spectrum of `data` (dims `dims`) as a `[numel / last, last]` matrix.
+///
+/// Errors: a non-finite value or an empty tensor ([`opscope::linalg::LinalgError`]).
+pub fn spectrum(data: &[f32], dims: &[usize]) -> Result<Spectrum, String> {
+    let cols = dims.last().copied().unwrap_or(1).max(1);
+    let rows = data.len() / cols;
+    let svd = if rows.min(cols) <= EXACT_SVD_MAX {
+        opscope::linalg::svd(data, rows, cols)
+    } else {
+        opscope::linalg::randomized_svd(data, rows, cols, RANDOMIZED_RANK, 10, 2, 0)
+    }
+    .map_err(|e| e.to_string())?;
+    let method = if rows.min(cols) <= EXACT_SVD_MAX { "exact" } else { "randomized" };
+    let energy_rank_99 = opscope::linalg::rank_for_energy(&svd.sigma, 0.99).map_err(|e| e.to_string())?;
+    Ok(Spectrum {
+        matrix: [rows, cols],
+        method,
+        effective_rank: opscope::linalg::effective_rank_entropy(&svd.sigma),
+        energy_rank_99,
+        sigma: svd.sigma,
+    })
+}
+
+/// Group-of-4 counts along the reduction axis.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct TwoFour {
+    /// Groups of 4 consecutive values along K.
+    pub groups: u64,
+    /// Groups with >= 2 zeros.
+    pub satisfying: u64,
+    /// `satisfying / groups`: 1.0 is 2:4 sparse as stored.
+    pub fraction: f64,
+}
+
+/// The measured SQNR of one quantization scheme of a GEMM.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SchemeSqnr {
+    /// Bits: 8 or 4.
+    pub bits: u32,
+    /// Weight scale granularity: `tensor` or `channel` (per output column).
+    pub weights: &'static str,
+    /// Activation scale granularity: `tensor` or `token` (per row of X).
+    pub activations: &'static str,
+    /// SQNR in dB; `None` when the quantized product is exact (infinite SQNR).
+    pub sqnr_db: Option<f64>,
+}
+
+/// Errors measured on one GEMM (site, run).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct GemmProbe {
+    /// Site name.
+    pub site: String,
+    /// Compile number.
+    pub compile: u32,
+    /// Step.
+    pub run: u64,
+    /// `[batch, M, K, N]`, batch = product of X's leading dims.
+    pub mkn: [usize; 4],
+    /// Quantized GEMM SQNRs: int8 then int4, each (w, a) in (tensor, tensor), (tensor, token),
+    /// (channel, tensor), (channel, token).
+    pub quant: Vec<SchemeSqnr>,
+    /// SQNR (dB) of the GEMM with the weight pruned to 2:4 along K; `None` when exact (W is
+    /// 2:4 already), or K is not a multiple of 4 (see `pruned_note`).
+    pub pruned_2_4_sqnr_db: Option<f64>,
+    /// Why there is no pruned SQNR, if there is none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pruned_note: Option<String>,
+}
+
+/// Everything `opscope probe` measured on a capture directory.
+#[derive(Debug, Clone, Serialize, PartialEq, Default)]
+pub struct ProbeReport {
+    /// One entry per captured tensor.
+    pub tensors: Vec<TensorProbe>,
+    /// One entry per (matmul site, run) with both operands captured.
+    pub gemms: Vec<GemmProbe>,
+}
+
+/// Group-of-4 counts of `data` (C order, `dims`) along `axis`.
+///
+/// Errors: the axis length is not a multiple of 4, or `axis` is out of range.
+pub fn two_four(data: &[f32], dims: &[usize], axis: usize) -> Result<TwoFour, String> {
+    let Some(&k) = dims.get(axis) else { return Err(format!("axis {axis} out of range for {dims:?}")) };
+    if k % 4 != 0 || k == 0 {
+        return Err(format!("reduction axis has {k} values, not a multiple of 4"));
+    }
+    let inner: usize = dims[axis + 1..].iter().product();
+    let outer: usize = dims[..axis].iter().product();
+    let (mut groups, mut sat) = (0u64, 0u64);
+    for o in 0..outer {
+        let base = o * k * inner;
+        for g in (0..k).step_by(4) {
+            for i in 0..inner {
+                let zeros = (0..4).filter(|j| data[base + (g + j) * inner + i] == 0.0).count();
+                groups += 1;
+                sat += (zeros >= 2) as u64;
+            }
+        }
+    }
+    Ok(TwoFour { groups, satisfying: sat, fraction: sat as f64 / groups as f64 })
+}
+
+/// Exact number of distinct f32 bit patterns in `data`.
+pub fn distinct_bits(data: &[f32]) -> u64 {
+    data.iter().map(|v| v.to_bits()).collect::<HashSet<u32>>().len() as u64
+}
+
+/// Symmetric absmax fake-quantization of `v` (f64) with `q_max` levels each side, one scale
+/// per group given by `group(i)` (`groups` of them).
+fn quantize(v: &[f64], q_max: f64, groups: usize, group: impl Fn(usize) -> usize) -> Vec<f64> {
+    let mut amax = vec![0f64; groups];
+    for (i, x) in v.iter().enumerate() {
+        let g = group(i);
+        amax[g] = amax[g].max(x.abs());
+    }
+    let scale: Vec<f64> = amax.iter().map(|a| a / q_max).collect();
+    v.iter()
+        .enumerate()
+        .map(|(i, x)| {
+            let s = scale[group(i)];
+            if s == 0.0 {
+                0.0
+            } else {
+                (x / s).round_ties_even().clamp(-q_max, q_max) * s
+            }
+        })
+        .collect()
+}
+
+/// `Y[b] = X[b] W[b or 0]`, f64; X `[batch, M, K]`, W `[wb, K, N]` (wb = 1 or batch).
+fn gemm(x: &[f64], w: &[f64], [batch, m, k, n]: [usize; 4], wb: usize) -> Vec<f64> {
+    let mut y = vec![0f64; batch * m * n];
+    for b in 0..batch {
+        let wo = if wb == 1 { 0 } else { b * k * n };
+        for r in 0..m {
+            let xr = &x[(b * m + r) * k..(b * m + r + 1) * k];
+            let yr = &mut y[(b * m + r) * n..(b * m + r + 1) * n];
+            for (kk, xv) in xr.iter().enumerate() {
+                let wr = &w[wo + kk * n..wo + (kk + 1) * n];
+                for (yv, wv) in yr.iter_mut().zip(wr) {
+                    *yv += xv * wv;
+                }
+            }
+        }
+    }
+    y
+}
+
+/// SQNR in dB of `approx` against `exact`; `None` when they are equal.
+pub fn sqnr_db(exact: &[f64], approx: &[f64]) -> Option<f64> {
+    let sig: f64 = exact.iter().map(|y| y * y).sum();
+    let err: f64 = exact.iter().zip(approx).map(|(a, b)| (a - b) * (a - b)).sum();
+    (err > 0.0).then(|| 10.0 * (sig / err).log10())
+}
+
+/// W `[wb, K, N]` with the 2 largest |w| of each group of 4 along K kept, the others zeroed.
+pub fn prune_2_4(w: &[f64], wb: usize, k: usize, n: usize) -> Vec<f64> {
+    let mut p = w.to_vec();
+    for b in 0..wb {
+        for g in (0..k).step_by(4) {
+            for c in 0..n {
+                let idx: Vec<usize> = (0..4).map(|j| b * k * n + (g + j) * n + c).collect();
+                let mut order: Vec<usize> = (0..4).collect();
+                order.sort_by(|&a, &bb| w[idx[bb]].abs().total_cmp(&w[idx[a]].abs())); // stable: ties keep the earlier
+                for &j in &order[2..] {
+                    p[idx[j]] = 0.0;
+                }
+            }
+        }
+    }
+    p
+}
+
+/// Measure one GEMM: X `x_dims` `[.., M, K]`, W `w_dims` `[K, N]` or `[B.., K, N]`.
+///
+/// Errors: shapes that do not make a matmul (K differs, or W's batch is neither 1 nor X's).
+pub fn probe_gemm(x: &[f32], x_dims: &[usize], w: &[f32], w_dims: &[usize]) -> Result<([usize; 4], Vec<SchemeSqnr>, Result<Option<f64>, String>)> {
+    if x_dims.len() < 2 || w_dims.len() < 2 {
+        bail!("matmul operands need rank >= 2: {x_dims:?} x {w_dims:?}");
+    }
+    let (m, k) = (x_dims[x_dims.len() - 2], x_dims[x_dims.len() - 1]);
+    let (k2, n) = (w_dims[w_dims.len() - 2], w_dims[w_dims.len() - 1]);
+    if k != k2 {
+        bail!("K differs: lhs {x_dims:?}, rhs {w_dims:?}");
+    }
+    let wb: usize = w_dims[..w_dims.len() - 2].iter().product();
+    let (batch, m) = if wb == 1 { (1, x.len() / k) } else { (x.len() / (m * k), m) };
+    if wb != 1 && wb != batch {
+        bail!("rhs batch {wb} is neither 1 nor the lhs batch {batch}: {x_dims:?} x {w_dims:?}");
+    }
+    let mkn = [batch, m, k, n];
+    let xf: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    let wf: Vec<f64> = w.iter().map(|&v| v as f64).collect();
+    let y = gemm(&xf, &wf, mkn, wb);
+    let mut quant = Vec::new();
+    for bits in [8u32, 4] {
+        let q_max = ((1u32 << (bits - 1)) - 1) as f64;
+        for (wg, ag) in [("tensor", "tensor"), ("tensor", "token"), ("channel", "tensor"), ("channel", "token")] {
+            let qw = if wg == "tensor" { quantize(&wf, q_max, 1, |_| 0) } else { quantize(&wf, q_max, n, |i| i % n) };
+            let qx = if ag == "tensor" { quantize(&xf, q_max, 1, |_| 0) } else { quantize(&xf, q_max, batch * m, |i| i / k) };
+            let yq = gemm(&qx, &qw, mkn, wb);
+            quant.push(SchemeSqnr { bits, weights: wg, activations: ag, sqnr_db: sqnr_db(&y, &yq) });
+        }
+    }
+    let pruned = if k % 4 == 0 {
+        let p = prune_2_4(&wf, wb, k, n);
+        Ok(sqnr_db(&y, &gemm(&xf, &p, mkn, wb)))
+    } else {
+        Err(format!("K = {k} is not a multiple of 4"))
+    };
+    Ok((mkn, quant, pruned))
+}
+
+/// The reduction axis of a tensor of `role` with `rank` dims: K is the last axis of an
+/// activation (`lhs`, and `out` as the next op's input), the second-to-last of `rhs`.
+fn reduction_axis(role: &str, rank: usize) -> usize {
+    if role == "rhs" && rank >= 2 {
+        rank - 2
+    } else {
+        rank.saturating_sub(1)
+    }
+}
+
+/// Probe every tensor of the capture directory `dir`.
+///
+/// Errors: `dir` is not a capture directory, a listed file is missing or malformed, or a
+/// site's captured operands do not make a matmul.
+pub fn probe_dir(dir: &Path) -> Result<ProbeReport> {
+    let m = read_manifest(dir)?;
+    let mut report = ProbeReport::default();
+    let mut cache: BTreeMap<String, Vec<f32>> = BTreeMap::new();
+    let load = |c: &Captured, cache: &mut BTreeMap<String, Vec<f32>>| -> Result<Vec<f32>> {
+        if let Some(v) = cache.get(&c.file) {
+            return Ok(v.clone());
+        }
+        let v = read_tensor(dir, c).with_context(|| format!("{}/{} run {}", c.site, c.role, c.run))?;
+        Ok(v)
+    };
+    for c in &m.captured {
+        let v = load(c, &mut cache)?;
+        let axis = reduction_axis(&c.role, c.shape.len());
+        report.tensors.push(TensorProbe {
+            site: c.site.clone(),
+            role: c.role.clone(),
+            compile: c.compile,
+            run: c.run,
+            shape: c.shape.clone(),
+            two_four: two_four(&v, &c.shape, axis),
+            distinct: distinct_bits(&v),
+            numel: v.len() as u64,
+            spectrum: spectrum(&v, &c.shape),
+        });
+        if c.role == "rhs" && c.invariant {
+            cache.insert(c.file.clone(), v);
+        }
+    }
+    // GEMMs: each captured lhs with the rhs of the same site and run, or the compile's weight.
+    for x in m.captured.iter().filter(|c| c.role == "lhs") {
+        let w = m
+            .captured
+            .iter()
+            .find(|c| c.role == "rhs" && c.site == x.site && c.compile == x.compile && (c.run == x.run || c.invariant));
+        let Some(w) = w else { continue };
+        let xv = load(x, &mut cache)?;
+        let wv = load(w, &mut cache)?;
+        let (mkn, quant, pruned) = probe_gemm(&xv, &x.shape, &wv, &w.shape).with_context(|| format!("site {}", x.site))?;
+        let (pruned_2_4_sqnr_db, pruned_note) = match pruned {
+            Ok(db) => (db, None),
+            Err(why) => (None, Some(why)),
+        };
+        report.gemms.push(GemmProbe { site: x.site.clone(), compile: x.compile, run: x.run, mkn, quant, pruned_2_4_sqnr_db, pruned_note });
+    }
+    Ok(report)
+}
+
+/// The report's 2:4 counts as the miner's evidence ([`opscope::mine::probe::upgrade_two_four`]),
+/// with each weight's pruned-GEMM SQNR (worst run).
+pub fn two_four_evidence(r: &ProbeReport) -> Vec<opscope::mine::probe::TwoFourEvidence> {
+    r.tensors
+        .iter()
+        .filter_map(|t| {
+            let tf = t.two_four.as_ref().ok()?;
+            let pruned = if t.role == "rhs" {
+                r.gemms.iter().filter(|g| g.site == t.site).filter_map(|g| g.pruned_2_4_sqnr_db).reduce(f64::min)
+            } else {
+                None
+            };
+            Some(opscope::mine::probe::TwoFourEvidence {
+                site: t.site.clone(),
+                role: t.role.clone(),
+                groups: tf.groups,
+                satisfying: tf.satisfying,
+                pruned_sqnr_db: pruned,
+            })
+        })
+        .collect()
+}
+
+fn db(x: Option<f64>) -> String {
+    x.map_or("exact".into(), |v| format!("{v:.2}"))
+}
+
+/// The report as text: one line per tensor, then one block per GEMM.
+pub fn render(r: &ProbeReport) -> String {
+    let mut s = String::new();
+    s.push_str("tensor                                   role  run  shape            2:4 groups (>=2 zeros / all)  distinct  eff.rank  99%-energy rank / min(rows,cols)\n");
+    for t in &r.tensors {
+        let tf = match &t.two_four {
+            Ok(tf) => format!("{}/{} = {:.4}", tf.satisfying, tf.groups, tf.fraction),
+            Err(why) => format!("- ({why})"),
+        };
+        let sp = match &t.spectrum {
+            Ok(sp) => format!("{:.1}  {}/{}{}", sp.effective_rank, sp.energy_rank_99, sp.matrix[0].min(sp.matrix[1]), if sp.method == "exact" { "" } else { " (top 64, randomized)" }),
+            Err(why) => format!("- ({why})"),
+        };
+        s.push_str(&format!(
+            "{:<40} {:<5} {:>4} {:<16} {:<29} {}/{}  {}\n",
+            t.site,
+            t.role,
+            format!("{}:{}", t.compile, t.run),
+            format!("{:?}", t.shape).replace(' ', ""),
+            tf,
+            t.distinct,
+            t.numel,
+            sp
+        ));
+    }
+    if !r.gemms.is_empty() {
+        s.push_str("\nGEMM output SQNR (dB) of Q(X)Q(W) vs XW, symmetric absmax, round half to even; w=weights, a=activations\n");
+    }
+    for g in &r.gemms {
+        let q: Vec<String> = g.quant.iter().map(|q| format!("int{} w:{} a:{} {}", q.bits, q.weights, q.activations, db(q.sqnr_db))).collect();
+        s.push_str(&format!("{} run {}:{} [b,M,K,N]={:?}\n  {}\n", g.site, g.compile, g.run, g.mkn, q.join("\n  ")));
+        match &g.pruned_note {
+            Some(why) => s.push_str(&format!("  2:4-pruned W: - ({why})\n")),
+            None => s.push_str(&format!("  2:4-pruned W (2 largest |w| of 4 along K): {}\n", db(g.pruned_2_4_sqnr_db))),
+        }
+    }
+    s
+}

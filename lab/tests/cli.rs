@@ -14,10 +14,10 @@ fn passes_lists_every_pass_with_kind_and_options() {
     let heads: Vec<String> = text.lines().filter(|l| !l.starts_with(' ')).map(|l| l.split("  ").take(2).collect::<Vec<_>>().join(" ")).collect();
     assert_eq!(
         heads,
-        ["attn (tap)", "fakequant (actuation)", "matmul (tap)", "online (setting)", "residual (tap)", "route (tap)", "sample (setting)", "skip (actuation)", "smoothquant (actuation)", "sparseattn (actuation)", "staticquant (actuation)"],
+        ["attn (tap)", "capture (tap)", "fakequant (actuation)", "lowrank (actuation)", "matmul (tap)", "online (setting)", "residual (tap)", "route (tap)", "sample (setting)", "skip (actuation)", "smoothquant (actuation)", "sparseattn (actuation)", "staticquant (actuation)"],
         "{text}"
     );
-    for opt in ["sites", "roles", "stats", "hist_bins", "hist_range", "elemsig", "topk", "bits", "scope", "weights", "rounding", "range", "clip", "blocks", "mask", "alpha", "table", "window", "sinks", "every"] {
+    for opt in ["sites", "roles", "stats", "hist_bins", "hist_range", "elemsig", "topk", "bits", "scope", "weights", "rounding", "range", "clip", "blocks", "mask", "alpha", "table", "window", "sinks", "every", "rank", "force", "energy", "budget"] {
         assert!(text.contains(&format!("    {opt} ")), "option {opt} listed: {text}");
     }
 }

@@ -96,7 +96,8 @@ enum Cmd {
     /// the exact 2:4 group count along K and the distinct f32 count; per matmul site with both
     /// operands captured, the measured SQNR of the GEMM output under int8/int4 per-tensor,
     /// per-channel and per-token quantization, and under 2:4 pruning of the weight. With
-    /// `--recording`, the miner's `two_four_probe` verdicts confirmed or refuted.
+    /// `--recording`, the miner's `two_four_probe` verdicts confirmed or refuted, and its int8
+    /// SQNR estimates (noise model) against the SQNR measured on the captured tensors.
     Probe(ProbeArgs),
 }
 
@@ -105,7 +106,8 @@ struct ProbeArgs {
     /// The capture directory (holds manifest.json).
     #[arg(long)]
     capture: PathBuf,
-    /// A recording to mine: its 2:4 probe verdicts are upgraded with the measured counts.
+    /// A recording to mine (the same run as the capture): its 2:4 probe verdicts are upgraded
+    /// with the measured counts, and its int8 SQNR estimates are compared with the measured.
     #[arg(long)]
     recording: Option<PathBuf>,
     /// Print JSON instead of text.
@@ -932,8 +934,12 @@ fn probe(a: ProbeArgs) -> Result<()> {
         }
         None => None,
     };
+    let noise = match &a.recording {
+        Some(rec) => opscope_lab::probe::noise_check(&a.capture, rec)?,
+        None => Vec::new(),
+    };
     if a.json {
-        let doc = serde_json::json!({ "capture": a.capture, "tensors": report.tensors, "gemms": report.gemms, "verdicts": upgraded });
+        let doc = serde_json::json!({ "capture": a.capture, "tensors": report.tensors, "gemms": report.gemms, "verdicts": upgraded, "noise_check": noise });
         return emit(&(serde_json::to_string_pretty(&doc).context("JSON")? + "\n"));
     }
     let mut text = opscope_lab::probe::render(&report);
@@ -944,6 +950,9 @@ fn probe(a: ProbeArgs) -> Result<()> {
             let ev: Vec<String> = v.evidence.iter().map(|(k, x)| format!("{k}={x:.4}")).collect();
             text.push_str(&format!("  {} {} {}: {}\n", v.site, v.role, v.kind.name, ev.join(" ")));
         }
+    }
+    if !noise.is_empty() {
+        text.push_str(&opscope_lab::probe::render_noise(&noise));
     }
     emit(&text)
 }

@@ -421,3 +421,148 @@ pub fn render(r: &ProbeReport) -> String {
     }
     s
 }
+
+/// One tensor's int8 SQNR under one scale granularity: the miner's estimate from the sketches
+/// against the SQNR measured on the captured tensor (same rows, same run).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct NoiseCheck {
+    /// Site name.
+    pub site: String,
+    /// Role (`lhs`, `rhs`, `out`).
+    pub role: String,
+    /// Compile and step of the run.
+    pub compile: u32,
+    /// Step.
+    pub run: u64,
+    /// `tensor`, `channel` (last axis) or `token` (row).
+    pub scale: &'static str,
+    /// The miner's estimate ([`opscope::mine::int8_estimate`]), dB.
+    pub predicted_db: Option<f64>,
+    /// Measured on the captured tensor with `fakequant`'s quantizer, dB.
+    pub measured_db: Option<f64>,
+    /// `measured - predicted`, dB.
+    pub gap_db: Option<f64>,
+    /// Fraction of the kept values that quantize to 0 (where `Δ²/12` overstates the noise:
+    /// a value below `Δ/2` contributes its own square, not `Δ²/12`).
+    pub zero_fraction: f64,
+    /// Rows measured (the rows the sketch recorded: padding rows left out) and all rows.
+    pub rows_kept: usize,
+    /// Rows of the tensor (`numel / last dim`).
+    pub rows: usize,
+}
+
+/// Int8 fake-quant of `v` as `fakequant{bits=8}` computes it (f32, narrow range, round half to
+/// even): `s = absmax / 127`, `q = clamp(round(x / s), -127, 127) * s`, `0` for an all-zero
+/// group. Returns (sum x^2, sum (x - q)^2, values quantized to 0) over the elements `keep`
+/// selects, with `group(i)` the scale group of element `i` (`groups` of them).
+fn fakequant8(v: &[f32], keep: impl Fn(usize) -> bool, groups: usize, group: impl Fn(usize) -> usize) -> (f64, f64, usize) {
+    let mut amax = vec![0f32; groups];
+    for (i, x) in v.iter().enumerate() {
+        if keep(i) {
+            let g = group(i);
+            amax[g] = amax[g].max(x.abs());
+        }
+    }
+    let (mut sig, mut err, mut zeros) = (0f64, 0f64, 0usize);
+    for (i, &x) in v.iter().enumerate() {
+        if !keep(i) {
+            continue;
+        }
+        let s = amax[group(i)] / 127.0;
+        let q = if s == 0.0 { 0.0 } else { (x / s).round_ties_even().clamp(-127.0, 127.0) * s };
+        zeros += (q == 0.0) as usize;
+        sig += (x as f64) * (x as f64);
+        err += ((x - q) as f64).powi(2);
+    }
+    (sig, err, zeros)
+}
+
+/// The miner's int8 SQNR estimates against the SQNR measured on the captured tensors, per
+/// tensor, run and scale granularity (tensor, channel, token), for every captured tensor whose
+/// site, role, compile and step are in `recording` (record with the full `matmul` set: the
+/// estimates need `min`, `max`, `sumsq`, `chan_maxabs` and `row_absmax`). A weight captured
+/// once per compile is compared with the compile's first recorded run. Rows the sketch left out
+/// (padding: `row_absmax` is NaN there) are left out of the measurement too.
+///
+/// Errors: the capture or the recording cannot be read; a recorded `row_absmax` has more values
+/// than the captured tensor has rows (not the same tensor).
+pub fn noise_check(dir: &Path, recording: &Path) -> Result<Vec<NoiseCheck>> {
+    let m = read_manifest(dir)?;
+    let series = opscope::mine::load(recording).with_context(|| format!("reading {}", recording.display()))?;
+    let mut out = Vec::new();
+    for c in &m.captured {
+        let Some(s) = series.iter().find(|((site, role, _), _)| *site == c.site && *role == c.role).map(|(_, s)| s) else { continue };
+        let run = if c.invariant {
+            s.runs.iter().find(|r| r.compile == c.compile)
+        } else {
+            s.runs.iter().find(|r| r.compile == c.compile && r.step == c.run)
+        };
+        let Some(run) = run else { continue };
+        let v = read_tensor(dir, c).with_context(|| format!("{}/{} run {}", c.site, c.role, c.run))?;
+        let cols = c.shape.last().copied().unwrap_or(1).max(1);
+        let rows = v.len() / cols;
+        let kept: Vec<bool> = match run.vector(opscope::sketch::tensor::ROW_ABSMAX) {
+            // A row not recorded (padding) is NaN, and trailing ones are absent: the recording
+            // keeps no NaN, so the vector ends at the last recorded row.
+            Some(r) if r.len() <= rows => (0..rows).map(|i| r.get(i).is_some_and(|x| x.is_finite())).collect(),
+            Some(r) => bail!(
+                "{}/{} run {}: the recording has {} row_absmax values, more than the captured tensor's {rows} rows: not the same tensor (record and capture in one run)",
+                c.site,
+                c.role,
+                c.run,
+                r.len()
+            ),
+            None => vec![true; rows],
+        };
+        let rows_kept = kept.iter().filter(|&&k| k).count();
+        let keep = |i: usize| kept[i / cols];
+        let est = opscope::mine::int8_estimate(run, &c.shape);
+        let measured = [
+            ("tensor", est.tensor, fakequant8(&v, keep, 1, |_| 0)),
+            ("channel", est.channel, fakequant8(&v, keep, cols, |i| i % cols)),
+            ("token", est.token, fakequant8(&v, keep, rows, |i| i / cols)),
+        ];
+        for (scale, predicted_db, (sig, err, zeros)) in measured {
+            let measured_db = (err > 0.0 && sig > 0.0).then(|| 10.0 * (sig / err).log10());
+            out.push(NoiseCheck {
+                site: c.site.clone(),
+                role: c.role.clone(),
+                compile: c.compile,
+                run: c.run,
+                scale,
+                predicted_db,
+                measured_db,
+                gap_db: measured_db.zip(predicted_db).map(|(a, b)| a - b),
+                zero_fraction: zeros as f64 / (rows_kept * cols).max(1) as f64,
+                rows_kept,
+                rows,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The noise checks as text, one line per tensor, run and scale.
+pub fn render_noise(checks: &[NoiseCheck]) -> String {
+    let mut s = String::from(
+        "\nint8 SQNR (dB): the miner's estimate (noise model Δ²/12) vs measured on the captured tensor (fakequant's quantizer)\n\
+         tensor                                   role  run    scale    predicted  measured    gap  zeros  rows kept\n",
+    );
+    let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.2}"));
+    for c in checks {
+        s.push_str(&format!(
+            "{:<40} {:<5} {:>5}  {:<7} {:>9} {:>9} {:>6} {:>6.3}  {}/{}\n",
+            c.site,
+            c.role,
+            format!("{}:{}", c.compile, c.run),
+            c.scale,
+            f(c.predicted_db),
+            f(c.measured_db),
+            f(c.gap_db),
+            c.zero_fraction,
+            c.rows_kept,
+            c.rows
+        ));
+    }
+    s
+}

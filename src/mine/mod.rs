@@ -35,7 +35,7 @@ pub use calibrate::{
 pub use hist::{histograms_by_run, merged_histogram, merged_histograms, MergedHistogram, RunHistograms};
 pub use series::{fingerprints, load, no_data, repeat_rate, series_from_rows, weighted_vector, RepeatRate, Series, SeriesKey, StepStats};
 pub use time::{PayoffBasis, TimeShares, TimeSharesError, SUM_TOLERANCE};
-pub use tensor::{kinds, outlier_channels, payoff_fraction, sqnr8_per_token, OUTLIER_CHANNEL_RATIO};
+pub use tensor::{int8_estimate, kinds, outlier_channels, payoff_fraction, sqnr8_per_token, Int8Estimate, OUTLIER_CHANNEL_RATIO};
 
 /// Runs needed before across-run verdicts (stationary, drifting, exact repeat) are made.
 pub const MIN_STEPS: usize = 4;

@@ -181,6 +181,34 @@ fn metrics(run: &StepStats, shape: &[usize]) -> Metrics {
     m
 }
 
+/// The miner's int8 SQNR estimates (dB) for one recorded run of a tensor, from its sketches
+/// alone: the numbers its quantization rules compare. Each assumes uniform quantizer noise
+/// `Δ²/12` per element, independent of the signal (Widrow & Kollár 2008), with a symmetric
+/// absmax scale `Δ = absmax / 127`:
+/// - `tensor`: one scale, `absmax = max(|min|, |max|)`; needs `min`, `max`, `sumsq`, `count`;
+/// - `channel`: one scale per last-axis channel, from `chan_maxabs`;
+/// - `token`: one scale per row (all axes but the last), from `row_absmax`
+///   ([`sqnr8_per_token`]).
+///
+/// `None` where a statistic is missing or the tensor is all zero. Padding rows are left out
+/// as the sketch left them out. `opscope probe --recording` compares these with the SQNR
+/// measured on captured tensors.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Int8Estimate {
+    /// One scale for the tensor.
+    pub tensor: Option<f64>,
+    /// One scale per channel (last axis).
+    pub channel: Option<f64>,
+    /// One scale per row (per token).
+    pub token: Option<f64>,
+}
+
+/// [`Int8Estimate`] of one run (`shape`: the tensor's dims).
+pub fn int8_estimate(run: &StepStats, shape: &[usize]) -> Int8Estimate {
+    let m = metrics(run, shape);
+    Int8Estimate { tensor: m.sqnr8_tensor, channel: m.sqnr8_channel, token: m.sqnr8_token }
+}
+
 /// Estimated per-token int8 SQNR (dB) of a tensor with mean square `p` over its recorded rows
 /// and per-row absmax `rows` (`row_absmax`; NaN entries are rows not recorded, e.g. padding).
 ///

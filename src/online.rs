@@ -193,6 +193,19 @@ pub(crate) fn observe(key: &str, values: &[f32]) {
     }
 }
 
+/// Where a recording's online state is written: `<recording>.online.json` beside it (the
+/// environment mode and `opscope record` write it when the pipeline holds `online`).
+pub fn state_path(recording: &std::path::Path) -> std::path::PathBuf {
+    let mut p = recording.as_os_str().to_os_string();
+    p.push(".online.json");
+    std::path::PathBuf::from(p)
+}
+
+/// True if `pipeline` holds the `online` setting.
+pub fn enabled(pipeline: &crate::Pipeline) -> bool {
+    pipeline.instances().iter().any(|i| i.pass.name() == "online")
+}
+
 /// A copy of the process-wide state (every thread's kernels merged).
 pub fn snapshot() -> OnlineState {
     GLOBAL.lock().ok().and_then(|g| g.clone()).unwrap_or_default()

@@ -1529,6 +1529,11 @@ fn record(a: RecordArgs) -> Result<()> {
         );
     }
     emit(&summary.table())?;
+    if opscope::online::enabled(&pipeline) {
+        let path = opscope::online::state_path(&a.out);
+        opscope::online::take().write(&path).map_err(|e| anyhow::anyhow!(e))?;
+        println!("online state (DDSketch quantiles, distinct tensors per site) in {}", path.display());
+    }
     println!(
         "recorded {} text entries ({} per batch, {} tokens) with '{}' to {}",
         job.sentences(),

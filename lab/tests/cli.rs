@@ -353,3 +353,30 @@ fn compare_passes_lowered_against_native_and_fails_where_they_differ() {
     let out = opscope().arg("compare").arg(&native).arg(&lowered).arg("--rtol=-1").output().unwrap();
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--rtol -1"));
 }
+
+#[test]
+fn record_with_online_writes_the_state_beside_the_recording() {
+    // 16 entries in batches of 8: two runs, two distinct inputs per activation site.
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("rec.parquet");
+    let out = record_with(&rec, &["--limit", "16", "--batch", "8", "--seq", "32", "--pipeline", "online,matmul{stats=[min,max],roles=[lhs]}"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let path = opscope::online::state_path(&rec);
+    assert!(String::from_utf8_lossy(&out.stdout).contains(path.to_str().unwrap()), "the path is printed");
+    let state = opscope::online::OnlineState::read(&path).unwrap();
+    assert!(!dir.path().read_dir().unwrap().flatten().any(|e| e.file_name().to_string_lossy().ends_with(".partial")), "no temp file left");
+    // Per activation site: two tensors, two distinct; the sketch's absmax is at least the
+    // recorded one (the recorded min/max leave padding rows out, the online state does not).
+    let series = opscope::mine::load(&rec).unwrap();
+    let mut checked = 0;
+    for ((site, role, _), s) in &series {
+        let Some(st) = state.sites.get(&format!("{site}/{role}")) else { continue };
+        assert_eq!(st.tensors, 2, "{site}");
+        assert!((st.distinct() - 2.0).abs() < 0.5, "{site}: {}", st.distinct());
+        let recorded = s.runs.iter().flat_map(|r| [r.scalar(opscope::sketch::tensor::MIN), r.scalar(opscope::sketch::tensor::MAX)]).flatten().fold(0f64, |m, v| m.max(v.abs()));
+        let q = st.quantiles().unwrap();
+        assert!(q.absmax >= recorded && q.p50 <= q.p99 && q.p99 <= q.p999 && q.p999 <= q.absmax, "{site}: {q:?} vs recorded absmax {recorded}");
+        checked += 1;
+    }
+    assert!(checked >= 12, "every activation site has a state: {checked} of {:?}", state.sites.keys());
+}

@@ -124,13 +124,20 @@ pub fn tapped_devices() -> Vec<rlx_runtime::Device> {
     backend::SLOTS.iter().filter_map(|s| s.get().map(|(d, _)| *d)).collect()
 }
 
-/// Finish the environment recording (rename it into place, write the sidecar). Runs at exit;
-/// calling it earlier ends the recording.
+/// Finish the environment recording (rename it into place, write the sidecar; with `online`
+/// in the pipeline, the online state to `<recording>.online.json`). Runs at exit; calling it
+/// earlier ends the recording.
 pub fn finish() -> Result<(), Error> {
     match ENV.get() {
         Some(Ok(st)) => {
             let (compiles, appending, runs) = st.recorder.counts();
             st.recorder.finish()?;
+            if crate::online::enabled(&st.pipeline) {
+                // The online state beside the recording, written then renamed.
+                let out = vars().and_then(|v| v.out.clone()).unwrap_or_else(|| "opscope-recording.csv".into());
+                let path = crate::online::state_path(std::path::Path::new(&out));
+                crate::online::take().write(&path).map_err(|why| Error::Write { path: path.clone(), why })?;
+            }
             if st.pipeline.has_tap() && (appending == 0 || runs == 0) {
                 eprintln!(
                     "opscope: warning: {ENV_PIPELINE}='{}' recorded no rows: {compiles} graph(s) compiled, {appending} with a site, {runs} tapped run(s)",

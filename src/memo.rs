@@ -59,6 +59,13 @@ pub struct MemoGuard {
 
 /// XXH3-128 of the inputs: per input its name, dtype, byte length and bytes.
 pub fn content_hash(inputs: &[(&str, &[u8], DType)]) -> u128 {
+    content_hasher(inputs).digest128()
+}
+
+/// The XXH3 state after the content stream of `inputs`: per input, in order, the name's length
+/// (u64 LE), the name, the dtype (`F32`, `I64`, ...), the byte length (u64 LE) and the bytes.
+/// [`content_hash`] takes its 128-bit digest, the sampling gate its 64-bit one.
+pub(crate) fn content_hasher(inputs: &[(&str, &[u8], DType)]) -> Xxh3 {
     let mut h = Xxh3::new();
     for (name, bytes, dtype) in inputs {
         h.update(&(name.len() as u64).to_le_bytes());
@@ -67,7 +74,7 @@ pub fn content_hash(inputs: &[(&str, &[u8], DType)]) -> u128 {
         h.update(&(bytes.len() as u64).to_le_bytes());
         h.update(bytes);
     }
-    h.digest128()
+    h
 }
 
 /// Hits a [`MemoGuard`] of `capacity` entries would have over a sequence of input ids (equal

@@ -494,15 +494,25 @@ impl Rewrite {
             .graph
             .nodes()
             .iter()
-            .filter(|n| matches!(&n.op, Op::Custom { name, .. } if name == SKETCH_OP))
+            // A tensor sketch with a padding row mask is the two-input form.
+            .filter(|n| matches!(&n.op, Op::Custom { name, .. } if name == SKETCH_OP || name == SKETCH2_OP || name == SKETCH3_OP))
             .map(|n| n.id)
             .collect();
+        // One sketch per tensor feeds the state: two taps with different statistics on one
+        // tensor (`matmul` and `capture`'s count) would add its values twice.
+        let mut fed: std::collections::HashSet<u32> = std::collections::HashSet::new();
         for id in ids {
             let node = self.graph.node(id).clone();
             let Op::Custom { name, num_inputs, attrs } = node.op else { continue };
-            let (Ok(mut spec), Some(key)) = (SketchSpec::from_attrs(&attrs), node.inputs.first().and_then(|t| keys.get(&t.0))) else {
+            let (Ok(mut spec), Some((tensor, key))) =
+                (SketchSpec::from_attrs(&attrs), node.inputs.first().and_then(|t| keys.get(&t.0).map(|k| (t.0, k))))
+            else {
                 continue;
             };
+            // A probe (attn, route, residual) computes its own statistics, not the tensor's.
+            if matches!(spec.probe, crate::sketch::Probe::Pass { .. }) || !fed.insert(tensor) {
+                continue;
+            }
             spec.online = Some(key.clone());
             self.graph.node_mut(id).op = Op::Custom { name, num_inputs, attrs: spec.to_attrs() };
         }

@@ -43,10 +43,7 @@ impl Pass for Capture {
 
     fn run(&self, opts: &Options, rw: &mut Rewrite) -> Result<(), Error> {
         let patterns = opts.get(&SITES)?;
-        let roles: Vec<Role> = [Role::LHS, Role::RHS, Role::OUT]
-            .into_iter()
-            .filter(|r| opts.get(&ROLES).is_ok_and(|v| v.iter().any(|w| w == r.as_str())))
-            .collect();
+        let roles = super::matmul::selected_roles(opts, &ROLES);
         let every = opts.get(&EVERY)?;
         let budget = crate::capture::parse_bytes(&opts.get(&BUDGET)?).map_err(|why| Error::Graph(format!("capture{{budget=..}}: {why}")))?;
         for (site_name, id, lhs, rhs, out) in super::matmul::logical_sites(rw) {

@@ -108,6 +108,11 @@ fn matmul_operands(op: &Op, inputs: &[NodeId]) -> Option<(NodeId, Option<NodeId>
     }
 }
 
+/// The roles a `roles=[..]` option selects, in the order lhs, rhs, out.
+pub(crate) fn selected_roles(opts: &Options, key: &Opt<Words>) -> Vec<Role> {
+    [Role::LHS, Role::RHS, Role::OUT].into_iter().filter(|r| opts.get(key).is_ok_and(|v| v.iter().any(|w| w == r.as_str()))).collect()
+}
+
 /// Every logical matmul site of the graph as `(site name, node, lhs, rhs, out)`: one per
 /// matmul node, and one per part of a horizontally merged Q/K/V matmul (named after the source
 /// graph's site of its weight). Shared with the `capture` pass, so both name sites alike.
@@ -156,10 +161,7 @@ impl Pass for MatmulTap {
 
     fn run(&self, opts: &Options, rw: &mut Rewrite) -> Result<(), Error> {
         let patterns = opts.get(&SITES)?;
-        let roles: Vec<Role> = [Role::LHS, Role::RHS, Role::OUT]
-            .into_iter()
-            .filter(|r| opts.get(&ROLES).is_ok_and(|v| v.iter().any(|w| w == r.as_str())))
-            .collect();
+        let roles = selected_roles(opts, &ROLES);
         let stats = opts.stats(&STATS)?;
         let hist_range = match opts.get(&HIST_RANGE)? {
             Some((lo, hi)) => HistRange::Fixed { lo, hi },

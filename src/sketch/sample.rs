@@ -23,7 +23,6 @@ use rlx_cpu::op_registry::{CpuKernel, CpuTensorMut, CpuTensorRef};
 use rlx_ir::op_registry::OpExtension;
 use rlx_ir::{DType, Shape};
 use serde::{Deserialize, Serialize};
-use xxhash_rust::xxh3::Xxh3;
 
 /// Most graph inputs a gate reads (one registered gate op per input count, 1..=this).
 pub const MAX_GATE_INPUTS: usize = 16;
@@ -55,15 +54,7 @@ pub struct GateSpec {
 /// and the bytes (little-endian elements). The same stream as [`crate::memo::content_hash`],
 /// with the 64-bit digest.
 pub fn input_hash(inputs: &[(&str, &[u8], DType)]) -> u64 {
-    let mut h = Xxh3::new();
-    for (name, bytes, dtype) in inputs {
-        h.update(&(name.len() as u64).to_le_bytes());
-        h.update(name.as_bytes());
-        h.update(format!("{dtype:?}").as_bytes());
-        h.update(&(bytes.len() as u64).to_le_bytes());
-        h.update(bytes);
-    }
-    h.digest()
+    crate::memo::content_hasher(inputs).digest()
 }
 
 /// True when a run whose inputs hash to `hash` ([`input_hash`]) is recorded at 1 in `every`.

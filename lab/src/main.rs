@@ -929,8 +929,7 @@ fn probe(a: ProbeArgs) -> Result<()> {
         Some(rec) => {
             let series = opscope::mine::load(rec)?;
             let verdicts = opscope::mine::mine(&series);
-            let evidence = opscope_lab::probe::two_four_evidence(&report);
-            Some(opscope::mine::probe::upgrade_two_four(verdicts, &evidence))
+            Some(opscope_lab::probe::upgrade(verdicts, &report))
         }
         None => None,
     };
@@ -1145,19 +1144,24 @@ struct SweepArgs {
     /// exits non-zero unless every planted structure got its verdicts and nothing else fired.
     #[arg(long)]
     check: bool,
+    /// With `--check`: also capture the 2:4 and low-rank activations (into `<out>.capture/`),
+    /// probe them on the host, and require the probe verdicts to be confirmed.
+    #[arg(long, requires = "check")]
+    confirm: bool,
     /// Overwrite `--out` even when it is an existing file that is not a recording.
     #[arg(long)]
     force: bool,
 }
 
 fn sweep(a: SweepArgs) -> Result<()> {
-    let pipeline = Pipeline::parse(&a.pipeline)?;
+    let text = if a.confirm { format!("{},{}", a.pipeline, opscope_lab::sweep::CONFIRM_CAPTURE) } else { a.pipeline.clone() };
+    let pipeline = Pipeline::parse(&text)?;
     opscope_lab::output::check(&a.out, &[], Output::Recording, a.force)?;
     let sink = opscope::recording::open(&a.out)?;
     let seeds: Vec<u64> = (0..a.seeds).collect();
     let memory = opscope::MemorySink::default();
     let tee = opscope::recording::Tee(vec![sink, Box::new(memory.clone())]);
-    let truth = opscope_lab::sweep::run(&pipeline, &seeds, Box::new(tee))?;
+    let truth = opscope_lab::sweep::run(&pipeline, &seeds, Box::new(tee), None)?;
     let mut truth_path = a.out.clone().into_os_string();
     truth_path.push(".truth.json");
     let json = serde_json::to_vec_pretty(&truth).context("ground truth JSON")?;
@@ -1172,8 +1176,13 @@ fn sweep(a: SweepArgs) -> Result<()> {
         std::path::Path::new(&truth_path).display()
     );
     if a.check {
-        let verdicts = opscope::mine::mine(&opscope::mine::series_from_rows(&memory.rows()));
-        let check = opscope_lab::sweep::check(&truth, &verdicts, opscope_lab::sweep::expected);
+        let mut verdicts = opscope::mine::mine(&opscope::mine::series_from_rows(&memory.rows()));
+        let mut expected: opscope_lab::sweep::Expectation = opscope_lab::sweep::expected;
+        if a.confirm {
+            verdicts = opscope_lab::sweep::confirm(verdicts, &opscope::recording::capture_dir_of(&a.out))?;
+            expected = opscope_lab::sweep::expected_confirmed;
+        }
+        let check = opscope_lab::sweep::check(&truth, &verdicts, expected);
         print!("{}", check.table());
         if !check.perfect() {
             anyhow::bail!("{} departures from the ground truth:\n{}", check.errors.len(), check.errors.join("\n"));

@@ -69,10 +69,13 @@ pub struct Spectrum {
     pub method: &'static str,
     /// The singular values computed, non-increasing.
     pub sigma: Vec<f64>,
-    /// Effective rank `exp(H(p))`, `p_i = sigma_i / sum sigma` (Roy & Vetterli 2007).
+    /// Effective rank `exp(H(p))`, `p_i = sigma_i / sum sigma` (Roy & Vetterli 2007), over the
+    /// singular values computed (randomized: the top k only, a lower bound).
     pub effective_rank: f64,
-    /// Smallest r with `sum_{i<=r} sigma_i^2 >= 0.99 sum sigma^2`.
-    pub energy_rank_99: usize,
+    /// Smallest r with `sum_{i<=r} sigma_i^2 >= 0.99 ||A||_F^2` (the squared Frobenius norm of
+    /// the data, so a randomized top-k is measured against the whole energy); `None` (JSON
+    /// `null`) when the singular values computed hold less than that (randomized: rank > k).
+    pub energy_rank_99: Option<usize>,
 }
 
 /// Largest `min(rows, cols)` given an exact SVD; above it a rank-[`RANDOMIZED_RANK`]
@@ -94,7 +97,18 @@ pub fn spectrum(data: &[f32], dims: &[usize]) -> Result<Spectrum, String> {
     }
     .map_err(|e| e.to_string())?;
     let method = if rows.min(cols) <= EXACT_SVD_MAX { "exact" } else { "randomized" };
-    let energy_rank_99 = opscope::linalg::rank_for_energy(&svd.sigma, 0.99).map_err(|e| e.to_string())?;
+    // An exact SVD holds all the energy; a randomized top-k is measured against the data's.
+    let energy_rank_99 = if method == "exact" {
+        Some(opscope::linalg::rank_for_energy(&svd.sigma, 0.99).map_err(|e| e.to_string())?)
+    } else {
+        let total: f64 = data.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+        let computed: f64 = svd.sigma.iter().map(|s| s * s).sum();
+        if computed >= 0.99 * total && computed > 0.0 {
+            Some(opscope::linalg::rank_for_energy(&svd.sigma, 0.99 * total / computed).map_err(|e| e.to_string())?)
+        } else {
+            None
+        }
+    };
     Ok(Spectrum {
         matrix: [rows, cols],
         method,
@@ -379,6 +393,31 @@ pub fn two_four_evidence(r: &ProbeReport) -> Vec<opscope::mine::probe::TwoFourEv
         .collect()
 }
 
+/// The report's spectra as the miner's low-rank evidence
+/// ([`opscope::mine::probe::upgrade_low_rank`]), one entry per tensor and run.
+pub fn low_rank_evidence(r: &ProbeReport) -> Vec<opscope::mine::probe::LowRankEvidence> {
+    r.tensors
+        .iter()
+        .filter_map(|t| {
+            let sp = t.spectrum.as_ref().ok()?;
+            Some(opscope::mine::probe::LowRankEvidence {
+                site: t.site.clone(),
+                role: t.role.clone(),
+                rows: sp.matrix[0],
+                cols: sp.matrix[1],
+                energy_rank_99: sp.energy_rank_99,
+            })
+        })
+        .collect()
+}
+
+/// `verdicts` with every probe verdict the report has evidence for upgraded (2:4 counts and
+/// spectra; see [`opscope::mine::probe`]).
+pub fn upgrade(verdicts: Vec<opscope::mine::Verdict>, r: &ProbeReport) -> Vec<opscope::mine::Verdict> {
+    let verdicts = opscope::mine::probe::upgrade_two_four(verdicts, &two_four_evidence(r));
+    opscope::mine::probe::upgrade_low_rank(verdicts, &low_rank_evidence(r))
+}
+
 fn db(x: Option<f64>) -> String {
     x.map_or("exact".into(), |v| format!("{v:.2}"))
 }
@@ -393,7 +432,13 @@ pub fn render(r: &ProbeReport) -> String {
             Err(why) => format!("- ({why})"),
         };
         let sp = match &t.spectrum {
-            Ok(sp) => format!("{:.1}  {}/{}{}", sp.effective_rank, sp.energy_rank_99, sp.matrix[0].min(sp.matrix[1]), if sp.method == "exact" { "" } else { " (top 64, randomized)" }),
+            Ok(sp) => format!(
+                "{:.1}  {}/{}{}",
+                sp.effective_rank,
+                sp.energy_rank_99.map_or(format!(">{}", sp.sigma.len()), |r| r.to_string()),
+                sp.matrix[0].min(sp.matrix[1]),
+                if sp.method == "exact" { "" } else { " (top 64, randomized)" }
+            ),
             Err(why) => format!("- ({why})"),
         };
         s.push_str(&format!(

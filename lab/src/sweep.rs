@@ -222,14 +222,19 @@ pub fn site_name(planted: Planted, dims: &[usize], seed: u64) -> String {
 
 /// Run every structure x shape x seed through its own tapped RLX matmul graph
 /// (`x[shape] @ w[K, 32]`, compiled and run with `Session::compile` inside one
-/// [`opscope::scope`]), recording to `sink`. Returns the ground truth.
+/// [`opscope::Scope`]), recording to `sink`; a `capture` pass in `pipeline` writes into
+/// `capture_dir` (default: the sink's, `<path>.capture` for a file). Returns the ground truth.
 ///
-/// Errors: the recording's (see [`opscope::scope`]).
-pub fn run(pipeline: &Pipeline, seeds: &[u64], sink: Box<dyn Sink>) -> Result<Truth, Error> {
+/// Errors: the recording's (see [`opscope::Scope::run`]).
+pub fn run(pipeline: &Pipeline, seeds: &[u64], sink: Box<dyn Sink>, capture_dir: Option<&std::path::Path>) -> Result<Truth, Error> {
     use rlx_ir::{DType, Graph, Shape};
     use rlx_runtime::{Device, Session};
     let mut sites = Vec::new();
-    opscope::scope(pipeline, sink, || {
+    let mut scope = opscope::Scope::new(pipeline, sink);
+    if let Some(dir) = capture_dir {
+        scope = scope.capture_dir(dir);
+    }
+    let ((), recorded) = scope.run(|| {
         let session = Session::new(Device::Cpu);
         for (pi, &planted) in Planted::ALL.iter().enumerate() {
             for (si, dims) in SHAPES.iter().enumerate() {
@@ -266,7 +271,8 @@ pub fn run(pipeline: &Pipeline, seeds: &[u64], sink: Box<dyn Sink>) -> Result<Tr
                 }
             }
         }
-    })?;
+    });
+    recorded?;
     Ok(Truth {
         format: 1,
         pipeline: pipeline.to_string(),
@@ -298,6 +304,33 @@ pub fn expected(p: Planted) -> (&'static [Kind], &'static [Kind]) {
         Planted::Drifting => (&[DRIFTING], &[SCALE_DRIFT]),
         Planted::Repeat => (&[EXACT_REPEAT], &[]),
     }
+}
+
+/// The capture pass `opscope sweep --confirm` appends: the activations of the structures only
+/// a host probe can confirm (2:4 and low rank), every run, no budget limit (48 seeds: 288
+/// tensors, 12 MiB).
+pub const CONFIRM_CAPTURE: &str = "capture{sites=[sweep/two_four/*,sweep/low_rank/*],roles=[lhs],budget=1GiB}";
+
+/// [`expected`] once the probe verdicts were upgraded by a host probe of the
+/// [`CONFIRM_CAPTURE`] tensors ([`confirm`]): 2:4 and low rank must be *confirmed*, with the
+/// same secondary verdicts.
+pub fn expected_confirmed(p: Planted) -> (&'static [Kind], &'static [Kind]) {
+    use opscope::mine::kinds::*;
+    use opscope::mine::probe::kinds::*;
+    match p {
+        Planted::TwoFour => (&[TWO_FOUR_CONFIRMED], &[PER_CHANNEL_INT8]),
+        Planted::LowRank => (&[LOW_RANK_CONFIRMED], &[PER_CHANNEL_INT8, PER_TOKEN_INT8]),
+        other => expected(other),
+    }
+}
+
+/// Probe the tensors captured in `capture_dir` ([`crate::probe::probe_dir`]) and upgrade the
+/// probe verdicts they give evidence for ([`crate::probe::upgrade`]).
+///
+/// Errors: the capture directory cannot be read (see [`crate::probe::probe_dir`]).
+pub fn confirm(verdicts: Vec<opscope::mine::Verdict>, capture_dir: &std::path::Path) -> anyhow::Result<Vec<opscope::mine::Verdict>> {
+    let report = crate::probe::probe_dir(capture_dir)?;
+    Ok(crate::probe::upgrade(verdicts, &report))
 }
 
 /// The result of checking a miner's verdicts against a sweep's ground truth.

@@ -163,7 +163,7 @@ fn singular_values_and_effective_ranks_equal_numpy() {
         }
         let er = w["erank"].as_f64().unwrap();
         assert!((sp.effective_rank - er).abs() <= 1e-6 * er, "{what} effective rank {} vs numpy {er}", sp.effective_rank);
-        assert_eq!(sp.energy_rank_99 as u64, w["energy99"].as_u64().unwrap(), "{what} 99% energy rank");
+        assert_eq!(sp.energy_rank_99.unwrap() as u64, w["energy99"].as_u64().unwrap(), "{what} 99% energy rank");
     }
 }
 
@@ -226,4 +226,56 @@ fn cli_prints_json_and_refuses_a_directory_without_a_manifest() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("manifest.json") && err.contains(".capture"), "{err}");
+}
+
+#[test]
+fn low_rank_probe_verdicts_are_confirmed_or_refuted_by_the_spectrum() {
+    use opscope::mine::probe::{kinds, upgrade_low_rank, LowRankEvidence};
+    use opscope::mine::{kinds as k, Verdict};
+    let key = |site: &str| (site.to_string(), "lhs".to_string(), 0u32);
+    let probe = |site: &str| Verdict::new(&key(site), k::LOW_RANK_PROBE, vec![("row_energy_cv", 0.5)], "r", "s");
+    // [64, 256]: a factorization pays up to rank 64 * 256 / (2 * 320) = 25.6.
+    let ev = |site: &str, rank: Option<usize>| LowRankEvidence { site: site.into(), role: "lhs".into(), rows: 64, cols: 256, energy_rank_99: rank };
+    assert_eq!(ev("x", None).max_paying_rank(), 25.6);
+    let evidence = [ev("at", Some(25)), ev("above", Some(26)), ev("unknown", None), ev("runs", Some(3)), ev("runs", Some(40)), ev("runs", Some(5))];
+    let verdicts = vec![probe("at"), probe("above"), probe("unknown"), probe("runs"), probe("unprobed"), Verdict::new(&key("at"), k::SPARSE_GEMM, vec![], "r", "s")];
+    let up = upgrade_low_rank(verdicts, &evidence);
+    let kinds_of: Vec<&str> = up.iter().map(|v| v.kind.name).collect();
+    let (c, r) = (kinds::LOW_RANK_CONFIRMED.name, kinds::LOW_RANK_REFUTED.name);
+    assert_eq!(kinds_of, [c, r, r, r, k::LOW_RANK_PROBE.name, k::SPARSE_GEMM.name]);
+    let get = |v: &Verdict, name: &str| v.evidence.iter().find(|(n, _)| n == name).map(|(_, x)| *x).unwrap();
+    assert_eq!(get(&up[0], "energy_rank_99"), 25.0);
+    assert!(get(&up[2], "energy_rank_99").is_nan(), "a rank above the randomized SVD's is not a number");
+    // The run that refutes is the one reported, with the count of runs probed.
+    assert_eq!((get(&up[3], "energy_rank_99"), get(&up[3], "runs_probed")), (40.0, 3.0));
+    assert_eq!(up[4].evidence.len(), 1, "no evidence: unchanged");
+}
+
+/// Above [`opscope_lab::probe::EXACT_SVD_MAX`] the spectrum is a randomized top 64: its 99%
+/// energy rank must be measured against the whole tensor's energy (the sum of squares of the
+/// data), not the top 64's, and be `None` when the top 64 hold less than 99% of it.
+#[test]
+fn randomized_spectrum_measures_the_energy_rank_against_the_whole_tensor() {
+    use rand::{Rng, SeedableRng};
+    let (rows, cols) = (1100, 1040);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let mut gauss = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.gen::<f32>() - 0.5).collect() };
+    let full = gauss(rows * cols);
+    let sp = opscope_lab::probe::spectrum(&full, &[rows, cols]).unwrap();
+    assert_eq!((sp.method, sp.sigma.len()), ("randomized", 64));
+    // A dense random matrix needs about 90% of its 1040 dims for 99% of its energy.
+    assert_eq!(sp.energy_rank_99, None, "the top 64 of a full-rank tensor hold {:.1}% of its energy", 100.0 * sp.sigma.iter().map(|s| s * s).sum::<f64>() / full.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>());
+    // Rank 8 plus noise at 1e-3 of its scale: 8 components hold >= 99%.
+    let (a, b) = (gauss(rows * 8), gauss(8 * cols));
+    let noise = gauss(rows * cols);
+    let planted: Vec<f32> = (0..rows * cols)
+        .map(|ij| {
+            let (i, j) = (ij / cols, ij % cols);
+            (0..8).map(|t| a[i * 8 + t] * b[t * cols + j]).sum::<f32>() + 1e-3 * noise[ij]
+        })
+        .collect();
+    let sp = opscope_lab::probe::spectrum(&planted, &[rows, cols]).unwrap();
+    assert_eq!(sp.method, "randomized");
+    let r = sp.energy_rank_99.expect("8 components hold 99%");
+    assert!((1..=8).contains(&r), "99% energy rank {r} of a rank-8 tensor");
 }

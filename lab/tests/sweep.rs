@@ -4,7 +4,7 @@
 #[path = "../../tests/common/mod.rs"]
 mod common;
 use common::*;
-use opscope_lab::sweep::{run, Planted, SHAPES, SEQUENCE_STEPS};
+use opscope_lab::sweep::{run, Planted, CONFIRM_CAPTURE, SHAPES, SEQUENCE_STEPS};
 use opscope::mine::Kind;
 use opscope::{MemorySink, Pipeline};
 
@@ -16,7 +16,7 @@ fn one(s: &std::collections::BTreeMap<String, Vec<f64>>, k: &str) -> f64 {
 fn planted_structures_show_in_the_recording() {
     let sink = MemorySink::default();
     let seeds = [0u64, 1];
-    let truth = run(&Pipeline::parse("matmul{roles=[lhs,rhs]}").unwrap(), &seeds, Box::new(sink.clone())).unwrap();
+    let truth = run(&Pipeline::parse("matmul{roles=[lhs,rhs]}").unwrap(), &seeds, Box::new(sink.clone()), None).unwrap();
     assert_eq!(truth.sites.len(), Planted::ALL.len() * SHAPES.len() * seeds.len());
     let rows = sink.rows();
     for t in &truth.sites {
@@ -103,16 +103,51 @@ fn implied(p: Planted) -> (&'static [Kind], &'static [Kind]) {
     }
 }
 
+/// [`implied`] once a host probe of the captured activations has measured what the sketches
+/// only suspected: the 2:4 groups are counted (every group of 4 holds 2 zeros by
+/// construction) and the rank-4 tensors' spectra have 4 nonzero singular values, far below
+/// the rank at which a factorization pays (25 to 51 for these shapes). Same secondary verdicts.
+fn implied_confirmed(p: Planted) -> (&'static [Kind], &'static [Kind]) {
+    use opscope::mine::kinds::*;
+    use opscope::mine::probe::kinds::*;
+    match p {
+        Planted::TwoFour => (&[TWO_FOUR_CONFIRMED], &[PER_CHANNEL_INT8]),
+        Planted::LowRank => (&[LOW_RANK_CONFIRMED], &[PER_CHANNEL_INT8, PER_TOKEN_INT8]),
+        other => implied(other),
+    }
+}
+
+/// The sweep over `seeds` with the 2:4 and low-rank activations captured; the truth, the
+/// verdicts from the sketches, and the verdicts after the host probe upgraded them.
+fn sweep_and_probe(seeds: &[u64]) -> (opscope_lab::sweep::Truth, Vec<opscope::mine::Verdict>, Vec<opscope::mine::Verdict>) {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = MemorySink::default();
+    let pipeline = Pipeline::parse(&format!("matmul{{roles=[lhs,rhs]}},{CONFIRM_CAPTURE}")).unwrap();
+    let truth = run(&pipeline, seeds, Box::new(sink.clone()), Some(dir.path())).unwrap();
+    let verdicts = opscope::mine::mine(&opscope::mine::series_from_rows(&sink.rows()));
+    let manifest = opscope::capture::read_manifest(dir.path()).unwrap();
+    let probed = 2 * SHAPES.len() * seeds.len();
+    assert_eq!((manifest.captured.len(), manifest.skipped.len()), (probed, 0), "every 2:4 and low-rank activation captured");
+    let confirmed = opscope_lab::sweep::confirm(verdicts.clone(), dir.path()).unwrap();
+    (truth, verdicts, confirmed)
+}
+
 #[test]
 fn the_miner_finds_every_planted_structure_and_nothing_in_the_null() {
     // The seeds the thresholds were set on (and the CLI's `--check` default): a regression pin.
     let seeds: Vec<u64> = (0..48).collect();
-    let sink = MemorySink::default();
-    let truth = run(&Pipeline::parse("matmul{roles=[lhs,rhs]}").unwrap(), &seeds, Box::new(sink.clone())).unwrap();
-    let verdicts = opscope::mine::mine(&opscope::mine::series_from_rows(&sink.rows()));
+    let (truth, verdicts, confirmed) = sweep_and_probe(&seeds);
     let check = opscope_lab::sweep::check(&truth, &verdicts, implied);
     println!("{}", check.table());
     assert!(check.perfect(), "{}\n{}", check.table(), check.errors.join("\n"));
+    // After the host probe: 2:4 and low rank confirmed at every planted site, nothing else moved.
+    let check = opscope_lab::sweep::check(&truth, &confirmed, implied_confirmed);
+    println!("{}", check.table());
+    assert!(check.perfect(), "{}\n{}", check.table(), check.errors.join("\n"));
+    let rank = |v: &opscope::mine::Verdict, k: &str| v.evidence.iter().find(|(n, _)| n == k).map(|(_, x)| *x).unwrap();
+    for v in confirmed.iter().filter(|v| v.kind == opscope::mine::probe::kinds::LOW_RANK_CONFIRMED) {
+        assert_eq!(rank(v, "energy_rank_99"), 4.0, "{}: the planted rank", v.site);
+    }
 }
 
 /// Seeds the miner's thresholds were never tuned on.
@@ -125,10 +160,8 @@ fn held_out_seeds_keep_the_nulls_clean_and_miss_at_most_one_site_in_a_hundred() 
     // the median channel is an outlier channel too (measured: 1 site of 144, seed 1014). The
     // nulls (the Gaussian activation and every Gaussian weight) must stay exactly clean.
     let seeds: Vec<u64> = HELD_OUT.collect();
-    let sink = MemorySink::default();
-    let truth = run(&Pipeline::parse("matmul{roles=[lhs,rhs]}").unwrap(), &seeds, Box::new(sink.clone())).unwrap();
-    let verdicts = opscope::mine::mine(&opscope::mine::series_from_rows(&sink.rows()));
-    let check = opscope_lab::sweep::check(&truth, &verdicts, implied);
+    let (truth, _, confirmed) = sweep_and_probe(&seeds);
+    let check = opscope_lab::sweep::check(&truth, &confirmed, implied_confirmed);
     println!("{}", check.table());
     for (row, sites) in &check.sites {
         let tag = format!("({row}):");
@@ -147,5 +180,8 @@ fn the_cli_check_judges_by_the_same_table() {
         let (r, a) = opscope_lab::sweep::expected(p);
         let (tr, ta) = implied(p);
         assert_eq!((set(r), set(a)), (set(tr), set(ta)), "{p:?}");
+        let (r, a) = opscope_lab::sweep::expected_confirmed(p);
+        let (tr, ta) = implied_confirmed(p);
+        assert_eq!((set(r), set(a)), (set(tr), set(ta)), "{p:?} (confirmed)");
     }
 }

@@ -279,3 +279,16 @@ fn randomized_spectrum_measures_the_energy_rank_against_the_whole_tensor() {
     let r = sp.energy_rank_99.expect("8 components hold 99%");
     assert!((1..=8).contains(&r), "99% energy rank {r} of a rank-8 tensor");
 }
+
+/// Up to [`opscope_lab::probe::DISTINCT_EXACT_MAX`] values the distinct count is exact; above,
+/// HyperLogLog++ must land within 3 standard errors (3 x 1.04 / sqrt(2^14) = 2.4%) of the truth.
+#[test]
+fn distinct_values_are_exact_up_to_the_limit_then_hyperloglog() {
+    use opscope_lab::probe::{distinct_bits, DISTINCT_EXACT_MAX};
+    let tensor = |n: usize, distinct: u32| -> Vec<f32> { (0..n).map(|i| f32::from_bits(0x3f80_0000 + ((i as u64 * 7919) % u64::from(distinct)) as u32)).collect() };
+    assert_eq!(distinct_bits(&tensor(DISTINCT_EXACT_MAX, 3_000_001)), (3_000_001, true));
+    let (est, exact) = distinct_bits(&tensor(DISTINCT_EXACT_MAX + 1, 3_000_001));
+    assert!(!exact);
+    let err = (est as f64 - 3_000_001.0).abs() / 3_000_001.0;
+    assert!(err <= 3.0 * 1.04 / 128.0, "HyperLogLog++ estimate {est} of 3000001 distinct: {:.2}% off", 100.0 * err);
+}

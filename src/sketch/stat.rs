@@ -222,48 +222,38 @@ crate::stats! {
 /// byte of the tensor once more, and has no lowering).
 pub const OPT_IN: &[Stat] = &[tensor::HASH];
 
+/// The statistics `stats=[all]` selects, in recording order, followed by `$extra`: one list
+/// for [`SELECTABLE`] and [`TAP_STATS`], so the two cannot drift apart.
+macro_rules! selectable {
+    ($($extra:expr),*) => {
+        &[
+            tensor::MIN,
+            tensor::MAX,
+            tensor::MEAN,
+            tensor::L1,
+            tensor::SUMSQ,
+            tensor::NNZ,
+            tensor::KURTOSIS,
+            tensor::HIST,
+            tensor::ELEMSIG,
+            tensor::CHAN_MAXABS,
+            tensor::CHAN_OUTLIER,
+            tensor::POS_SUMSQ,
+            tensor::ROW_ABSMAX,
+            tensor::ADJ_SUMSQ,
+            tensor::NAN_COUNT,
+            tensor::POSINF_COUNT,
+            tensor::NEGINF_COUNT,
+            $($extra),*
+        ]
+    };
+}
+
 /// [`SELECTABLE`] and the opt-in statistics ([`OPT_IN`]): what a tensor tap's `stats=[..]`
 /// accepts by name.
-pub const TAP_STATS: &[Stat] = &[
-    tensor::MIN,
-    tensor::MAX,
-    tensor::MEAN,
-    tensor::L1,
-    tensor::SUMSQ,
-    tensor::NNZ,
-    tensor::KURTOSIS,
-    tensor::HIST,
-    tensor::ELEMSIG,
-    tensor::CHAN_MAXABS,
-    tensor::CHAN_OUTLIER,
-    tensor::POS_SUMSQ,
-    tensor::ROW_ABSMAX,
-    tensor::ADJ_SUMSQ,
-    tensor::NAN_COUNT,
-    tensor::POSINF_COUNT,
-    tensor::NEGINF_COUNT,
-    tensor::HASH,
-];
+pub const TAP_STATS: &[Stat] = selectable!(tensor::HASH);
 
 /// Statistics a user selects by name in a tensor tap's `stats=[..]`; `hist` brings `hist_lo`,
 /// `hist_hi`, `hist_outside` along, and `count` is always included.
-pub const SELECTABLE: &[Stat] = &[
-    tensor::MIN,
-    tensor::MAX,
-    tensor::MEAN,
-    tensor::L1,
-    tensor::SUMSQ,
-    tensor::NNZ,
-    tensor::KURTOSIS,
-    tensor::HIST,
-    tensor::ELEMSIG,
-    tensor::CHAN_MAXABS,
-    tensor::CHAN_OUTLIER,
-    tensor::POS_SUMSQ,
-    tensor::ROW_ABSMAX,
-    tensor::ADJ_SUMSQ,
-    tensor::NAN_COUNT,
-    tensor::POSINF_COUNT,
-    tensor::NEGINF_COUNT,
-];
+pub const SELECTABLE: &[Stat] = selectable!();
 

@@ -172,21 +172,24 @@ pub fn brute_force(sites: &[Vec<Choice>], budget: u64) -> Result<Solution, Solve
         if cost <= budget && better {
             best = Some(Solution { picks: picks.clone(), cost, error });
         }
-        // Odometer increment.
-        let mut i = 0;
-        while i < picks.len() {
-            picks[i] += 1;
-            if picks[i] < sites[i].len() {
-                break;
-            }
-            picks[i] = 0;
-            i += 1;
-        }
-        if i == picks.len() {
+        if !odometer_step(&mut picks, sites) {
             break;
         }
     }
     Ok(best.expect("the cheapest plan fits the budget"))
+}
+
+/// Advance `picks` (one option index per site) to the next combination of `sites`' options,
+/// in odometer order (site 0 fastest); false after the last combination.
+fn odometer_step<T>(picks: &mut [usize], sites: &[Vec<T>]) -> bool {
+    for (p, options) in picks.iter_mut().zip(sites) {
+        *p += 1;
+        if *p < options.len() {
+            return true;
+        }
+        *p = 0;
+    }
+    false
 }
 
 /// One option of one site under TWO budgets (bytes and time at once).
@@ -353,16 +356,7 @@ pub fn brute_force2(sites: &[Vec<Choice2>], budget: u64, budget2: u64) -> Result
         if c <= budget && d <= budget2 && better {
             best = Some(Solution2 { picks: picks.clone(), cost: c, cost2: d, error: e });
         }
-        let mut i = 0;
-        while i < picks.len() {
-            picks[i] += 1;
-            if picks[i] < sites[i].len() {
-                break;
-            }
-            picks[i] = 0;
-            i += 1;
-        }
-        if i == picks.len() {
+        if !odometer_step(&mut picks, sites) {
             break;
         }
     }

@@ -487,6 +487,12 @@ pub struct MiniLmAssets {
 }
 
 impl MiniLmAssets {
+    /// `--onnx PATH --tokenizer PATH --text PATH`: the arguments that point an `opscope`
+    /// command at these files (for `Command::args`).
+    pub fn cli_args(&self) -> [&std::ffi::OsStr; 6] {
+        ["--onnx".as_ref(), self.onnx.as_os_str(), "--tokenizer".as_ref(), self.tokenizer.as_os_str(), "--text".as_ref(), self.text.as_os_str()]
+    }
+
     /// The assets in the cache folder.
     ///
     /// Errors: a file is missing (named, with the script that fetches it).

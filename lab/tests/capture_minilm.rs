@@ -15,12 +15,7 @@ fn record(out: &Path, pipeline: &str, limit: &str) {
     let a = opscope_lab::model::MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}"));
     let o = Command::new(env!("CARGO_BIN_EXE_opscope"))
         .arg("record")
-        .arg("--onnx")
-        .arg(&a.onnx)
-        .arg("--tokenizer")
-        .arg(&a.tokenizer)
-        .arg("--text")
-        .arg(&a.text)
+        .args(a.cli_args())
         .args(["--limit", limit, "--batch", "8", "--seq", "32", "--pipeline", pipeline, "--out"])
         .arg(out)
         .output()

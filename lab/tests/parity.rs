@@ -115,12 +115,7 @@ fn opscope_parity_on_minilm_agrees_with_its_op_by_op_reference() {
     let a = opscope_lab::model::MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}"));
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_opscope"))
         .args(["parity", "--json", "--batch", "2", "--seq", "16"])
-        .arg("--onnx")
-        .arg(&a.onnx)
-        .arg("--tokenizer")
-        .arg(&a.tokenizer)
-        .arg("--text")
-        .arg(&a.text)
+        .args(a.cli_args())
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

@@ -272,7 +272,7 @@ fn minilm_time_shares_cover_every_recorded_site() {
     let bin = env!("CARGO_BIN_EXE_opscope");
     let common = |cmd: &str| {
         let mut c = Command::new(bin);
-        c.arg(cmd).arg("--onnx").arg(&a.onnx).arg("--tokenizer").arg(&a.tokenizer).arg("--text").arg(&a.text);
+        c.arg(cmd).args(a.cli_args());
         c.args(["--limit", "2", "--batch", "2", "--seq", "16"]);
         c
     };

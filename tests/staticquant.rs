@@ -342,21 +342,8 @@ fn options_round_trip_and_are_checked() {
 #[test]
 fn dequant_matmul_quantizes_its_activation_and_keeps_the_packed_weight() {
     let (m, k, n) = (4, 32, 3);
-    let mut g = Graph::new("dequant");
-    let x = g.input("x", f32s(&[m, k]));
-    let w = g.param("w", Shape::new(&[n * 34], DType::U8));
-    let y = g.dequant_matmul_packed(x, w, rlx_ir::quant::QuantScheme::GgufQ8_0, f32s(&[m, n]));
-    g.set_outputs(vec![y]);
-    let mut packed = Vec::new();
-    for r in 0..n {
-        packed.extend_from_slice(&0x3C00u16.to_le_bytes()); // f16 1.0
-        packed.extend((0..k).map(|c| (((r * 7 + c * 5) % 41) as i8 - 20) as u8));
-    }
-    let run = |g: &Graph, x: &[f32]| -> Vec<u32> {
-        let mut c = rlx_runtime::Session::new(rlx_runtime::Device::Cpu).compile(g.clone());
-        c.set_param_typed("w", &packed, DType::U8);
-        bitpat(&c.run(&[("x", x)])[0])
-    };
+    let (g, packed) = common::q8_0_dequant_matmul(m, k, n);
+    let run = |g: &Graph, x: &[f32]| common::run_packed(g, &packed, x);
     let xv: Vec<f32> = randn(m * k, 41).iter().map(|v| v * 2.0).collect();
     let q = quant_params(-1.5, 2.5, false);
     let dir = tempfile::tempdir().unwrap();

@@ -284,6 +284,30 @@ pub fn bits(outs: &[Vec<f32>]) -> Vec<Vec<u32>> {
     outs.iter().map(|o| o.iter().map(|v| v.to_bits()).collect()).collect()
 }
 
+/// `x[m, k] -> DequantMatMul(x, w) -> y[m, n]` over a packed GGUF Q8_0 weight `w` (n rows of
+/// 34 bytes: an f16 scale of 1.0 and k = 32 int8 codes), and the packed bytes.
+pub fn q8_0_dequant_matmul(m: usize, k: usize, n: usize) -> (Graph, Vec<u8>) {
+    assert_eq!(k, 32, "one Q8_0 block per row");
+    let mut g = Graph::new("dequant");
+    let x = g.input("x", Shape::new(&[m, k], DType::F32));
+    let w = g.param("w", Shape::new(&[n * 34], DType::U8));
+    let y = g.dequant_matmul_packed(x, w, rlx_ir::quant::QuantScheme::GgufQ8_0, Shape::new(&[m, n], DType::F32));
+    g.set_outputs(vec![y]);
+    let mut packed = Vec::new();
+    for r in 0..n {
+        packed.extend_from_slice(&0x3C00u16.to_le_bytes()); // f16 1.0
+        packed.extend((0..k).map(|c| (((r * 7 + c * 5) % 41) as i8 - 20) as u8));
+    }
+    (g, packed)
+}
+
+/// Run `g` on the CPU with the packed `U8` param `w` and input `x`; bit patterns of output 0.
+pub fn run_packed(g: &Graph, packed: &[u8], x: &[f32]) -> Vec<u32> {
+    let mut c = Session::new(Device::Cpu).compile(g.clone());
+    c.set_param_typed("w", packed, DType::U8);
+    c.run(&[("x", x)])[0].iter().map(|v| v.to_bits()).collect()
+}
+
 pub fn node_named(g: &Graph, name: &str) -> NodeId {
     g.nodes().iter().find(|n| n.name.as_deref() == Some(name)).map(|n| n.id).expect("node")
 }

@@ -11,7 +11,14 @@
 //! another fraction); a third variant (`every=2^30`, no input sampled) is the cost of an
 //! unsampled run.
 //!
-//! `cargo bench --bench sampled --features parquet` (`-- --quick`: fewer layers and rounds).
+//! The whole measurement repeats at input scales 1, 1e-10 and 1e25 (the weights are
+//! variance-preserving, so every layer's activations keep the input's scale): fourth powers of
+//! 1e-10 data fall below f32's normal range and squares of 1e25 data above it, where a sketch
+//! kernel computing in f32 would slow down on denormals or saturate. The bench asserts that the
+//! inputs hold no denormal.
+//!
+//! `cargo bench --bench sampled --features parquet` (`-- --quick`: fewer layers and rounds,
+//! scale 1 only).
 
 use std::time::{Duration, Instant};
 
@@ -25,10 +32,13 @@ use rlx_runtime::{CompiledGraph, Device, Session};
 const M: usize = 64;
 const D: usize = 256;
 
-fn input(seed: u64) -> Vec<f32> {
+/// `x[M, D]`, N(0, 1) times `scale`.
+fn input(seed: u64, scale: f32) -> Vec<f32> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let n = Normal::new(0.0f32, 1.0).unwrap();
-    (0..M * D).map(|_| n.sample(&mut rng)).collect()
+    let x: Vec<f32> = (0..M * D).map(|_| n.sample(&mut rng) * scale).collect();
+    assert!(x.iter().all(|v| v.is_normal()), "input at scale {scale} holds a denormal or zero");
+    x
 }
 
 fn compile(layers: usize, w: &[Vec<f32>], name: &str) -> CompiledGraph {
@@ -50,8 +60,16 @@ fn time(c: &mut CompiledGraph, x: &[f32]) -> Duration {
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let (layers, rounds, pool) = if quick { (16, 5, 32) } else { (64, 9, 64) };
-    let every = 16u64;
+    let scales: &[f32] = if quick { &[1.0] } else { &[1.0, 1e-10, 1e25] };
     let w: Vec<Vec<f32>> = (0..layers).map(|l| common::weight(D, l)).collect();
+    for &scale in scales {
+        measure(layers, rounds, pool, scale, &w);
+    }
+}
+
+/// One table: the three variants against untapped at input scale `scale`.
+fn measure(layers: usize, rounds: usize, pool: usize, scale: f32, w: &[Vec<f32>]) {
+    let every = 16u64;
     let is_sampled = |x: &[f32], every: u64| {
         let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
         opscope::sketch::sample::sampled(opscope::sketch::sample::input_hash(&[("x", &bytes, rlx_ir::DType::F32)]), every)
@@ -63,7 +81,7 @@ fn main() {
     let (mut yes, mut no) = (Vec::new(), Vec::new());
     let mut seed = 7000u64;
     while yes.len() < want || no.len() < pool - want {
-        let x = input(seed);
+        let x = input(seed, scale);
         seed += 1;
         match is_sampled(&x, every) {
             true if yes.len() < want => yes.push(x),
@@ -76,13 +94,13 @@ fn main() {
     let sampled = xs.iter().filter(|x| is_sampled(x, every)).count();
     assert_eq!(sampled, want);
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut plain = compile(layers, &w, "plain");
+    let mut plain = compile(layers, w, "plain");
     let variants = [
         ("matmul".to_string(), "every run"),
         (format!("sample{{every={every}}},matmul"), "sampled"),
         ("sample{every=1073741824},matmul".to_string(), "no input sampled: the cost of an unsampled run"),
     ];
-    println!("chain MLP x[{M},{D}] x {layers} layers, pool of {pool} distinct inputs, {rounds} rounds per variant");
+    println!("chain MLP x[{M},{D}] x {layers} layers, input scale {scale:e}, pool of {pool} distinct inputs, {rounds} rounds per variant");
     println!(
         "the gate of sample{{every={every}}} samples {sampled} of the {pool} inputs ({:.3}; expected {:.3})",
         sampled as f64 / pool as f64,
@@ -90,11 +108,11 @@ fn main() {
     );
     for (i, (text, what)) in variants.iter().enumerate() {
         let pipeline = Pipeline::parse(text).unwrap();
-        let sink = opscope::recording::open(&dir.path().join(format!("v{i}.parquet"))).expect("sink");
+        let sink = opscope::recording::open(&dir.path().join(format!("v{i}-{scale:e}.parquet"))).expect("sink");
         // Plain and tapped runs interleaved per input, inside the variant's scope (a scope is
         // per thread; the untapped graph has no tap outputs, so it records nothing).
         let totals = opscope::scope(&pipeline, sink, || {
-            let mut tapped = compile(layers, &w, &format!("tapped{i}"));
+            let mut tapped = compile(layers, w, &format!("tapped{i}"));
             for x in xs.iter().take(2) {
                 time(&mut plain, x);
                 time(&mut tapped, x);

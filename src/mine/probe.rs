@@ -98,8 +98,8 @@ impl LowRankEvidence {
 /// `verdicts` with every `low_rank_probe` verdict for which `evidence` has the same site and
 /// role replaced by `low_rank_confirmed` (in every run the 99%-energy rank is at most
 /// [`LowRankEvidence::max_paying_rank`]) or `low_rank_refuted`, its evidence extended with
-/// `energy_rank_99` (the largest over runs; NaN when above a randomized SVD's rank),
-/// `max_paying_rank` and `runs_probed`. Other verdicts, and probe verdicts without evidence,
+/// the deciding run's `energy_rank_99` (the first run that does not fit, else the largest
+/// rank; NaN when above a randomized SVD's rank) and `max_paying_rank`, and `runs_probed`. Other verdicts, and probe verdicts without evidence,
 /// are returned unchanged. Payoffs are kept.
 pub fn upgrade_low_rank(verdicts: Vec<Verdict>, evidence: &[LowRankEvidence]) -> Vec<Verdict> {
     upgrade(verdicts, LOW_RANK_PROBE, |v| {

@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use crate::capture::{Pick, Selector, Store};
 use crate::error::Error;
 use crate::manifest::Manifest;
-use crate::recording::{Row, Sink};
+use crate::recording::{Block, Sink};
 use crate::sketch::{tensor, Stat};
 
 type Use = (Arc<str>, u32, Arc<str>, Arc<str>, Arc<str>, Option<u64>);
@@ -146,7 +146,7 @@ fn writer(mut sink: Box<dyn Sink>, run_id: Arc<str>, rx: Receiver<Msg>) -> Resul
                         true
                     }
                 };
-                decode_each(&run_id, &names, step, &manifest, &outputs, &mut changed, |rows| sink.write(rows))
+                decode_each(&run_id, &names, step, &manifest, &outputs, &mut changed, |block| sink.write_block(block))
                     .and_then(|_| sink.flush())
             }
             Msg::Capture { dir, manifest, step, picks } => {
@@ -410,8 +410,9 @@ impl Drop for Recorder {
 }
 
 /// Decode one run's tap outputs (in output order, caller outputs removed): check them against
-/// the manifest ([`Error::Mismatch`] on a wrong count, length or tag), then hand the rows of each appended output to
-/// `emit` in turn (the writer never holds a whole run's rows at once).
+/// the manifest ([`Error::Mismatch`] on a wrong count, length or tag), then hand each statistic
+/// of each recorded tensor use to `emit` as one [`Block`] (no row is built here; a columnar
+/// sink appends the values as they are).
 fn decode_each(
     run_id: &Arc<str>,
     names: &Interned,
@@ -419,7 +420,7 @@ fn decode_each(
     m: &Manifest,
     outputs: &[Vec<f32>],
     mut weight_changed: impl FnMut(usize, &[f32]) -> bool,
-    mut emit: impl FnMut(&[Row]) -> Result<(), Error>,
+    mut emit: impl FnMut(&Block<'_>) -> Result<(), Error>,
 ) -> Result<(), Error> {
     let mismatch = |detail: String| Error::Mismatch {
         graph: m.graph.clone(),
@@ -453,7 +454,6 @@ fn decode_each(
             None => None,
         });
     }
-    let mut rows = Vec::new();
     for (oi, out) in m.outputs.iter().enumerate() {
         if out.invariant {
             // A weight is recorded when first seen and again only when it changes (value 0,
@@ -463,42 +463,35 @@ fn decode_each(
                 continue;
             }
         }
-        rows.clear();
         for (pass, pass_idx, site, op, role, flops) in &names.uses[oi] {
-            let row = |stat: Stat, idx: usize, value: f32| Row {
-                run_id: run_id.clone(),
+            let block = |stat: Stat, values| Block {
+                run_id,
                 compile: m.compile,
                 step,
-                graph: names.graph.clone(),
-                pass: pass.clone(),
+                graph: &names.graph,
+                pass,
                 pass_idx: *pass_idx,
-                site: site.clone(),
-                op: op.clone(),
-                role: role.clone(),
-                stat: names.stats[&stat].clone(),
-                idx: idx as u64,
-                value,
+                site,
+                op,
+                role,
+                stat: &names.stats[&stat],
                 numel: out.numel,
-                shape: names.shapes[oi].clone(),
+                shape: &names.shapes[oi],
                 flops: *flops,
+                values,
             };
             match values[oi] {
-                None => rows.push(row(tensor::COUNT, 0, 0.0)),
+                // Not computed (a skipped tensor): one `count` row of 0.
+                None => emit(&block(tensor::COUNT, &[0.0]))?,
+                // NaN elements ("undefined for this data"; a sampled element that is itself
+                // NaN is counted in nan_count) are not rows: `Block` leaves them out.
                 Some(v) => {
                     for slot in &out.layout {
-                        for (i, &x) in v[slot.offset..slot.offset + slot.len].iter().enumerate() {
-                            // NaN means "undefined for this data" (and a sampled element that
-                            // is itself NaN is counted in nan_count): never recorded.
-                            if x.is_nan() {
-                                continue;
-                            }
-                            rows.push(row(slot.stat, i, x));
-                        }
+                        emit(&block(slot.stat, &v[slot.offset..slot.offset + slot.len]))?;
                     }
                 }
             }
         }
-        emit(&rows)?;
     }
     Ok(())
 }

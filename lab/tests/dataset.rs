@@ -337,3 +337,139 @@ fn record_into_a_dataset_holding_recordings_needs_append() {
     assert!(!err.contains("already holds") && err.contains("missing.json: no such tokenizer file"), "{err}");
     assert_eq!(closed_parts(&out), before, "a refused or failed start leaves the dataset alone");
 }
+
+/// One row as every reader sees it: the text and integer columns, `value` as its f32 bits.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord, serde::Deserialize)]
+struct Cells(String, u32, u64, String, String, u32, String, String, String, String, u64, u32, Option<u64>, String, Option<u64>);
+
+fn cells(r: &opscope::recording::Row) -> Cells {
+    Cells(
+        r.run_id.to_string(),
+        r.compile,
+        r.step,
+        r.graph.to_string(),
+        r.pass.to_string(),
+        r.pass_idx,
+        r.site.to_string(),
+        r.op.to_string(),
+        r.role.to_string(),
+        r.stat.to_string(),
+        r.idx,
+        r.value.to_bits(),
+        r.numel,
+        r.shape.to_string(),
+        r.flops,
+    )
+}
+
+/// Every column of every row of a dataset as DuckDB reads it, sorted.
+fn duckdb_cells(dataset: &Path) -> Vec<Cells> {
+    let code = r#"
+import sys, json, struct, duckdb
+rows = duckdb.sql(f"""
+  SELECT run_id, compile, step, graph, pass, pass_idx, site, op, role, stat, idx, value, numel, shape, flops
+  FROM read_parquet('{sys.argv[1]}/**/*.parquet')
+""").fetchall()
+bits = lambda v: struct.unpack('<I', struct.pack('<f', v))[0]
+print(json.dumps([list(r[:11]) + [bits(r[11])] + list(r[12:]) for r in rows]))
+"#;
+    let py = Command::new("python3").args(["-c", code]).arg(dataset).output().expect("python3 runs");
+    assert!(py.status.success(), "duckdb (pip install -r scripts/requirements-test.txt): {}", String::from_utf8_lossy(&py.stderr));
+    let mut rows: Vec<Cells> = serde_json::from_slice(&py.stdout).unwrap();
+    rows.sort();
+    rows
+}
+
+/// The columnar path (`Sink::write_block`, what the recorder uses) and the row path
+/// (`Sink::write`) of the Parquet dataset sink write the same table, and that table is the rows
+/// `Block::rows` defines: every column of every row read back by DuckDB (an independent
+/// Parquet reader; it decodes the DELTA_BINARY_PACKED and BYTE_STREAM_SPLIT columns the sink
+/// writes) and by opscope's reader. Blocks with NaN elements (not rows), empty and all-NaN
+/// blocks, unknown numel/flops, extreme and subnormal floats, several runs and parts.
+#[test]
+fn the_columnar_sink_writes_every_row_of_its_blocks_and_duckdb_reads_them_back() {
+    use opscope::recording::{Block, DatasetSink, PartLimits, Sink};
+    use rand::{Rng, SeedableRng};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let s = |x: &str| Arc::<str>::from(x);
+    let (run_id, graph, other_graph) = (s("run-7-1-1"), s("chain"), s("other"));
+    let passes = [s("matmul"), s("attn")];
+    let sites = [s("l0/MatMul"), s("l1/MatMul"), s("layer.2/attention/self/MatMul_1")];
+    let (op, role, shape) = (s("MatMul"), s("lhs"), s("[64,256]"));
+    let stats = [s("min"), s("max"), s("hist"), s("chan_maxabs")];
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(13);
+    let specials = [f32::INFINITY, f32::NEG_INFINITY, f32::MIN_POSITIVE / 8.0, -0.0, 1e38, f32::NAN];
+    let mut runs: Vec<Vec<(usize, usize, usize, usize, Vec<f32>, Option<u64>, Option<u64>)>> = Vec::new();
+    for _ in 0..7 {
+        let mut blocks = Vec::new();
+        for _ in 0..rng.gen_range(1..40) {
+            let n = [0usize, 1, 3, 64, 700][rng.gen_range(0..5)];
+            let values: Vec<f32> = (0..n)
+                .map(|_| if rng.gen_bool(0.1) { specials[rng.gen_range(0..specials.len())] } else { rng.gen_range(-3.0f32..3.0) * 10f32.powi(rng.gen_range(-30..30)) })
+                .collect();
+            let numel = rng.gen_bool(0.8).then(|| rng.gen_range(1..1u64 << 40));
+            let flops = rng.gen_bool(0.5).then(|| rng.gen_range(0..u64::MAX));
+            blocks.push((rng.gen_range(0..2), rng.gen_range(0..3), rng.gen_range(0..4), rng.gen_range(0..2), values, numel, flops));
+        }
+        runs.push(blocks);
+    }
+    let write = |out: &Path, columnar: bool| -> Vec<Cells> {
+        let mut sink = DatasetSink::create(out, PartLimits { runs: 3, bytes: 1 << 30 }).unwrap();
+        sink.recording_id(&run_id).unwrap();
+        for (compile, g) in [(1, "chain"), (2, "other")] {
+            let m: opscope::manifest::Manifest = serde_json::from_value(serde_json::json!({
+                "graph": g, "pipeline": "matmul", "tag": compile, "compile": compile, "user_outputs": 1,
+                "sites": [], "outputs": [], "skipped": []
+            }))
+            .unwrap();
+            sink.manifest(&m).unwrap();
+        }
+        let mut expected = Vec::new();
+        for (step, blocks) in runs.iter().enumerate() {
+            for (p, si, st, g, values, numel, flops) in blocks {
+                let b = Block {
+                    run_id: &run_id,
+                    compile: 1 + *g as u32,
+                    step: step as u64,
+                    graph: if *g == 0 { &graph } else { &other_graph },
+                    pass: &passes[*p],
+                    pass_idx: *p as u32,
+                    site: &sites[*si],
+                    op: &op,
+                    role: &role,
+                    stat: &stats[*st],
+                    numel: *numel,
+                    shape: &shape,
+                    flops: *flops,
+                    values,
+                };
+                let rows: Vec<_> = b.rows().collect();
+                assert_eq!(rows.len(), b.row_count());
+                expected.extend(rows.iter().map(cells));
+                if columnar { sink.write_block(&b).unwrap() } else { sink.write(&rows).unwrap() }
+            }
+            sink.flush().unwrap();
+        }
+        sink.finish().unwrap();
+        expected.sort();
+        expected
+    };
+    let (by_blocks, by_rows) = (dir.path().join("blocks.parquet"), dir.path().join("rows.parquet"));
+    let expected = write(&by_blocks, true);
+    assert_eq!(write(&by_rows, false), expected);
+    assert!(expected.len() > 5_000, "{}", expected.len());
+    assert!(expected.iter().any(|c| c.11 == f32::INFINITY.to_bits()) && expected.iter().any(|c| c.12.is_none()) && expected.iter().any(|c| c.14.is_none()));
+    assert_eq!(closed_parts(&by_blocks).len(), 3, "7 runs at 3 runs per part");
+    for out in [&by_blocks, &by_rows] {
+        assert_eq!(duckdb_cells(out), expected, "{}", out.display());
+        // opscope's own reader: the key columns and values it decodes, in any order.
+        let mut ours = Vec::new();
+        opscope::recording::read_rows(out, |r| ours.push(format!("{} {} {} {} {} {} {} {:?} {}", r.compile, r.step, r.pass_idx, r.site, r.role, r.stat, r.idx, r.flops, r.value.to_bits())))
+            .unwrap();
+        let mut want: Vec<String> = expected.iter().map(|c| format!("{} {} {} {} {} {} {} {:?} {}", c.1, c.2, c.5, c.6, c.8, c.9, c.10, c.14, c.11)).collect();
+        ours.sort();
+        want.sort();
+        assert_eq!(ours, want);
+    }
+}

@@ -22,14 +22,12 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use parquet::arrow::ArrowWriter;
-use parquet::basic::Compression;
-use parquet::file::properties::WriterProperties;
 
 use crate::error::Error;
 use crate::manifest::Manifest;
 
-use super::format::{check_dataset_path, write_atomic, Row, Sidecar, FORMAT};
-use super::parquet::{schema, ParquetSink};
+use super::format::{check_dataset_path, write_atomic, Block, Row, Sidecar, FORMAT};
+use super::parquet::{schema, writer_properties, Columns};
 use super::read::RowRef;
 use super::sink::Sink;
 use super::RecordingError;
@@ -113,7 +111,9 @@ pub struct DatasetSink {
     id: Option<String>,
     next_part: usize,
     open: Option<OpenPart>,
-    pending: Vec<Row>,
+    pending: Columns,
+    /// The recording id of the first row or block, for a sink never told it.
+    first_run_id: Option<String>,
     manifests: Vec<Manifest>,
     sidecar_written: Option<usize>,
     done: bool,
@@ -135,7 +135,8 @@ impl DatasetSink {
             id: None,
             next_part: 0,
             open: None,
-            pending: Vec::new(),
+            pending: Columns::default(),
+            first_run_id: None,
             manifests: Vec::new(),
             sidecar_written: None,
             done: false,
@@ -176,14 +177,13 @@ impl DatasetSink {
     /// Encode the pending rows into the open part's current row group (opening a part if
     /// needed), without closing the row group: the rows of a run never pile up in memory.
     fn write_pending(&mut self) -> Result<(), Error> {
-        if self.pending.is_empty() {
+        if self.pending.len() == 0 {
             return Ok(());
         }
         if self.id.is_none() {
-            self.id = Some(self.pending[0].run_id.to_string());
+            self.id = self.first_run_id.clone();
         }
-        let batch = ParquetSink::batch(&self.pending)?;
-        self.pending.clear();
+        let batch = self.pending.take_batch()?;
         if self.open.is_none() {
             self.open = Some(self.open_part()?);
         }
@@ -196,7 +196,7 @@ impl DatasetSink {
     /// End the run: its rows are one row group of the open part; close the part when it
     /// reaches its limits.
     fn write_run(&mut self) -> Result<(), Error> {
-        let had_rows = !self.pending.is_empty();
+        let had_rows = self.pending.len() > 0;
         self.write_pending()?;
         let Some(part) = self.open.as_mut() else { return Ok(()) };
         if !had_rows && part.writer.in_progress_rows() == 0 {
@@ -219,8 +219,7 @@ impl DatasetSink {
         let dir = self.partition()?;
         let tmp = dir.join(format!("_part-{:05}.parquet.partial", self.next_part));
         let file = File::create(&tmp).map_err(|e| Error::Io { path: tmp.clone(), error: e })?;
-        let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
-        let writer = ArrowWriter::try_new(file, schema(), Some(props))
+        let writer = ArrowWriter::try_new(file, schema(), Some(writer_properties()))
             .map_err(|e| Error::Write { path: tmp.clone(), why: format!("parquet writer: {e}") })?;
         Ok(OpenPart { writer, tmp, runs: 0 })
     }
@@ -289,7 +288,20 @@ impl Sink for DatasetSink {
         Ok(())
     }
     fn write(&mut self, rows: &[Row]) -> Result<(), Error> {
-        self.pending.extend_from_slice(rows);
+        if let (None, Some(r)) = (&self.first_run_id, rows.first()) {
+            self.first_run_id = Some(r.run_id.to_string());
+        }
+        rows.iter().for_each(|r| self.pending.push_row(r));
+        if self.pending.len() >= ENCODE_ROWS {
+            self.write_pending()?;
+        }
+        Ok(())
+    }
+    fn write_block(&mut self, block: &Block<'_>) -> Result<(), Error> {
+        if self.first_run_id.is_none() {
+            self.first_run_id = Some(block.run_id.to_string());
+        }
+        self.pending.push_block(block);
         if self.pending.len() >= ENCODE_ROWS {
             self.write_pending()?;
         }

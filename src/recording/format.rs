@@ -48,6 +48,74 @@ pub struct Row {
     pub flops: Option<u64>,
 }
 
+/// The rows of one statistic of one tensor at one use, in columnar form: the key columns
+/// (everything but `idx` and `value`) are the same for every row, and element `i` of `values`
+/// is the row with `idx = i`. A NaN element means "undefined for this data" and is not a row
+/// (so a block of `n` values holds `n` minus its NaN count rows).
+///
+/// The recorder hands blocks to [`super::Sink::write_block`]: a columnar sink (the Parquet
+/// dataset) appends them without building a [`Row`] per value; the others expand them
+/// ([`Block::rows`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Block<'a> {
+    /// Recording run id.
+    pub run_id: &'a Arc<str>,
+    /// Compile within the recording.
+    pub compile: u32,
+    /// Run index of the compiled graph.
+    pub step: u64,
+    /// Graph name.
+    pub graph: &'a Arc<str>,
+    /// Pass that recorded the rows.
+    pub pass: &'a Arc<str>,
+    /// Position of that pass in the pipeline.
+    pub pass_idx: u32,
+    /// Site name.
+    pub site: &'a Arc<str>,
+    /// Op at the site.
+    pub op: &'a Arc<str>,
+    /// Role of the tensor at the site.
+    pub role: &'a Arc<str>,
+    /// Statistic.
+    pub stat: &'a Arc<str>,
+    /// Elements in the tensor, if its shape is known.
+    pub numel: Option<u64>,
+    /// Shape of the tensor.
+    pub shape: &'a Arc<str>,
+    /// FLOPs of one execution of the site, if known.
+    pub flops: Option<u64>,
+    /// Element `i` is the value of the row with `idx = i`; NaN elements are not rows.
+    pub values: &'a [f32],
+}
+
+impl Block<'_> {
+    /// The rows the block stands for, in `idx` order, NaN elements left out.
+    pub fn rows(&self) -> impl Iterator<Item = Row> + '_ {
+        self.values.iter().enumerate().filter(|(_, x)| !x.is_nan()).map(|(i, &value)| Row {
+            run_id: self.run_id.clone(),
+            compile: self.compile,
+            step: self.step,
+            graph: self.graph.clone(),
+            pass: self.pass.clone(),
+            pass_idx: self.pass_idx,
+            site: self.site.clone(),
+            op: self.op.clone(),
+            role: self.role.clone(),
+            stat: self.stat.clone(),
+            idx: i as u64,
+            value,
+            numel: self.numel,
+            shape: self.shape.clone(),
+            flops: self.flops,
+        })
+    }
+
+    /// The number of rows ([`Block::rows`]): values that are not NaN.
+    pub fn row_count(&self) -> usize {
+        self.values.iter().filter(|x| !x.is_nan()).count()
+    }
+}
+
 /// The type of a recording column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ColumnType {

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use crate::error::Error;
 use crate::manifest::Manifest;
 
-use super::format::Row;
+use super::format::{Block, Row};
 
 /// A destination for recorded rows.
 ///
@@ -23,6 +23,13 @@ pub trait Sink: Send {
     fn manifest(&mut self, manifest: &Manifest) -> Result<(), Error>;
     /// Rows of (part of) one run.
     fn write(&mut self, rows: &[Row]) -> Result<(), Error>;
+    /// The rows of one statistic of one tensor, in columnar form (the recorder's path; one
+    /// call per statistic of each recorded tensor use). The default expands the block into
+    /// [`Row`]s and calls [`Sink::write`]; a columnar sink appends the values directly.
+    fn write_block(&mut self, block: &Block<'_>) -> Result<(), Error> {
+        let rows: Vec<Row> = block.rows().collect();
+        self.write(&rows)
+    }
     /// A run's rows are all written: make them durable enough to survive a crash of the
     /// process (the CSV sink flushes its buffers to the OS).
     fn flush(&mut self) -> Result<(), Error> {
@@ -95,6 +102,9 @@ impl Sink for Tee {
     }
     fn write(&mut self, rows: &[Row]) -> Result<(), Error> {
         self.0.iter_mut().try_for_each(|s| s.write(rows))
+    }
+    fn write_block(&mut self, block: &Block<'_>) -> Result<(), Error> {
+        self.0.iter_mut().try_for_each(|s| s.write_block(block))
     }
     fn flush(&mut self) -> Result<(), Error> {
         self.0.iter_mut().try_for_each(|s| s.flush())

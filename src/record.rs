@@ -263,7 +263,15 @@ impl Recorder {
 
     /// The extra outputs of one run whose manifest is identified by the tag in value 0.
     pub fn record_tagged(&self, outputs: Vec<Vec<f32>>) {
-        let Some(&raw) = outputs.first().and_then(|o| o.first()) else {
+        let firsts = firsts(&outputs);
+        self.record_tagged_with(&firsts, move || outputs)
+    }
+
+    /// [`Recorder::record_tagged`] from value 0 of each extra output (`firsts`) and a
+    /// conversion of them all (`outputs`), called only when the run is recorded: a run that was
+    /// not sampled is counted from its tags, without converting its outputs.
+    pub fn record_tagged_with(&self, firsts: &[Option<f32>], outputs: impl FnOnce() -> Vec<Vec<f32>>) {
+        let Some(&Some(raw)) = firsts.first() else {
             return;
         };
         // A negated tag: a gated sketch of a run that was not sampled (see `record`).
@@ -271,7 +279,7 @@ impl Recorder {
         let tag = raw as u32;
         let known = if raw == tag as f32 { self.with_front(|s| s.manifests.get(&tag).cloned()).flatten() } else { None };
         match known {
-            Some(m) => self.record(&m, outputs),
+            Some(m) => self.record_with(&m, firsts, outputs),
             // 0 and non-integers are never handed out ([`Recorder::next_tag`]).
             None if raw == 0.0 || raw != tag as f32 => self.fail(Error::Mismatch {
                 graph: "?".into(),
@@ -295,18 +303,25 @@ impl Recorder {
     /// whole tensors of a `capture` pass. A run that was not sampled (`sample{every=N}`: every
     /// sketch output carries the negated compile tag) is counted as a step and writes no row
     /// and no captured tensor.
-    pub fn record(&self, manifest: &Arc<Manifest>, mut outputs: Vec<Vec<f32>>) {
+    pub fn record(&self, manifest: &Arc<Manifest>, outputs: Vec<Vec<f32>>) {
+        let firsts = firsts(&outputs);
+        self.record_with(manifest, &firsts, move || outputs)
+    }
+
+    /// [`Recorder::record`] from value 0 of each extra output (`firsts`, `None` for an empty
+    /// one) and a conversion of them all (`outputs`, called only when the run is recorded).
+    pub fn record_with(&self, manifest: &Arc<Manifest>, firsts: &[Option<f32>], outputs: impl FnOnce() -> Vec<Vec<f32>>) {
         let ncap = manifest.captures.len();
-        let captures = if ncap > 0 && outputs.len() >= ncap { outputs.split_off(outputs.len() - ncap) } else { Vec::new() };
+        let sketches = if ncap > 0 && firsts.len() >= ncap { &firsts[..firsts.len() - ncap] } else { firsts };
         let negated = -(manifest.tag as f32);
-        let unsampled = outputs.iter().filter(|o| o.first() == Some(&negated)).count();
-        if unsampled > 0 && unsampled != outputs.len() {
+        let unsampled = sketches.iter().filter(|o| **o == Some(negated)).count();
+        if unsampled > 0 && unsampled != sketches.len() {
             self.fail(Error::Mismatch {
                 graph: manifest.graph.clone(),
                 detail: format!(
                     "{unsampled} of {} tap outputs say the run was not sampled: one gate decides for every sketch of a run; \
                      nothing of this run is recorded",
-                    outputs.len()
+                    sketches.len()
                 ),
             });
             return;
@@ -318,6 +333,8 @@ impl Recorder {
             now
         });
         if let (Some(step), 0) = (step, unsampled) {
+            let mut outputs = outputs();
+            let captures = if ncap > 0 && outputs.len() >= ncap { outputs.split_off(outputs.len() - ncap) } else { Vec::new() };
             self.send(Msg::Run {
                 manifest: manifest.clone(),
                 step,
@@ -406,6 +423,21 @@ impl Drop for Recorder {
         if let Err(e) = self.close(None) {
             eprintln!("opscope: recording incomplete: {e}");
         }
+    }
+}
+
+/// Value 0 of each output (`None` for an empty one): the compile tag of a sketch output.
+fn firsts(outputs: &[Vec<f32>]) -> Vec<Option<f32>> {
+    outputs.iter().map(|o| o.first().copied()).collect()
+}
+
+/// Value 0 of an output as the backend hands it (bytes of `dtype`), without converting the
+/// rest: the compile tag of a sketch output (sketch outputs are f32; another dtype is
+/// converted whole).
+pub fn first_value(bytes: &[u8], dtype: rlx_ir::DType) -> Option<f32> {
+    match dtype {
+        rlx_ir::DType::F32 => bytes.get(..4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        d => rlx_runtime::taps::to_f32(bytes, d).first().copied(),
     }
 }
 

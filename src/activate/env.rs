@@ -309,12 +309,15 @@ mod backend {
     }
 
     impl Tapped {
-        /// Record the trailing `extra` outputs and return the caller's.
-        fn strip<T>(&self, mut outs: Vec<T>, to_f32: impl Fn(&T) -> Vec<f32>) -> Vec<T> {
+        /// Record the trailing `extra` outputs and return the caller's. `first` reads value 0
+        /// of an output (the compile tag); `to_f32` converts a whole one, and runs only when
+        /// the run is recorded (an unsampled run converts nothing).
+        fn strip<T>(&self, mut outs: Vec<T>, first: impl Fn(&T) -> Option<f32>, to_f32: impl FnMut(T) -> Vec<f32>) -> Vec<T> {
             if let Some((manifest, recorder)) = &self.tap {
                 if outs.len() >= self.extra {
                     let tail = outs.split_off(outs.len() - self.extra);
-                    recorder.record(manifest, tail.iter().map(to_f32).collect());
+                    let firsts: Vec<Option<f32>> = tail.iter().map(first).collect();
+                    recorder.record_with(manifest, &firsts, move || tail.into_iter().map(to_f32).collect());
                 }
             }
             outs
@@ -418,7 +421,7 @@ mod backend {
         fn run(&mut self, inputs: &[(&str, &[f32])]) -> Vec<Vec<f32>> {
             self.guard();
             let outs = self.inner.run(inputs);
-            self.strip(outs, |v| v.clone())
+            self.strip(outs, |v| v.first().copied(), |v| v)
         }
         fn run_read_outputs(&mut self, inputs: &[(&str, &[f32])], read_indices: Option<&[usize]>) -> Vec<Vec<f32>> {
             // Run everything so the sketches are recorded, then pick the caller's indices.
@@ -434,7 +437,7 @@ mod backend {
             let raw = self.inner.run_raw(inputs);
             // SAFETY: the backend's run_raw returns pointers into its arena that stay valid
             // until the next run; the tap outputs are copied right away.
-            self.strip(raw, |&(p, n)| unsafe { std::slice::from_raw_parts(p, n) }.to_vec())
+            self.strip(raw, |&(p, n)| (n > 0).then(|| unsafe { *p }), |(p, n)| unsafe { std::slice::from_raw_parts(p, n) }.to_vec())
         }
         fn run_slots(&mut self, inputs: &[&[f32]]) -> &[(usize, usize)] {
             self.guard();
@@ -443,7 +446,11 @@ mod backend {
             self.slots = if slots.len() >= self.extra && !arena.is_null() {
                 // (byte offset, f32 length) pairs into the arena, valid until the next run;
                 // an output without a buffer has offset usize::MAX.
-                self.strip(slots, |&(o, l)| {
+                let first = |&(o, l): &(usize, usize)| {
+                    // SAFETY: as below, value 0 of an output with a buffer.
+                    (o != usize::MAX && l > 0).then(|| unsafe { *arena.add(o).cast::<f32>() })
+                };
+                self.strip(slots, first, |(o, l)| {
                     if o == usize::MAX {
                         Vec::new()
                     } else {
@@ -512,7 +519,7 @@ mod backend {
         fn run_pipelined(&mut self, input_sets: &[Vec<(&str, &[f32])>]) -> Vec<Vec<Vec<f32>>> {
             self.guard();
             let outs = self.inner.run_pipelined(input_sets);
-            outs.into_iter().map(|o| self.strip(o, |v| v.clone())).collect()
+            outs.into_iter().map(|o| self.strip(o, |v| v.first().copied(), |v| v)).collect()
         }
         fn set_param_typed(&mut self, name: &str, data: &[u8], dtype: rlx_ir::DType) {
             self.inner.set_param_typed(name, data, dtype);
@@ -526,7 +533,7 @@ mod backend {
         fn run_typed(&mut self, inputs: &[(&str, &[u8], rlx_ir::DType)]) -> Vec<(Vec<u8>, rlx_ir::DType)> {
             self.guard();
             let outs = self.inner.run_typed(inputs);
-            self.strip(outs, |(b, d)| rlx_runtime::taps::to_f32(b, *d))
+            self.strip(outs, |(b, d)| crate::record::first_value(b, *d), |(b, d)| rlx_runtime::taps::to_f32(&b, d))
         }
         fn wgpu_host_summary(&self) -> Option<String> { self.inner.wgpu_host_summary() }
     }

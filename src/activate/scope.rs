@@ -33,8 +33,9 @@ impl GraphTap for ScopeTap {
     }
 
     fn on_outputs(&self, extra: Vec<(Vec<u8>, DType)>) {
-        let outs: Vec<Vec<f32>> = extra.iter().map(|(b, d)| taps::to_f32(b, *d)).collect();
-        self.recorder.record_tagged(outs);
+        // Only the tags are read unless the run is recorded (an unsampled run converts nothing).
+        let firsts: Vec<Option<f32>> = extra.iter().map(|(b, d)| crate::record::first_value(b, *d)).collect();
+        self.recorder.record_tagged_with(&firsts, || extra.iter().map(|(b, d)| taps::to_f32(b, *d)).collect());
     }
 }
 

@@ -638,3 +638,41 @@ json.dump(out, sys.stdout)
         assert_eq!(numpy, kernel, "case {i}: numpy (left) vs the kernel (right)");
     }
 }
+
+/// Sketch `x` with the statistics `stats` only, by name.
+fn sketch_of(x: &[f32], dims: &[usize], stats: &[opscope::sketch::Stat]) -> BTreeMap<&'static str, Vec<f32>> {
+    let shape = Shape::new(dims, DType::F32);
+    let spec = SketchSpec::for_shape(&shape, stats, 16, HistRange::Absmax, 4).unwrap().spec;
+    let out = compute(x, dims, &spec);
+    spec.layout().unwrap().iter().map(|s| (s.stat.as_str(), out[s.offset..s.offset + s.len].to_vec())).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// A spec with a subset of the statistics computes each of them exactly as the full set
+    /// does (bit for bit; NaN where the full set has NaN), whichever path the kernel takes for
+    /// it (a subset without mean, l1, sumsq, kurtosis and pos_sumsq skips the row sums), on
+    /// data with NaN and infinities in some rows.
+    #[test]
+    fn a_subset_of_statistics_gives_the_full_sets_values(
+        dims in shape(), content in content(), exp in -30.0f64..30.0, seed in any::<u64>(),
+        pick in proptest::collection::vec(any::<bool>(), SELECTABLE.len()),
+        specials in proptest::collection::vec((any::<prop::sample::Index>(), 0usize..3), 0..4),
+    ) {
+        let n: usize = dims.iter().product();
+        let mut x = tensor(n, &content, 10f64.powf(exp), seed);
+        for (at, which) in &specials {
+            x[at.index(n)] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][*which];
+        }
+        let stats: Vec<_> = SELECTABLE.iter().zip(&pick).filter(|(_, &p)| p).map(|(s, _)| *s).collect();
+        prop_assume!(!stats.is_empty());
+        let full = sketch_of(&x, &dims, SELECTABLE);
+        let part = sketch_of(&x, &dims, &stats);
+        for (name, got) in &part {
+            let want = &full[name];
+            let same = got.len() == want.len() && got.iter().zip(want).all(|(g, w)| g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()));
+            prop_assert!(same, "{}: subset {:?} gives {:?}, full set {:?}", name, stats, &got[..got.len().min(8)], &want[..want.len().min(8)]);
+        }
+    }
+}

@@ -105,6 +105,39 @@ fn row_extremes(row: &[f32]) -> (u32, f32, f32) {
     )
 }
 
+/// [`row_extremes`] plus the number of values that are not finite (NaN or an infinity): the
+/// pass of a sketch that needs no sum (`stats=[max]`, `[min,max,nnz]`, ...), where the f64
+/// sums would otherwise be computed only to learn that the row is finite.
+fn row_extremes_finite(row: &[f32]) -> (u32, f32, f32, u32) {
+    let mut z = [0u32; LANES];
+    let mut fin = [0u32; LANES];
+    let mut lo = [f32::INFINITY; LANES];
+    let mut hi = [f32::NEG_INFINITY; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for l in 0..LANES {
+            let x = c[l];
+            z[l] += (x != 0.0) as u32;
+            fin[l] += (x.abs() < f32::INFINITY) as u32;
+            lo[l] = if x < lo[l] { x } else { lo[l] };
+            hi[l] = if x > hi[l] { x } else { hi[l] };
+        }
+    }
+    for (l, &x) in rem.iter().enumerate() {
+        z[l] += (x != 0.0) as u32;
+        fin[l] += (x.abs() < f32::INFINITY) as u32;
+        lo[l] = lo[l].min(x);
+        hi[l] = hi[l].max(x);
+    }
+    (
+        z.iter().sum(),
+        lo.iter().copied().fold(f32::INFINITY, f32::min),
+        hi.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+        row.len() as u32 - fin.iter().sum::<u32>(),
+    )
+}
+
 /// Sums over one row in f64 lanes: returns (sum of `x - pivot`, sum |x|, sum x^2). Finite
 /// exactly when every value of the row is (no finite f32's square overflows f64).
 fn row_sums(row: &[f32], pivot: f64) -> (f64, f64, f64) {
@@ -474,6 +507,12 @@ impl Binner32 {
     }
 }
 
+/// True when `spec` needs the f64 row sums (mean, l1, sumsq, kurtosis, pos_sumsq); without
+/// them a row is read once, for its extremes.
+fn needs_sums(spec: &SketchSpec) -> bool {
+    [tensor::MEAN, tensor::L1, tensor::SUMSQ, tensor::KURTOSIS, tensor::POS_SUMSQ].iter().any(|&t| spec.has(t))
+}
+
 /// The kernel body: fill `out` (length `spec.len()`) from `data` of run-time shape `dims`.
 ///
 /// Geometry comes from `dims`: channels `C` = last dim, rows `R = numel / C`, and adjacent-row
@@ -500,6 +539,11 @@ pub fn compute_masked(data: &[f32], dims: &[usize], spec: &SketchSpec, mask: Opt
     let want_pos = spec.has(tensor::POS_SUMSQ);
     let want_rowmax = spec.has(tensor::ROW_ABSMAX);
     let want_adj = spec.has(tensor::ADJ_SUMSQ);
+    // The sums feed mean, l1, sumsq, kurtosis (through the mean) and pos_sumsq only; without
+    // them a row's pass is its extremes and a finiteness count (`stats=[max]` reads each value
+    // once, not twice). The values written are the same either way (a test compares every
+    // statistic of every subset against the full set).
+    let want_sums = needs_sums(spec);
     let mut chan = if want_chan { vec![0f32; c] } else { Vec::new() };
     let mut pos = if want_pos { vec![0f64; rows] } else { Vec::new() };
     let mut rowmax = if want_rowmax { vec![0f32; rows] } else { Vec::new() };
@@ -537,14 +581,22 @@ pub fn compute_masked(data: &[f32], dims: &[usize], spec: &SketchSpec, mask: Opt
             continue;
         }
         let row = &data[r * c..(r + 1) * c];
-        let (s, a, q) = (fns.sums)(row, pivot);
+        // (sum of x - pivot, sum |x|, sum x^2, and the row's extremes if already known)
+        let (s, a, q, known) = if want_sums {
+            let (s, a, q) = (fns.sums)(row, pivot);
+            (s, a, q, None)
+        } else {
+            let e = row_extremes_finite(row);
+            // A finite row: sums of 0 stand in (nothing reads them); else the element path.
+            if e.3 == 0 { (0.0, 0.0, 0.0, Some((e.0, e.1, e.2))) } else { (f64::NAN, f64::NAN, f64::NAN, None) }
+        };
         let row_sumsq;
         if s.is_finite() && q.is_finite() {
             acc.count += c as u64;
             acc.shifted += s;
             acc.l1 += a;
             acc.sumsq += q;
-            let (z, lo, hi) = row_extremes(row);
+            let (z, lo, hi) = known.unwrap_or_else(|| row_extremes(row));
             acc.nnz += z as u64;
             acc.min = acc.min.min(lo);
             acc.max = acc.max.max(hi);

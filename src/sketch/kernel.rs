@@ -78,37 +78,24 @@ const LANES: usize = 16;
 /// max). Kept out of line and apart from the f64 sums: a loop mixing f32 and f64 lanes is not
 /// vectorized cleanly by LLVM (measured 2-4x slower). The plain comparisons (rather than
 /// `f32::min`, which must skip NaN) compile to bare `minps`/`maxps`; the row holds no NaN.
-#[inline(never)]
 fn row_extremes(row: &[f32]) -> (u32, f32, f32) {
-    let mut z = [0u32; LANES];
-    let mut lo = [f32::INFINITY; LANES];
-    let mut hi = [f32::NEG_INFINITY; LANES];
-    let chunks = row.chunks_exact(LANES);
-    let rem = chunks.remainder();
-    for c in chunks {
-        for l in 0..LANES {
-            let x = c[l];
-            z[l] += (x != 0.0) as u32;
-            lo[l] = if x < lo[l] { x } else { lo[l] };
-            hi[l] = if x > hi[l] { x } else { hi[l] };
-        }
-    }
-    for (l, &x) in rem.iter().enumerate() {
-        z[l] += (x != 0.0) as u32;
-        lo[l] = lo[l].min(x);
-        hi[l] = hi[l].max(x);
-    }
-    (
-        z.iter().sum(),
-        lo.iter().copied().fold(f32::INFINITY, f32::min),
-        hi.iter().copied().fold(f32::NEG_INFINITY, f32::max),
-    )
+    let (z, lo, hi, _) = extremes::<false>(row);
+    (z, lo, hi)
 }
 
-/// [`row_extremes`] plus the number of values that are not finite (NaN or an infinity): the
-/// pass of a sketch that needs no sum (`stats=[max]`, `[min,max,nnz]`, ...), where the f64
-/// sums would otherwise be computed only to learn that the row is finite.
-fn row_extremes_finite(row: &[f32]) -> (u32, f32, f32, u32) {
+/// [`row_extremes`] plus the number of values that are not finite (NaN or an infinity), for a
+/// row not known to be finite: the pass of a sketch that needs no sum (`stats=[max]`,
+/// `[min,max,nnz]`, ...), where the f64 sums would otherwise be computed only to learn that the
+/// row is finite. When the count is not 0 the extremes are not used (NaN is skipped by the
+/// comparisons).
+fn row_extremes_finite(row: &[f32]) -> (u32, f32, f32, usize) {
+    extremes::<true>(row)
+}
+
+/// The loop of [`row_extremes`] and [`row_extremes_finite`]; the non-finite count only when
+/// `COUNT` (0 otherwise).
+#[inline(never)]
+fn extremes<const COUNT: bool>(row: &[f32]) -> (u32, f32, f32, usize) {
     let mut z = [0u32; LANES];
     let mut fin = [0u32; LANES];
     let mut lo = [f32::INFINITY; LANES];
@@ -119,22 +106,27 @@ fn row_extremes_finite(row: &[f32]) -> (u32, f32, f32, u32) {
         for l in 0..LANES {
             let x = c[l];
             z[l] += (x != 0.0) as u32;
-            fin[l] += (x.abs() < f32::INFINITY) as u32;
+            if COUNT {
+                fin[l] += (x.abs() < f32::INFINITY) as u32;
+            }
             lo[l] = if x < lo[l] { x } else { lo[l] };
             hi[l] = if x > hi[l] { x } else { hi[l] };
         }
     }
     for (l, &x) in rem.iter().enumerate() {
         z[l] += (x != 0.0) as u32;
-        fin[l] += (x.abs() < f32::INFINITY) as u32;
+        if COUNT {
+            fin[l] += (x.abs() < f32::INFINITY) as u32;
+        }
         lo[l] = lo[l].min(x);
         hi[l] = hi[l].max(x);
     }
+    let non_finite = if COUNT { row.len() - fin.iter().map(|&f| f as usize).sum::<usize>() } else { 0 };
     (
         z.iter().sum(),
         lo.iter().copied().fold(f32::INFINITY, f32::min),
         hi.iter().copied().fold(f32::NEG_INFINITY, f32::max),
-        row.len() as u32 - fin.iter().sum::<u32>(),
+        non_finite,
     )
 }
 

@@ -105,6 +105,9 @@ impl opscope::Sink for DropSink {
     fn write(&mut self, _: &[opscope::Row]) -> Result<(), opscope::Error> {
         Ok(())
     }
+    fn write_block(&mut self, _: &opscope::recording::Block<'_>) -> Result<(), opscope::Error> {
+        Ok(())
+    }
     fn finish(&mut self) -> Result<(), opscope::Error> {
         Ok(())
     }

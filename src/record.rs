@@ -108,7 +108,7 @@ pub struct Recorder {
 
 pub use crate::recording::new_run_id;
 
-/// The writer thread: decode each run into rows and write them; keep the first error and
+/// The writer thread: decode each run into blocks ([`Block`]) and hand them to the sink; keep the first error and
 /// drain the rest of the queue (so the producer never blocks on a dead writer). The sink is
 /// finished only on `Msg::Finish` and only if nothing failed.
 fn writer(mut sink: Box<dyn Sink>, run_id: Arc<str>, rx: Receiver<Msg>) -> Result<(), Error> {

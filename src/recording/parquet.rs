@@ -231,9 +231,12 @@ impl Columns {
 /// - Snappy pages (the Parquet and Spark default; Zstd level 1 saved another 11% of the bytes
 ///   at 15% less throughput).
 /// - Text columns dictionary-encoded (a run's names repeat over all its values), without
-///   min/max statistics: a row group is one run of every site, so their ranges prune nothing,
-///   and computing them (two string comparisons per row and column) took 40% of the writer's
-///   time.
+///   min/max statistics: computing them (two string comparisons per row and column) took 40% of
+///   the writer's time. A row group is one run of one compile, so `run_id`, `graph` (and `pass`
+///   in a one-pass pipeline) are constant in it and their ranges could skip row groups in a
+///   filter such as `WHERE graph = 'x'`; filter on `compile` (statistics kept; the sidecar maps
+///   compiles to graphs) or on the `recording` partition instead. Results are the same either
+///   way; only such a scan reads more.
 /// - `value`: BYTE_STREAM_SPLIT without a dictionary (float bytes split into four streams, so
 ///   Snappy finds the repeated exponents; a dictionary of distinct floats only costs a hash per
 ///   value): 6.76 -> 4.73 bytes per row.

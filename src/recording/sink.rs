@@ -9,8 +9,10 @@ use super::format::{Block, Row};
 
 /// A destination for recorded rows.
 ///
-/// `write` is called one or more times per run of a tapped graph (once per appended output),
-/// then `flush` once; `finish` once at the end. Errors are returned, never swallowed: the
+/// The recorder calls `write_block` once per statistic of each recorded tensor use of a run
+/// (a block may hold no row: every value NaN), then `flush` once; `finish` once at the end.
+/// `write_block`'s default expands the block and calls `write`, so a sink that implements only
+/// `write` gets every row (in slices that do not line up with outputs). Errors are returned, never swallowed: the
 /// recorder keeps the first and reports it when the scope ends.
 pub trait Sink: Send {
     /// The id of the recording the rows belong to (the `run_id` column), told once before any

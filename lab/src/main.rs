@@ -1206,7 +1206,7 @@ struct RecordArgs {
     /// Recording path: `.parquet` (a dataset directory, `<out>/recording=<id>/part-NNNNN.parquet`,
     /// a part closed every `RLX_OPSCOPE_PART_RUNS` runs (32) or `RLX_OPSCOPE_PART_BYTES` bytes
     /// (64 MiB), manifest in `recording=<id>/_manifest.json`), `.csv` or `.csv.gz` (manifest in
-    /// `<out>.manifest.json`). Parquet by default: half the size of csv.gz, 6x faster to mine,
+    /// `<out>.manifest.json`). Parquet by default: a third of the size of csv.gz, several times faster to mine,
     /// a crash loses one part at most.
     #[arg(long, default_value = "recording.parquet")]
     out: PathBuf,

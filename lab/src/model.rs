@@ -446,31 +446,43 @@ impl Job {
         pipeline: &opscope::Pipeline,
         stage: opscope::activate::Stage,
         sink: Box<dyn opscope::Sink>,
-        mut each: impl FnMut(usize, Vec<(Vec<u8>, DType)>) -> Result<()>,
+        each: impl FnMut(usize, Vec<(Vec<u8>, DType)>) -> Result<()>,
     ) -> Result<()> {
         let session = Session::new(device);
         let scope = opscope::Scope::new(pipeline, sink).stage(stage).device(device).interrupt_flag(&INTERRUPTED);
-        let (res, recorded) = scope.run(|| -> Result<()> {
-            let mut full = self.full.compile(&session)?;
-            let mut tail = match self.tail.as_ref() {
-                Some(m) => Some((m, m.compile(&session)?)),
-                None => None,
-            };
-            for (chunk, enc) in self.batches.iter().zip(&self.encoded) {
-                if INTERRUPTED.load(Ordering::SeqCst) {
-                    break;
-                }
-                let outs = match (&mut tail, chunk.len() == self.full.batch) {
-                    (_, true) => self.full.run(&mut full, enc)?,
-                    (Some((m, c)), false) => m.run(c, enc)?,
-                    (None, false) => bail!("batch of {} has no compiled graph", chunk.len()),
-                };
-                each(chunk.len(), outs)?;
-            }
-            Ok(())
-        });
+        let (res, recorded) = scope.run(|| self.run_batches(&session, each));
         res?;
         recorded.context("recording")?;
+        Ok(())
+    }
+
+    /// The same loop as [`Job::run`] with no tap: compile and run every batch on the CPU (the
+    /// baseline an end-to-end recording cost is measured against).
+    ///
+    /// Errors: the first error of `each` or of a run.
+    pub fn run_untapped(&self, each: impl FnMut(usize, Vec<(Vec<u8>, DType)>) -> Result<()>) -> Result<()> {
+        self.run_batches(&Session::new(rlx_runtime::Device::Cpu), each)
+    }
+
+    /// Compile the full (and tail) graph in `session` and run every batch, stopping after the
+    /// batch in progress when [`INTERRUPTED`] is set.
+    fn run_batches(&self, session: &Session, mut each: impl FnMut(usize, Vec<(Vec<u8>, DType)>) -> Result<()>) -> Result<()> {
+        let mut full = self.full.compile(session)?;
+        let mut tail = match self.tail.as_ref() {
+            Some(m) => Some((m, m.compile(session)?)),
+            None => None,
+        };
+        for (chunk, enc) in self.batches.iter().zip(&self.encoded) {
+            if INTERRUPTED.load(Ordering::SeqCst) {
+                break;
+            }
+            let outs = match (&mut tail, chunk.len() == self.full.batch) {
+                (_, true) => self.full.run(&mut full, enc)?,
+                (Some((m, c)), false) => m.run(c, enc)?,
+                (None, false) => bail!("batch of {} has no compiled graph", chunk.len()),
+            };
+            each(chunk.len(), outs)?;
+        }
         Ok(())
     }
 }

@@ -1,0 +1,103 @@
+//! `opscope record` end to end against the same loop untapped, as a user runs it: import
+//! MiniLM-L3, tokenize the text, compile, run every batch, and (tapped) record to a Parquet
+//! dataset on disk until its last part is closed.
+//!
+//! Setup: the first 256 fortunes (32 batches of 8 x 64 tokens; as many as `scripts/record-minilm.sh` records in a quarter of its text), on the CPU. Each round runs the
+//! untapped loop (`opscope_lab::model::Job::run_untapped`) and each pipeline once
+//! (`Job::run` inside a recording scope, the loop `opscope record` runs, into a fresh
+//! dataset directory), the order reversed every other round; timed from `Job::new` (import and
+//! tokenize) to the end of the run (the sink finished). Printed per pipeline: the median over
+//! rounds of tapped / untapped within the round, with the min..max, and the bytes per recorded
+//! value on disk.
+//!
+//! Goal (issue 13): `matmul` <= 1.15x. `cargo bench -p opscope-lab --bench record_e2e` (needs
+//! scripts/fetch-assets.sh's assets; `-- --quick` for 3 rounds).
+
+use std::path::Path;
+use std::time::Instant;
+
+use opscope::Pipeline;
+use opscope_lab::model::{split_entries, Job, MiniLmAssets};
+
+fn dir_bytes(p: &Path) -> u64 {
+    std::fs::read_dir(p)
+        .map(|rd| rd.flatten().map(|e| if e.path().is_dir() { dir_bytes(&e.path()) } else { e.metadata().map(|m| m.len()).unwrap_or(0) }).sum())
+        .unwrap_or(0)
+}
+
+fn main() {
+    let a = match MiniLmAssets::from_cache() {
+        Ok(a) => a,
+        Err(e) => {
+            println!("MiniLM skipped: {e}");
+            return;
+        }
+    };
+    let quick = std::env::args().any(|x| x == "--quick");
+    let rounds = if quick { 3 } else { 5 };
+    let (batch, seq) = (8usize, 64usize);
+    let entries: Vec<String> = split_entries(&std::fs::read_to_string(&a.text).unwrap()).into_iter().take(256).collect();
+    let pipelines = ["matmul", "matmul{stats=[max]}", "sample{every=16},matmul"];
+    let dir = tempfile::tempdir().unwrap();
+    let untapped = || {
+        let t = Instant::now();
+        let job = Job::new(&a.onnx, &a.tokenizer, entries.clone(), batch, seq).unwrap();
+        job.run_untapped(|_, outs| {
+            std::hint::black_box(outs);
+            Ok(())
+        })
+        .unwrap();
+        t.elapsed().as_secs_f64()
+    };
+    let tapped = |p: &str, out: &Path| {
+        let t = Instant::now();
+        let job = Job::new(&a.onnx, &a.tokenizer, entries.clone(), batch, seq).unwrap();
+        let sink = opscope::recording::open(out).unwrap();
+        job.run(&Pipeline::parse(p).unwrap(), opscope::activate::Stage::Deployed, sink, |_, outs| {
+            std::hint::black_box(outs);
+            Ok(())
+        })
+        .unwrap();
+        t.elapsed().as_secs_f64()
+    };
+    // Warm-up: one of each.
+    untapped();
+    tapped(pipelines[0], &dir.path().join("warm.parquet"));
+    println!("MiniLM-L3, {} entries in batches of {batch} x {seq} tokens, import + tokenize + compile + run (+ record to Parquet), {rounds} rounds", entries.len());
+    println!("{:<28} {:>8} {:>16} {:>12} {:>10}", "pipeline", "ratio", "rounds min..max", "untapped s", "B/value");
+    let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); pipelines.len()];
+    let mut base = Vec::new();
+    let mut bytes = vec![(0u64, 0u64); pipelines.len()];
+    for r in 0..rounds {
+        let mut order: Vec<usize> = (0..pipelines.len()).collect();
+        if r % 2 == 1 {
+            order.reverse();
+        }
+        let u0 = if r % 2 == 0 { untapped() } else { 0.0 };
+        let mut times = vec![0.0; pipelines.len()];
+        for &i in &order {
+            let out = dir.path().join(format!("r{r}-{i}.parquet"));
+            times[i] = tapped(pipelines[i], &out);
+            let mut n = 0u64;
+            opscope::recording::read_rows(&out, |_| n += 1).unwrap();
+            bytes[i] = (dir_bytes(&out), n);
+            let _ = std::fs::remove_dir_all(&out);
+        }
+        let u = if r % 2 == 1 { untapped() } else { u0 };
+        base.push(u);
+        for (i, t) in times.iter().enumerate() {
+            ratios[i].push(t / u);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let b = median(&mut base.clone());
+    for (i, p) in pipelines.iter().enumerate() {
+        let (lo, hi) = (ratios[i].iter().copied().fold(f64::INFINITY, f64::min), ratios[i].iter().copied().fold(0.0, f64::max));
+        let m = median(&mut ratios[i]);
+        let (by, n) = bytes[i];
+        println!("{p:<28} {m:>7.3}x {:>16} {b:>12.2} {:>10.2}", format!("{lo:.3}..{hi:.3}"), by as f64 / n.max(1) as f64);
+    }
+}

@@ -16,14 +16,11 @@
 use std::path::Path;
 use std::time::Instant;
 
+mod common;
+
+use common::dir_bytes;
 use opscope::Pipeline;
 use opscope_lab::model::{split_entries, Job, MiniLmAssets};
-
-fn dir_bytes(p: &Path) -> u64 {
-    std::fs::read_dir(p)
-        .map(|rd| rd.flatten().map(|e| if e.path().is_dir() { dir_bytes(&e.path()) } else { e.metadata().map(|m| m.len()).unwrap_or(0) }).sum())
-        .unwrap_or(0)
-}
 
 fn main() {
     let a = match MiniLmAssets::from_cache() {
@@ -73,7 +70,8 @@ fn main() {
         if r % 2 == 1 {
             order.reverse();
         }
-        let u0 = if r % 2 == 0 { untapped() } else { 0.0 };
+        // Untapped first in even rounds, last in odd ones.
+        let first = (r % 2 == 0).then(|| untapped());
         let mut times = vec![0.0; pipelines.len()];
         for &i in &order {
             let out = dir.path().join(format!("r{r}-{i}.parquet"));
@@ -83,7 +81,7 @@ fn main() {
             bytes[i] = (dir_bytes(&out), n);
             let _ = std::fs::remove_dir_all(&out);
         }
-        let u = if r % 2 == 1 { untapped() } else { u0 };
+        let u = first.unwrap_or_else(|| untapped());
         base.push(u);
         for (i, t) in times.iter().enumerate() {
             ratios[i].push(t / u);

@@ -17,6 +17,10 @@
 
 use std::time::Instant;
 
+mod common;
+
+use common::dir_bytes;
+
 use opscope::activate::{rewrite_on, Stage};
 use opscope::record::Recorder;
 use opscope::Pipeline;
@@ -25,15 +29,6 @@ use rlx_runtime::{CompileOptions, DType, Device, Session};
 
 #[global_allocator]
 static PEAK: PeakAlloc = PeakAlloc;
-
-fn dir_bytes(p: &std::path::Path) -> u64 {
-    let mut total = 0;
-    for e in std::fs::read_dir(p).unwrap().flatten() {
-        let m = e.metadata().unwrap();
-        total += if m.is_dir() { dir_bytes(&e.path()) } else { m.len() };
-    }
-    total
-}
 
 fn main() {
     let a = match opscope_lab::model::MiniLmAssets::from_cache() {

@@ -112,8 +112,6 @@ pub struct DatasetSink {
     next_part: usize,
     open: Option<OpenPart>,
     pending: Columns,
-    /// The recording id of the first row or block, for a sink never told it.
-    first_run_id: Option<String>,
     manifests: Vec<Manifest>,
     sidecar_written: Option<usize>,
     done: bool,
@@ -136,7 +134,6 @@ impl DatasetSink {
             next_part: 0,
             open: None,
             pending: Columns::default(),
-            first_run_id: None,
             manifests: Vec::new(),
             sidecar_written: None,
             done: false,
@@ -177,11 +174,8 @@ impl DatasetSink {
     /// Encode the pending rows into the open part's current row group (opening a part if
     /// needed), without closing the row group: the rows of a run never pile up in memory.
     fn write_pending(&mut self) -> Result<(), Error> {
-        if self.pending.len() == 0 {
+        if self.pending.is_empty() {
             return Ok(());
-        }
-        if self.id.is_none() {
-            self.id = self.first_run_id.clone();
         }
         let batch = self.pending.take_batch()?;
         if self.open.is_none() {
@@ -193,10 +187,18 @@ impl DatasetSink {
         res.map_err(|e| self.write_err(&tmp, "writing a run", e))
     }
 
+    /// Encode the pending rows once there are [`ENCODE_ROWS`] of them.
+    fn encode_if_full(&mut self) -> Result<(), Error> {
+        if self.pending.len() >= ENCODE_ROWS {
+            self.write_pending()?;
+        }
+        Ok(())
+    }
+
     /// End the run: its rows are one row group of the open part; close the part when it
     /// reaches its limits.
     fn write_run(&mut self) -> Result<(), Error> {
-        let had_rows = self.pending.len() > 0;
+        let had_rows = !self.pending.is_empty();
         self.write_pending()?;
         let Some(part) = self.open.as_mut() else { return Ok(()) };
         if !had_rows && part.writer.in_progress_rows() == 0 {
@@ -288,24 +290,15 @@ impl Sink for DatasetSink {
         Ok(())
     }
     fn write(&mut self, rows: &[Row]) -> Result<(), Error> {
-        if let (None, Some(r)) = (&self.first_run_id, rows.first()) {
-            self.first_run_id = Some(r.run_id.to_string());
-        }
+        let Some(first) = rows.first() else { return Ok(()) };
+        self.id.get_or_insert_with(|| first.run_id.to_string());
         rows.iter().for_each(|r| self.pending.push_row(r));
-        if self.pending.len() >= ENCODE_ROWS {
-            self.write_pending()?;
-        }
-        Ok(())
+        self.encode_if_full()
     }
     fn write_block(&mut self, block: &Block<'_>) -> Result<(), Error> {
-        if self.first_run_id.is_none() {
-            self.first_run_id = Some(block.run_id.to_string());
-        }
+        self.id.get_or_insert_with(|| block.run_id.to_string());
         self.pending.push_block(block);
-        if self.pending.len() >= ENCODE_ROWS {
-            self.write_pending()?;
-        }
-        Ok(())
+        self.encode_if_full()
     }
     fn flush(&mut self) -> Result<(), Error> {
         self.write_run()

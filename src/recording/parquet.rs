@@ -144,6 +144,11 @@ impl Columns {
         self.value.len()
     }
 
+    /// No row gathered.
+    pub(super) fn is_empty(&self) -> bool {
+        self.value.is_empty()
+    }
+
     fn push_keys(&mut self, b: &Block<'_>, n: usize) {
         for (c, s) in self.text.iter_mut().zip([b.run_id, b.graph, b.pass, b.site, b.op, b.role, b.stat, b.shape]) {
             c.push(s, n);
@@ -274,7 +279,7 @@ impl Sink for ParquetSink {
     }
 
     fn flush(&mut self) -> Result<(), Error> {
-        if self.pending.len() == 0 {
+        if self.pending.is_empty() {
             return Ok(());
         }
         let batch = self.pending.take_batch()?;

@@ -314,7 +314,8 @@ impl Rewrite {
             site: site.to_string(),
             role,
         };
-        let mut attrs = spec.to_attrs();
+        let spec_attrs = spec.to_attrs();
+        let mut attrs = spec_attrs.clone();
         for t in &inputs[1..] {
             attrs.extend_from_slice(&t.0.to_le_bytes()); // the dedupe key names every input
         }
@@ -368,7 +369,7 @@ impl Rewrite {
                 self.graph.node_mut(low.node).name = Some(format!("{name}/lowered"));
                 self.graph.outputs.push(low.node);
             } else {
-                let mut id = self.graph.custom_op(op, spec.to_attrs(), inputs.to_vec());
+                let mut id = self.graph.custom_op(op, spec_attrs, inputs.to_vec());
                 self.graph.node_mut(id).name = Some(name.clone());
                 if let (true, Some(anchor)) = (invariant, self.anchor) {
                     id = self.graph.custom_op(KEEP_OP, Vec::new(), vec![id, anchor]);

@@ -13,9 +13,14 @@
 //!   on disk (what that crate ships as its sink).
 //!
 //! Printed: median run time of each and the ratio of medians to untapped, plus each tool's first
-//! compile time over the untapped one. (`matmul{stats=[max]}` and the data-scale rows are in
-//! `benches/chain_mlp.rs`; a scope records the runs made inside it, so one scope holds the
-//! interleaved rounds here.) Both tools tap the lhs, rhs and out of every matmul.
+//! compile time over the untapped one. (`matmul{stats=[max]}` is in `benches/chain_mlp.rs`; a
+//! scope records the runs made inside it, so one scope holds the interleaved rounds here.) Both
+//! tools tap the lhs, rhs and out of every matmul.
+//!
+//! Every depth runs at four input scales, 1, 1e-10, 1e-21 and 1e25 (the weights keep the input's
+//! scale through the depth): at 1e-10 fourth powers, and at 1e-21 squares, of the activations
+//! fall below f32's normal range, at 1e25 squares overflow it; a tool computing its statistics
+//! in f32 elementwise ops slows down on denormals there, or saturates.
 //! `rlx-opscope` is a dev-dependency for this bench only; the library never uses it.
 //!
 //! `cargo bench --features parquet --bench peer` runs it; `-- --quick` uses fewer layers and rounds.
@@ -69,25 +74,26 @@ fn interleaved(runners: &mut [Runner], rounds: usize) -> Vec<Duration> {
     times.into_iter().map(median).collect()
 }
 
-fn row(layers: usize, rounds: usize, dir: &Path) {
+fn row(layers: usize, scale: f32, rounds: usize, dir: &Path) {
     let w: Vec<Vec<f32>> = (0..layers).map(|l| common::weight(D, l)).collect();
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let normal = Normal::new(0.0f32, 1.0).unwrap();
-    let x: Vec<f32> = (0..M * D).map(|_| normal.sample(&mut rng)).collect();
+    let x: Vec<f32> = (0..M * D).map(|_| normal.sample(&mut rng) * scale).collect();
+    assert!(x.iter().all(|v| v.is_normal()), "input at scale {scale:e} holds a subnormal or zero");
     let graph = common::chain(M, D, layers);
 
     let (mut plain, plain_compile) = compile(graph.clone(), &w);
     let y = plain.run(&[("x", &x)]);
-    assert!(!y[0].iter().any(|v| v.is_subnormal()), "L={layers}: the untapped output has subnormal values");
+    assert!(!y[0].iter().any(|v| v.is_subnormal()), "L={layers}, scale {scale:e}: the untapped output has subnormal values");
 
     // The peer: its rewrite, its compile, its CSV recorder on disk.
     let (peer_graph, specs) = rlx_opscope::inject_matmul_stats(&graph, &rlx_opscope::StatConfig::default());
     let (mut peer, peer_compile) = compile(peer_graph, &w);
-    let mut peer_rec = rlx_opscope::Recorder::create(dir.join(format!("peer{layers}.csv")).to_str().unwrap()).expect("peer recorder");
+    let mut peer_rec = rlx_opscope::Recorder::create(dir.join(format!("peer{layers}-{scale:e}.csv")).to_str().unwrap()).expect("peer recorder");
     let mut peer_run = 0u64;
 
     let full = Pipeline::parse("matmul").unwrap();
-    let sink = opscope::recording::open(&dir.join(format!("full{layers}.parquet"))).expect("parquet sink");
+    let sink = opscope::recording::open(&dir.join(format!("full{layers}-{scale:e}.parquet"))).expect("parquet sink");
     let (t, full_compile) = opscope::scope(&full, sink, || {
         // Compiled inside the scope: tapped. `plain` and `peer` were compiled before it: untapped
         // by opscope (the peer's own sketches are in its graph).
@@ -111,8 +117,9 @@ fn row(layers: usize, rounds: usize, dir: &Path) {
     peer_rec.flush().expect("peer flush");
     let r = |i: usize| t[i].as_secs_f64() / t[0].as_secs_f64();
     println!(
-        "{:>4} | {:>8.2}ms | {:>7.2}x | {:>11.2}x | {:>8.2}x {:>8.2}x",
+        "{:>4} | {:>6.0e} | {:>8.2}ms | {:>7.2}x | {:>11.2}x | {:>8.2}x {:>8.2}x",
         layers,
+        scale,
         t[0].as_secs_f64() * 1e3,
         r(1),
         r(2),
@@ -132,11 +139,14 @@ fn main() {
     println!("ratio = median run time / untapped median, interleaved rounds in one process, recordings written to disk;");
     println!("compile = first compile / untapped first compile (opscope, then rlx-opscope)");
     println!(
-        "{:>4} | {:>10} | {:>8} | {:>11} | {:>9} {:>9}",
-        "L", "untapped", "opscope", "rlx-opscope", "compile", "compile"
+        "{:>4} | {:>6} | {:>10} | {:>8} | {:>11} | {:>9} {:>9}",
+        "L", "scale", "untapped", "opscope", "rlx-opscope", "compile", "compile"
     );
+    let scales: &[f32] = if quick { &[1.0] } else { &[1.0, 1e-10, 1e-21, 1e25] };
     for &layers in depths {
-        let rounds = if quick { 5 } else { (1200 / layers).clamp(9, 41) };
-        row(layers, rounds, dir.path());
+        for &scale in scales {
+            let rounds = if quick { 5 } else { (1200 / layers).clamp(9, 41) };
+            row(layers, scale, rounds, dir.path());
+        }
     }
 }

@@ -680,32 +680,23 @@ impl Rewrite {
 /// their relative order. Returns the graph and the map old index -> new index.
 fn place_early(g: &Graph, user_outputs: usize) -> (Graph, Vec<u32>) {
     let live = reachable(g, user_outputs);
-    // The first caller's node reading each node (nodes are in index order).
-    let mut first_user: Vec<Option<i64>> = vec![None; g.len()];
-    for n in g.nodes().iter().filter(|n| live[n.id.0 as usize] && !matches!(n.op, Op::Param { .. })) {
-        for p in &n.inputs {
-            first_user[p.0 as usize].get_or_insert(n.id.0 as i64);
-        }
-    }
     // Sort key: (position among the caller's nodes after which the node runs, tie-break).
     // A caller's node i keeps (i, 0); a tap-only node goes after its latest input's position,
     // ordered among its peers by index (inputs are created before their users, so a
-    // tap-only chain keeps its order). A parameter counts at its first caller's use, not where
-    // it is declared (graphs declare weights up front): a weight sketch runs right after the
-    // matmul that read the weight, from cache, instead of reading it cold before (measured on
-    // the chain MLP: the weight memo's hash of 256 KB weights ran about 3x faster).
+    // tap-only chain keeps its order).
+    //
+    // A weight sketch therefore runs where the graph declares the weight, before the node
+    // that reads it. Running it right after that node instead (the weight warm in cache; the
+    // memo's hash ran several times faster on the chain MLP) changed a caller's outputs:
+    // `tests/attn_reference.rs::fused_attention_from_a_merged_qkv_projection` at 16 tokens.
+    // RLX 0.2.19 miscompiles that program above 64 tokens (it reuses the QKV buffer before
+    // its Attention reads it); moving the sketch's output allocation between those nodes most
+    // likely opened the same window at 16 tokens. Tap nodes must not move the caller's arena
+    // plan in ways the tests have not covered.
     let mut key: Vec<(i64, u32)> = Vec::with_capacity(g.len());
     for n in g.nodes() {
         let i = n.id.0 as usize;
-        let k = if live[i] {
-            (i as i64, 0)
-        } else {
-            let at = |p: &NodeId| match (&g.node(*p).op, first_user[p.0 as usize]) {
-                (Op::Param { .. }, Some(u)) => u,
-                _ => key[p.0 as usize].0,
-            };
-            (n.inputs.iter().map(at).max().unwrap_or(-1), 1 + n.id.0)
-        };
+        let k = if live[i] { (i as i64, 0) } else { (n.inputs.iter().map(|p| key[p.0 as usize].0).max().unwrap_or(-1), 1 + n.id.0) };
         key.push(k);
     }
     let mut order: Vec<NodeId> = g.nodes().iter().map(|n| n.id).collect();

@@ -97,7 +97,7 @@ struct OpenPart {
 
 /// Rows buffered before they are encoded into the open row group (a run's rows are one row
 /// group however many there are; this bounds the decoded rows held in memory).
-const ENCODE_ROWS: usize = 8192;
+const ENCODE_ROWS: usize = 4096;
 
 /// A Parquet recording as a dataset directory (see the module docs): rows of each run are one
 /// row group of the open part; a part is closed (footer, fsync, rename from

@@ -959,18 +959,28 @@ fn compute_masked_body(data: &[f32], dims: &[usize], spec: &SketchSpec, mask: Op
 mod tests {
     use super::*;
 
+    /// A xorshift64 stream from `seed` (reproducible test data without a dependency).
+    fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
+        move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        }
+    }
+
+    /// Uniform f64 in [0, 1) from [`xorshift`].
+    fn uniform(seed: u64) -> impl FnMut() -> f64 {
+        let mut next = xorshift(seed);
+        move || (next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
     /// The extremes pass compiled for AVX2 gives what the baseline build gives: non-zero and
     /// non-finite counts and the min and max (bits), on rows of every length with zeros,
     /// signed zeros, subnormals, infinities and NaN.
     #[test]
     fn extremes_dispatch_equals_the_portable_loop() {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         let special = [0.0f32, -0.0, 1e-40, -1e-40, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, f32::MAX, f32::MIN];
         for len in 0..70 {
             for trial in 0..20 {
@@ -992,13 +1002,7 @@ mod tests {
     /// edge, at `lo` and `hi`, and uniform in between; rows of every length mod 8.
     #[test]
     fn count_all_bins_every_value_as_numpy_does() {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut unit = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut unit = uniform(0x2545_f491_4f6c_dd1d);
         let ranges = [(-1.0f64, 1.0f64), (-3.25e-10, 3.25e-10), (-7e20, 7e20), (0.1, 0.7), (-5.0, -4.999), (-2.5, 9.0)];
         for (lo, hi) in ranges {
             for bins in [1usize, 2, 3, 7, 8, 9, 16, 31, 32, 33, 64, 1000] {
@@ -1034,11 +1038,9 @@ mod tests {
     #[test]
     fn avx2_row_loops_equal_portable_bits() {
         let (a, b) = (RowFns::portable(), RowFns::detect());
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut bits = xorshift(0x9e37_79b9_7f4a_7c15);
         let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
+            let state = bits();
             // Spread over many binades, both signs.
             let m = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
             m * 10f32.powi((state % 60) as i32 - 30)
@@ -1065,13 +1067,7 @@ mod tests {
     /// and at random, over ranges from 1e-30 to 1e30, symmetric and fixed, for 1 to 65536 bins.
     #[test]
     fn f64_and_f32_bins_are_the_edges_bins() {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut unit = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut unit = uniform(0x2545_f491_4f6c_dd1d);
         let mut checked = 0;
         for case in 0..3000 {
             let m = ((1.0 + unit()) * 10f64.powi((unit() * 60.0) as i32 - 30)) as f32;

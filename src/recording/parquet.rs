@@ -230,6 +230,10 @@ impl Columns {
     }
 }
 
+/// Rows per data page (best effort: checked after each write batch of 1024 rows); see
+/// [`writer_properties`].
+const PAGE_ROWS: usize = 4096;
+
 /// The writer settings of every Parquet recording (measured on MiniLM's real `matmul`
 /// sketches by `lab/benches/recorder.rs`; the README's recorder table):
 ///
@@ -248,18 +252,15 @@ impl Columns {
 /// - `idx`, `step`, `compile`, `pass_idx`: DELTA_BINARY_PACKED without a dictionary (runs of
 ///   0, 1, 2, ... and constants cost almost no bits): 4.73 -> 3.40 bytes per row, and 2.5 -> 4.3
 ///   M rows/s with the rest.
-///
 /// - At most about 4096 rows per data page ([`PAGE_ROWS`]; the crate's default is 20 000): a
 ///   text column's dictionary indices wait as 8-byte integers until their page is encoded, so
 ///   a page's rows cost 8 x 8 bytes of heap. Measured on the chain MLP at L=16 (10 runs): the
-///   tapped process's peak heap 9.98 -> 7.69 MB (untapped 4.54 MB); on MiniLM 3.40 -> 3.61 bytes per
-///   row (more page headers and dictionary-index runs).
+///   tapped process's peak heap 9.98 -> 7.69 MB, 7.26 MB with the dataset sink encoding every
+///   4096 rows (untapped 4.54 MB); on MiniLM 3.40 -> 3.61 bytes per row (more page headers
+///   and dictionary-index runs).
 ///
 /// Both encodings are in the Parquet format since 2.8 and read by pyarrow, DuckDB, polars,
 /// DataFusion and Spark 3.3+ (a test reads every recording column back through DuckDB).
-/// Rows per data page (best effort: checked after each write batch of 1024 rows).
-const PAGE_ROWS: usize = 4096;
-
 pub(super) fn writer_properties() -> WriterProperties {
     let text = COLUMNS.iter().filter(|c| c.ty == ColumnType::Text).map(|c| c.name);
     let b = WriterProperties::builder().set_compression(Compression::SNAPPY).set_data_page_row_count_limit(PAGE_ROWS);

@@ -290,6 +290,7 @@ mod avx2 {
         let half = _mm256_set1_ps(0.5);
         let zero = _mm256_setzero_ps();
         let last = _mm256_set1_ps(b.last);
+        let top = _mm256_set1_epi32(bins as i32 - 1);
         // upper[i + 1] for i in [0, bins - 1]: `upper` has bins + 1 values.
         let edges = b.upper.as_ptr().add(1);
         // Up to 32 bins (the default is 32) the upper edges sit in four registers, looked up
@@ -323,9 +324,12 @@ mod avx2 {
             };
             // All ones (-1) where x >= the upper edge: subtracting it adds one.
             let ge = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(x, upper));
-            _mm256_storeu_si256(idx.as_mut_ptr().cast(), _mm256_sub_epi32(i, ge));
+            // Clamped again so that a value outside the contract (+inf: `inf >= inf` would
+            // add one past the last bin) miscounts instead of writing out of bounds; for
+            // finite values in [lo, hi] the index is already at most bins - 1.
+            _mm256_storeu_si256(idx.as_mut_ptr().cast(), _mm256_min_epi32(_mm256_sub_epi32(i, ge), top));
             for (j, &k) in idx.iter().enumerate() {
-                // k <= bins - 1 (the clamp, plus one only below the +inf top edge).
+                // 0 <= k <= bins - 1 (clamped above; the truncation of a value >= 0).
                 *lanes.get_unchecked_mut(j * bins + k as usize) += 1;
             }
         }
@@ -495,6 +499,16 @@ impl Binner {
         i + (x >= unsafe { *self.upper.get_unchecked(i + 1) }) as usize
     }
 
+    /// Counter sets [`Binner::count_all`] needs: [`HIST_SETS`] with the f32 binner (the AVX2
+    /// loop uses them all), four without (the f64 loop; up to 2^24 bins, so half the memory).
+    fn counter_sets(&self) -> usize {
+        if self.fast.is_some() {
+            HIST_SETS
+        } else {
+            4
+        }
+    }
+
     /// Count every value of `row` (all finite, all in `[lo, hi]`) into `lanes`:
     /// [`HIST_SETS`] interleaved counter sets of `bins` each (the portable loop uses the first
     /// four), bin indices computed four at a time. Out of line so the loop sees `self` and
@@ -509,8 +523,9 @@ impl Binner {
         #[cfg(target_arch = "x86_64")]
         if let Some(fast) = &self.fast {
             if std::arch::is_x86_feature_detected!("avx2") {
-                // SAFETY: the CPU supports AVX2 (checked just above); the caller's contract
-                // (every value finite and in [lo, hi], `lanes` of 4 x bins) is this one's.
+                assert!(lanes.len() >= HIST_SETS * bins, "count_all: {} counters for {HIST_SETS} sets of {bins} bins", lanes.len());
+                // SAFETY: the CPU supports AVX2 (checked just above) and `lanes` holds
+                // HIST_SETS x bins counters (asserted); every index is clamped to a bin.
                 unsafe { avx2::count_all32(fast, row, lanes) };
                 return;
             }
@@ -820,7 +835,10 @@ fn compute_masked_body(data: &[f32], dims: &[usize], spec: &SketchSpec, mask: Op
     let hist_ok = width > 0.0 && width.is_finite() && bins <= 1 << 24;
     let binner = if want_hist && hist_ok { Some(Binner::new(lo64, hi64, bins)) } else { None };
     // Interleaved counter sets break the store-to-load chain of repeated bins.
-    let mut lanes = if binner.is_some() { vec![0u64; HIST_SETS * bins] } else { Vec::new() };
+    let mut lanes = match &binner {
+        Some(b) => vec![0u64; b.counter_sets() * bins],
+        None => Vec::new(),
+    };
     let mut outside = 0u64;
     let (mut m2, mut m4) = (0f64, 0f64);
     if (want_kurt || (want_hist && hist_ok)) && acc.count > 0 {
@@ -882,7 +900,7 @@ fn compute_masked_body(data: &[f32], dims: &[usize], spec: &SketchSpec, mask: Op
             tensor::HIST => {
                 for (i, d) in dst.iter_mut().enumerate() {
                     *d = if hist_ok {
-                        (0..HIST_SETS).map(|l| lanes[l * bins + i]).sum::<u64>() as f32
+                        (0..lanes.len() / bins).map(|l| lanes[l * bins + i]).sum::<u64>() as f32
                     } else {
                         f32::NAN
                     };

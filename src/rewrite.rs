@@ -305,6 +305,8 @@ impl Rewrite {
         spec.tag = self.manifest.tag;
         let invariant = inputs.iter().all(|t| !self.dynamic.get(t.0 as usize).copied().unwrap_or(true));
         spec.memo = invariant;
+        // A weight sketch names its node: see `SketchSpec::node`.
+        spec.node = if invariant { tensor.0 + 1 } else { 0 };
         let shape = self.graph.node(tensor).shape.clone();
         // `None` for a symbolic shape: the element count is only known at run time.
         let numel: Option<u64> = static_dims(&shape).map(|d| d.iter().product::<usize>() as u64);

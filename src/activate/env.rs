@@ -163,8 +163,11 @@ mod backend {
 
     use std::collections::HashSet;
 
+    use std::cell::Cell;
+
     use super::env_state;
     use crate::activate::tap_graph;
+    use crate::sketch::{self, epoch};
     use crate::params::{self, Derivation};
     use crate::manifest::Manifest;
     use crate::record::Recorder;
@@ -199,14 +202,16 @@ mod backend {
             SLOTS[self.slot].get().expect("a wrapper is registered only after its slot is set").1.as_ref()
         }
 
-        /// Wrap `exec` when it has tap outputs to strip or derived params to bind; else the
-        /// backend's own executable.
+        /// Wrap `exec` when it has tap outputs to strip, derived params to bind, or weight
+        /// sketches (`weights`: their memo follows the param epoch, [`crate::sketch::epoch`]);
+        /// else the backend's own executable.
         fn wrap(
             exec: Box<dyn ExecutableGraph>,
             tapped: Option<(Arc<Manifest>, Arc<Recorder>)>,
             derived: Vec<(String, Arc<Derivation>)>,
+            weights: bool,
         ) -> Box<dyn ExecutableGraph> {
-            if tapped.is_none() && derived.is_empty() {
+            if tapped.is_none() && derived.is_empty() && !weights {
                 return exec;
             }
             Box::new(Tapped {
@@ -215,6 +220,7 @@ mod backend {
                 tap: tapped,
                 derived: Derived { params: derived, bound: HashSet::new(), fault: None },
                 slots: Vec::new(),
+                epoch: Cell::new(epoch::next()),
             })
         }
 
@@ -245,7 +251,8 @@ mod backend {
     impl Backend for Tapping {
         fn compile(&self, graph: rlx_ir::Graph, options: &CompileOptions) -> Box<dyn ExecutableGraph> {
             let derived = params::derived_in(&graph);
-            Self::wrap(self.inner().compile(graph, options), None, derived)
+            let weights = sketch::has_weight_sketch(&graph);
+            Self::wrap(self.inner().compile(graph, options), None, derived, weights)
         }
 
         fn compile_lir(&self, lir: rlx_ir::LirModule, options: &CompileOptions) -> Box<dyn ExecutableGraph> {
@@ -271,7 +278,8 @@ mod backend {
             // (wrapped only to bind derived params a scope's rewrite declared).
             if env_state().is_none() {
                 let derived = module.as_graph().map(params::derived_in).unwrap_or_default();
-                return Ok(Self::wrap(self.inner().compile_module(module, device, options)?, None, derived));
+                let weights = module.as_graph().is_some_and(sketch::has_weight_sketch);
+                return Ok(Self::wrap(self.inner().compile_module(module, device, options)?, None, derived, weights));
             }
             let Some(graph) = module.as_graph().cloned() else {
                 return self.inner().compile_module(module, device, options);
@@ -279,8 +287,9 @@ mod backend {
             debug_assert_eq!(device, self.device());
             let (graph, tapped) = self.tap(graph, device, options);
             let derived = params::derived_in(&graph);
+            let weights = sketch::has_weight_sketch(&graph);
             let exec = self.inner().compile_module(rlx_ir::GraphModule::from_graph(graph), device, options)?;
-            Ok(Self::wrap(exec, tapped, derived))
+            Ok(Self::wrap(exec, tapped, derived, weights))
         }
 
         fn supported_ops(&self) -> &'static [rlx_ir::OpKind] {
@@ -295,6 +304,10 @@ mod backend {
         tap: Option<(Arc<Manifest>, Arc<Recorder>)>,
         derived: Derived,
         slots: Vec<(usize, usize)>,
+        /// The param epoch ([`crate::sketch::epoch`]): replaced at every call that may write a
+        /// param ([`Tapped::wrote`]), 0 for good once the executable hands out a way around
+        /// this wrapper ([`Tapped::escaped`]).
+        epoch: Cell<u64>,
     }
 
     /// The derived params of one executable and which of them hold values.
@@ -309,6 +322,25 @@ mod backend {
     }
 
     impl Tapped {
+        /// A call that may write params or executable state: a new epoch (unless escaped).
+        fn wrote(&self) {
+            if self.epoch.get() != 0 {
+                self.epoch.set(epoch::next());
+            }
+        }
+
+        /// A call that hands out a way to write params around this wrapper (a raw pointer into
+        /// the arena, the backend's own executable, params shared with another executable):
+        /// weight sketches are hashed on every run from now on.
+        fn escaped(&self) {
+            self.epoch.set(0);
+        }
+
+        /// Mark this thread's runs with the executable's epoch (see [`crate::sketch::epoch`]).
+        fn run_epoch(&self) -> epoch::RunEpoch {
+            epoch::RunEpoch::enter(self.epoch.get())
+        }
+
         /// Record the trailing `extra` outputs and return the caller's. `first` reads value 0
         /// of an output (the compile tag); `to_f32` converts a whole one, and runs only when
         /// the run is recorded (an unsampled run converts nothing).
@@ -397,10 +429,12 @@ mod backend {
     impl ExecutableGraph for Tapped {
         fn capabilities(&self) -> rlx_runtime::ExecutableCapabilities { self.inner.capabilities() }
         fn set_param(&mut self, name: &str, data: &[f32]) {
+            self.wrote();
             self.inner.set_param(name, data);
             self.bind_derived(name, Some(data));
         }
         fn set_param_range(&mut self, name: &str, byte_offset: usize, data: &[u8]) -> bool {
+            self.wrote();
             let ok = self.inner.set_param_range(name, byte_offset, data);
             // A partial update leaves derived params stale: refuse until the source is set whole.
             if ok && self.derived.params.iter().any(|(_, d)| d.source == name) {
@@ -408,7 +442,7 @@ mod backend {
             }
             ok
         }
-        fn finalize_params(&mut self) { self.inner.finalize_params() }
+        fn finalize_params(&mut self) { self.wrote(); self.inner.finalize_params() }
         fn clone_box(&self) -> Box<dyn ExecutableGraph> {
             Box::new(Tapped {
                 inner: self.inner.clone_box(),
@@ -416,10 +450,13 @@ mod backend {
                 tap: self.tap.clone(),
                 derived: self.derived.clone(),
                 slots: Vec::new(),
+                // The clone's params are its own: a fresh epoch (none if this one escaped).
+                epoch: Cell::new(if self.epoch.get() != 0 { epoch::next() } else { 0 }),
             })
         }
         fn run(&mut self, inputs: &[(&str, &[f32])]) -> Vec<Vec<f32>> {
             self.guard();
+            let _epoch = self.run_epoch();
             let outs = self.inner.run(inputs);
             self.strip(outs, |v| v.first().copied(), |v| v)
         }
@@ -431,9 +468,10 @@ mod backend {
                 Some(ix) => ix.iter().filter_map(|&i| all.get(i).cloned()).collect(),
             }
         }
-        fn optimizer_step_resident(&mut self, trainable: &[(String, Vec<usize>)], step: &mut dyn FnMut(&str, &[usize], &mut [f32], &[f32])) -> bool { self.inner.optimizer_step_resident(trainable, step) }
+        fn optimizer_step_resident(&mut self, trainable: &[(String, Vec<usize>)], step: &mut dyn FnMut(&str, &[usize], &mut [f32], &[f32])) -> bool { self.escaped(); self.inner.optimizer_step_resident(trainable, step) }
         fn run_raw(&mut self, inputs: &[(&str, &[f32])]) -> Vec<(*const f32, usize)> {
             self.guard();
+            let _epoch = self.run_epoch();
             let raw = self.inner.run_raw(inputs);
             // SAFETY: the backend's run_raw returns pointers into its arena that stay valid
             // until the next run; the tap outputs are copied right away.
@@ -441,6 +479,7 @@ mod backend {
         }
         fn run_slots(&mut self, inputs: &[&[f32]]) -> &[(usize, usize)] {
             self.guard();
+            let _epoch = self.run_epoch();
             let slots = self.inner.run_slots(inputs).to_vec();
             let arena = self.inner.arena_ptr();
             self.slots = if slots.len() >= self.extra && !arena.is_null() {
@@ -464,50 +503,54 @@ mod backend {
             };
             &self.slots
         }
-        fn arena_ptr(&self) -> *const u8 { self.inner.arena_ptr() }
+        fn arena_ptr(&self) -> *const u8 { self.escaped(); self.inner.arena_ptr() }
         fn set_active_extent(&mut self, extent: Option<(usize, usize)>) { self.inner.set_active_extent(extent) }
         fn release_scratch(&mut self) { self.inner.release_scratch() }
         fn set_rng(&mut self, rng: rlx_ir::RngOptions) { self.inner.set_rng(rng) }
         fn rng(&self) -> rlx_ir::RngOptions { self.inner.rng() }
-        fn set_moe_resident_experts(&mut self, mask: &[bool]) { self.inner.set_moe_resident_experts(mask) }
-        fn set_moe_resident_experts_per_layer(&mut self, masks: &[&[bool]]) { self.inner.set_moe_resident_experts_per_layer(masks) }
-        fn enable_moe_topk_capture(&mut self, num_experts: usize) -> bool { self.inner.enable_moe_topk_capture(num_experts) }
+        fn set_moe_resident_experts(&mut self, mask: &[bool]) { self.wrote(); self.inner.set_moe_resident_experts(mask) }
+        fn set_moe_resident_experts_per_layer(&mut self, masks: &[&[bool]]) { self.wrote(); self.inner.set_moe_resident_experts_per_layer(masks) }
+        fn enable_moe_topk_capture(&mut self, num_experts: usize) -> bool { self.wrote(); self.inner.enable_moe_topk_capture(num_experts) }
         fn take_moe_topk_capture(&mut self) -> Option<Vec<Vec<u32>>> { self.inner.take_moe_topk_capture() }
         fn take_moe_residency_stats(&mut self) -> Option<rlx_runtime::MoeResidencyStats> { self.inner.take_moe_residency_stats() }
-        fn bind_handle(&mut self, name: &str, data: &[f32]) -> bool { self.inner.bind_handle(name, data) }
+        fn bind_handle(&mut self, name: &str, data: &[f32]) -> bool { self.wrote(); self.inner.bind_handle(name, data) }
         fn read_handle(&self, name: &str) -> Option<Vec<f32>> { self.inner.read_handle(name) }
-        fn bind_gpu_handle(&mut self, name: &str, data: &[f32]) -> bool { self.inner.bind_gpu_handle(name, data) }
+        fn bind_gpu_handle(&mut self, name: &str, data: &[f32]) -> bool { self.wrote(); self.inner.bind_gpu_handle(name, data) }
         fn has_gpu_handle(&self, name: &str) -> bool { self.inner.has_gpu_handle(name) }
-        fn set_gpu_handle_feed(&mut self, handle_name: &str, output_index: usize) -> bool { self.inner.set_gpu_handle_feed(handle_name, output_index) }
+        fn set_gpu_handle_feed(&mut self, handle_name: &str, output_index: usize) -> bool { self.wrote(); self.inner.set_gpu_handle_feed(handle_name, output_index) }
         fn read_gpu_handle(&self, name: &str) -> Option<Vec<f32>> { self.inner.read_gpu_handle(name) }
-        fn save_inputs(&mut self, names: &[&str]) -> bool { self.inner.save_inputs(names) }
-        fn restore_inputs(&mut self) -> bool { self.inner.restore_inputs() }
+        fn save_inputs(&mut self, names: &[&str]) -> bool { self.wrote(); self.inner.save_inputs(names) }
+        fn restore_inputs(&mut self) -> bool { self.wrote(); self.inner.restore_inputs() }
         fn read_gpu_handle_row(&self, name: &str, row: usize, row_inner: usize) -> Option<Vec<f32>> { self.inner.read_gpu_handle_row(name, row, row_inner) }
-        fn register_kv_row_feed(&mut self, handle_name: &str, output_index: usize) -> bool { self.inner.register_kv_row_feed(handle_name, output_index) }
-        fn feed_kv_row(&mut self, src_row: usize, dst_row: usize, row_elems: usize) -> bool { self.inner.feed_kv_row(src_row, dst_row, row_elems) }
-        fn feed_kv_batch_major(&mut self, dst_row: usize, batch: usize, seq_cap: usize, row_elems: usize) -> bool { self.inner.feed_kv_batch_major(dst_row, batch, seq_cap, row_elems) }
-        fn feed_kv_batch_major_src(&mut self, src_row: usize, src_seq_cap: usize, dst_row: usize, batch: usize, dst_seq_cap: usize, row_elems: usize) -> bool { self.inner.feed_kv_batch_major_src(src_row, src_seq_cap, dst_row, batch, dst_seq_cap, row_elems) }
-        fn feed_kv_batch_major_ragged(&mut self, src_row: usize, src_seq_cap: usize, dst_rows: &[usize], dst_seq_cap: usize, row_elems: usize) -> bool { self.inner.feed_kv_batch_major_ragged(src_row, src_seq_cap, dst_rows, dst_seq_cap, row_elems) }
-        fn prepare_resident_gpu_handle(&mut self, name: &str) -> bool { self.inner.prepare_resident_gpu_handle(name) }
-        fn stage_bound_gpu_handles_to_arena(&mut self) { self.inner.stage_bound_gpu_handles_to_arena() }
-        fn seed_resident_kv_prefix_from(&mut self, src: &dyn ExecutableGraph, prefix_tokens: usize, outgoing_upper: usize, kv_dim: usize, n_layers: usize) -> bool { self.inner.seed_resident_kv_prefix_from(src, prefix_tokens, outgoing_upper, kv_dim, n_layers) }
-        fn copy_resident_kv_rows_from(&mut self, src: &dyn ExecutableGraph, from_row: usize, to_row: usize, outgoing_upper: usize, kv_dim: usize, n_layers: usize) -> bool { self.inner.copy_resident_kv_rows_from(src, from_row, to_row, outgoing_upper, kv_dim, n_layers) }
+        fn register_kv_row_feed(&mut self, handle_name: &str, output_index: usize) -> bool { self.wrote(); self.inner.register_kv_row_feed(handle_name, output_index) }
+        fn feed_kv_row(&mut self, src_row: usize, dst_row: usize, row_elems: usize) -> bool { self.wrote(); self.inner.feed_kv_row(src_row, dst_row, row_elems) }
+        fn feed_kv_batch_major(&mut self, dst_row: usize, batch: usize, seq_cap: usize, row_elems: usize) -> bool { self.wrote(); self.inner.feed_kv_batch_major(dst_row, batch, seq_cap, row_elems) }
+        fn feed_kv_batch_major_src(&mut self, src_row: usize, src_seq_cap: usize, dst_row: usize, batch: usize, dst_seq_cap: usize, row_elems: usize) -> bool { self.wrote(); self.inner.feed_kv_batch_major_src(src_row, src_seq_cap, dst_row, batch, dst_seq_cap, row_elems) }
+        fn feed_kv_batch_major_ragged(&mut self, src_row: usize, src_seq_cap: usize, dst_rows: &[usize], dst_seq_cap: usize, row_elems: usize) -> bool { self.wrote(); self.inner.feed_kv_batch_major_ragged(src_row, src_seq_cap, dst_rows, dst_seq_cap, row_elems) }
+        fn prepare_resident_gpu_handle(&mut self, name: &str) -> bool { self.wrote(); self.inner.prepare_resident_gpu_handle(name) }
+        fn stage_bound_gpu_handles_to_arena(&mut self) { self.wrote(); self.inner.stage_bound_gpu_handles_to_arena() }
+        fn seed_resident_kv_prefix_from(&mut self, src: &dyn ExecutableGraph, prefix_tokens: usize, outgoing_upper: usize, kv_dim: usize, n_layers: usize) -> bool { self.wrote(); self.inner.seed_resident_kv_prefix_from(src, prefix_tokens, outgoing_upper, kv_dim, n_layers) }
+        fn copy_resident_kv_rows_from(&mut self, src: &dyn ExecutableGraph, from_row: usize, to_row: usize, outgoing_upper: usize, kv_dim: usize, n_layers: usize) -> bool { self.wrote(); self.inner.copy_resident_kv_rows_from(src, from_row, to_row, outgoing_upper, kv_dim, n_layers) }
         fn copy_params_from(&mut self, src: &dyn ExecutableGraph) -> bool {
+            self.wrote();
             let ok = self.inner.copy_params_from(src);
             self.note_copied(ok, src);
             ok
         }
         fn share_params_from(&mut self, src: &dyn ExecutableGraph) -> bool {
+            // Shared params can be written through the other executable.
+            self.escaped();
             let ok = self.inner.share_params_from(src);
             self.note_copied(ok, src);
             ok
         }
         fn param_already_set(&self, name: &str) -> bool { self.derived.bound.contains(name) || self.inner.param_already_set(name) }
-        fn executable_as_any(&self) -> Option<&dyn std::any::Any> { self.inner.executable_as_any() }
-        fn executable_as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> { self.inner.executable_as_any_mut() }
+        fn executable_as_any(&self) -> Option<&dyn std::any::Any> { self.escaped(); self.inner.executable_as_any() }
+        fn executable_as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> { self.escaped(); self.inner.executable_as_any_mut() }
         fn read_output_row(&self, out_idx: usize, row: usize, row_inner: usize) -> Option<Vec<f32>> { self.inner.read_output_row(out_idx, row, row_inner) }
         fn run_feed_gpu_handle(&mut self, inputs: &[(&str, &[f32])], handle_name: &str, output_index: usize) -> Option<Vec<f32>> {
             self.guard();
+            let _epoch = self.run_epoch();
             self.inner.run_feed_gpu_handle(inputs, handle_name, output_index)
         }
         fn commit_no_wait(&mut self, inputs: &[(&str, &[f32])]) {
@@ -518,10 +561,12 @@ mod backend {
         fn sync_pending(&mut self) { self.inner.sync_pending() }
         fn run_pipelined(&mut self, input_sets: &[Vec<(&str, &[f32])>]) -> Vec<Vec<Vec<f32>>> {
             self.guard();
+            let _epoch = self.run_epoch();
             let outs = self.inner.run_pipelined(input_sets);
             outs.into_iter().map(|o| self.strip(o, |v| v.first().copied(), |v| v)).collect()
         }
         fn set_param_typed(&mut self, name: &str, data: &[u8], dtype: rlx_ir::DType) {
+            self.wrote();
             self.inner.set_param_typed(name, data, dtype);
             if dtype == rlx_ir::DType::F32 && data.len() % 4 == 0 {
                 let values: Vec<f32> = data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
@@ -532,6 +577,7 @@ mod backend {
         }
         fn run_typed(&mut self, inputs: &[(&str, &[u8], rlx_ir::DType)]) -> Vec<(Vec<u8>, rlx_ir::DType)> {
             self.guard();
+            let _epoch = self.run_epoch();
             let outs = self.inner.run_typed(inputs);
             self.strip(outs, |(b, d)| crate::record::first_value(b, *d), |(b, d)| rlx_runtime::taps::to_f32(&b, d))
         }

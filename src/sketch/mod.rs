@@ -18,6 +18,7 @@
 //! a made-up number. So is a sum that f32 cannot hold to 6e-8 relative (`sumsq` above
 //! `f32::MAX`, or non-zero below `f32::MIN_POSITIVE`).
 
+pub mod epoch;
 mod kernel;
 pub mod lower;
 mod ops;
@@ -31,7 +32,7 @@ pub use crate::analysis::{shape_text, static_dims};
 use serde::{Deserialize, Serialize};
 
 pub use kernel::{compute, compute_into, compute_masked};
-pub use ops::register_kernels;
+pub use ops::{has_weight_sketch, register_kernels, weight_memo_counts, WeightMemoCounts};
 pub use probe::{Probe, ProbeKernel, ProbeRegistration, Typed, TypedProbe};
 pub use stat::{tables, tensor, Stat, StatDef, StatLen, StatTable, OPT_IN, SELECTABLE, TAP_STATS};
 
@@ -117,6 +118,12 @@ pub struct SketchSpec {
     /// weight is not re-sketched on every call, and a changed one is.
     #[serde(default)]
     pub memo: bool,
+    /// For a weight sketch ([`SketchSpec::memo`]): 1 + the id of the sketched node in the
+    /// tapped graph (0, not serialized, otherwise). It makes the attribute bytes of every
+    /// weight sketch of a compile unique, so the kernel can tell two sketches of same-shaped
+    /// weights apart when it reuses a sketch between param writes ([`epoch`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub node: u32,
     /// What the op reads: one tensor (the default), or the inputs of a registered probe
     /// (attention, routing, residual: see [`Probe`]).
     #[serde(default)]
@@ -125,6 +132,10 @@ pub struct SketchSpec {
     /// (the `online` setting; see [`crate::online`]); `None` for none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub online: Option<String>,
+}
+
+fn is_zero(x: &u32) -> bool {
+    *x == 0
 }
 
 /// Where one statistic sits in a sketch's output vector.
@@ -218,6 +229,7 @@ impl SketchSpec {
             rows: rows_static.unwrap_or(0),
             tag: 0,
             memo: false,
+            node: 0,
             probe: Probe::Tensor,
             online: None,
         };
@@ -240,6 +252,7 @@ impl SketchSpec {
             rows: 0,
             tag: 0,
             memo: false,
+            node: 0,
             probe: Probe::Pass {
                 name: P::NAME.to_string(),
                 params: serde_json::value::to_raw_value(params).expect("probe parameters serialize"),

@@ -111,6 +111,17 @@ impl CpuKernel for SketchKernel {
     }
 }
 
+/// True if `graph` holds a sketch of a weight ([`SketchSpec::memo`]) that the CPU kernel runs:
+/// its executable is wrapped so that the memo can follow param writes ([`super::epoch`]).
+pub fn has_weight_sketch(graph: &rlx_ir::Graph) -> bool {
+    graph.nodes().iter().any(|n| match &n.op {
+        rlx_ir::Op::Custom { name, attrs, .. } if super::is_sketch_op(name) => {
+            cached_spec(attrs).is_ok_and(|s| s.memo)
+        }
+        _ => false,
+    })
+}
+
 /// A sketch's attributes decoded once per thread and attribute bytes (the key is the bytes
 /// themselves: exact). Shape inference runs on every custom op of every compile pass and the
 /// kernel on every run; parsing the JSON each time was measured at 3% of a tapped compile.
@@ -194,22 +205,72 @@ fn run_probe(
     Ok(())
 }
 
-/// Sketches of weights already seen, keyed by (content hash, dims, spec without tag).
+/// Sketches of weights already seen, keyed by (content hash, dims, spec without tag and node).
 type MemoKey = (u128, Vec<usize>, Vec<u8>);
 
 /// Bounded: cleared when it holds this many sketches (a model has a few hundred weights).
 const MEMO_CAPACITY: usize = 4096;
 
-fn memo_compute(x: &[f32], dims: &[usize], spec: &SketchSpec, out: &mut [f32]) {
+/// How the weight memo answered, counted over the process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WeightMemoCounts {
+    /// Weight sketches reused without reading the weight: same sketch node, same param epoch
+    /// (no param write since; see [`super::epoch`]).
+    pub epoch_hits: u64,
+    /// Weight sketches that hashed the weight's bytes (a first run, a param write, or a run
+    /// with no epoch), whether the hash then found a stored sketch or not.
+    pub hashed: u64,
+}
+
+static EPOCH_HITS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static HASHED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The weight memo's counts so far in this process (what tests and benches read to tell which
+/// path ran).
+pub fn weight_memo_counts() -> WeightMemoCounts {
+    use std::sync::atomic::Ordering::Relaxed;
+    WeightMemoCounts { epoch_hits: EPOCH_HITS.load(Relaxed), hashed: HASHED.load(Relaxed) }
+}
+
+fn memo_compute(x: &[f32], dims: &[usize], spec: &Arc<SketchSpec>, out: &mut [f32]) {
+    use std::cell::RefCell;
     use std::collections::HashMap;
+    use std::sync::atomic::Ordering::Relaxed;
     use std::sync::Mutex;
+    // (epoch, the spec's address) -> (the spec, kept alive so its address is not reused while
+    // the entry lives, and the sketch). Attributes are unique per weight-sketch node and compile
+    // (`SketchSpec::node`, `tag`), and `cached_spec` hands out one `Arc` per distinct attribute
+    // bytes on this thread, so the address names the node.
+    type EpochMemo = HashMap<(u64, usize), (Arc<SketchSpec>, Vec<f32>)>;
+    thread_local! {
+        static BY_EPOCH: RefCell<EpochMemo> = RefCell::new(HashMap::new());
+    }
     static MEMO: Mutex<Option<HashMap<MemoKey, Vec<f32>>>> = Mutex::new(None);
+    let epoch = super::epoch::current();
+    let epoch_key = (epoch, Arc::as_ptr(spec) as usize);
+    if epoch != 0 {
+        let hit = BY_EPOCH.with(|m| {
+            let m = m.borrow();
+            match m.get(&epoch_key) {
+                Some((_, v)) if v.len() == out.len() => {
+                    out.copy_from_slice(v);
+                    true
+                }
+                _ => false,
+            }
+        });
+        if hit {
+            EPOCH_HITS.fetch_add(1, Relaxed);
+            return;
+        }
+    }
+    HASHED.fetch_add(1, Relaxed);
     let bytes: &[u8] = unsafe {
         // SAFETY: f32 has no padding or invalid bit patterns; the slice covers exactly the
         // same memory as `x`, read-only, for the duration of the borrow.
         std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), std::mem::size_of_val(x))
     };
-    let untagged = SketchSpec { tag: 0, ..spec.clone() };
+    let untagged = SketchSpec { tag: 0, node: 0, ..SketchSpec::clone(spec) };
     // XXH3-128 (twox-hash: AVX2 where the CPU has it, measured 1.8x the SSE2 build on a
     // 256 KB weight in cache).
     let key: MemoKey = (twox_hash::XxHash3_128::oneshot(bytes), dims.to_vec(), untagged.to_attrs());
@@ -217,16 +278,26 @@ fn memo_compute(x: &[f32], dims: &[usize], spec: &SketchSpec, out: &mut [f32]) {
     if let Some(v) = hit {
         out.copy_from_slice(&v);
         out[0] = spec.tag as f32;
-        return;
-    }
-    // Computed outside the lock: other kernels sketching other weights are not held up.
-    compute_into(x, dims, spec, out);
-    if let Ok(mut guard) = MEMO.lock() {
-        let map = guard.get_or_insert_with(HashMap::new);
-        if map.len() >= MEMO_CAPACITY {
-            map.clear();
+    } else {
+        // Computed outside the lock: other kernels sketching other weights are not held up.
+        compute_into(x, dims, spec, out);
+        if let Ok(mut guard) = MEMO.lock() {
+            let map = guard.get_or_insert_with(HashMap::new);
+            if map.len() >= MEMO_CAPACITY {
+                map.clear();
+            }
+            map.insert(key, out.to_vec());
         }
-        map.insert(key, out.to_vec());
+    }
+    if epoch != 0 {
+        BY_EPOCH.with(|m| {
+            let mut m = m.borrow_mut();
+            if m.len() >= MEMO_CAPACITY {
+                // Entries of past epochs are never hit again; clearing drops them too.
+                m.clear();
+            }
+            m.insert(epoch_key, (spec.clone(), out.to_vec()));
+        });
     }
 }
 

@@ -1,7 +1,10 @@
 //! The weight memo follows param writes (`opscope::sketch::epoch`): between two param writes a
-//! weight sketch is reused without reading the weight, and after any write (whole, partial,
-//! through `run`'s inputs) the recorded sketch is the new weight's, checked against statistics
+//! weight sketch is reused without reading the weight, and after a write (whole or partial) the
+//! recorded sketch is the new weight's, checked against statistics
 //! computed here on the host. An executable that hands out its arena goes back to hashing.
+//! RLX runs a schedule on the caller's thread (where the epoch is trusted) with one pool worker:
+//! every test sets `RLX_WORKERS=1` before its first compile (read once per process).
+//! `tests/weight_epoch_pool.rs` covers a pool of two workers.
 
 mod common;
 
@@ -14,6 +17,13 @@ use rlx_runtime::{CompiledGraph, Device, Session};
 
 /// The memo counts are process-wide: the tests of this file take turns.
 static TURN: Mutex<()> = Mutex::new(());
+
+/// Take the turn and pin RLX's pool to one worker (schedules run on the caller's thread).
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    let guard = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    std::env::set_var("RLX_WORKERS", "1");
+    guard
+}
 
 const M: usize = 8;
 const D: usize = 16;
@@ -59,7 +69,7 @@ fn pipeline() -> Pipeline {
 
 #[test]
 fn a_weight_written_between_runs_is_resketched_and_an_unwritten_one_is_not_reread() {
-    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let _turn = turn();
     let (g, mut params) = chain_mlp(M, D, LAYERS);
     let x = randn(M * D, 7);
     let sink = MemorySink::default();
@@ -113,7 +123,7 @@ fn a_weight_written_between_runs_is_resketched_and_an_unwritten_one_is_not_rerea
 
 #[test]
 fn an_executable_that_hands_out_its_arena_hashes_every_run() {
-    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let _turn = turn();
     let (g, params) = chain_mlp(M, D, LAYERS);
     let x = randn(M * D, 8);
     let sink = MemorySink::default();

@@ -16,11 +16,18 @@
 //! around it (`arena_ptr`, `executable_as_any(_mut)`, `share_params_from`, `optimizer_step_resident`).
 //! Around each run it marks the running thread with that epoch ([`RunEpoch`]).
 //!
-//! The kernel then reuses a weight sketch without hashing when the thread's epoch is not 0 and
-//! the same sketch node (its attributes are unique per node and compile) already computed it in
-//! that epoch: no param of that executable was written since. Any other case (epoch 0: an
-//! executable not wrapped, a kernel run on another thread, an executable that escaped) takes the
-//! hashed path, exact as before. Tests: `tests/weight_epoch.rs`.
+//! The kernel then reuses a weight sketch without hashing when it runs on a thread outside RLX's
+//! rayon pool whose epoch is not 0, and the same sketch node (its attributes are unique per node
+//! and compile) already computed it in that epoch: no param of that executable was written
+//! since. A thread outside the pool runs only the schedule of the run it called, so the epoch is
+//! that executable's. Everything else takes the hashed path, exact as before: epoch 0 (an
+//! executable not wrapped, or one that escaped), and any kernel on a pool worker, which may be
+//! running another executable's schedule it picked up while waiting inside a parallel kernel,
+//! under the epoch of the run it came from (a review reproduced stale sketches that way before
+//! this rule: 3 000-7 000 of 20 000 steps). RLX runs a schedule on the caller's thread when its
+//! pool has one worker (`RLX_WORKERS=1`; the default on 2 cores, 3/4 of the CPUs) or with
+//! `RLX_CPU_EXEC_IN_POOL=0`; with more workers it moves the schedule into the pool and every
+//! run hashes. Tests: `tests/weight_epoch.rs`.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};

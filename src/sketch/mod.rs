@@ -115,7 +115,8 @@ pub struct SketchSpec {
     pub tag: u32,
     /// The tensor is a weight (param-invariant): the kernel memoizes its sketch by the exact
     /// content (a 128-bit XXH3 of the bytes, about 20x cheaper than sketching), so an unchanged
-    /// weight is not re-sketched on every call, and a changed one is.
+    /// weight is not re-sketched on every call, and a changed one is; between two param writes
+    /// of its executable it does not read the weight at all ([`epoch`]).
     #[serde(default)]
     pub memo: bool,
     /// For a weight sketch ([`SketchSpec::memo`]): 1 + the id of the sketched node in the

@@ -1,6 +1,6 @@
 //! Plain RLX code that runs one small graph through the run path named by its argument:
 //! `run`, `run_typed`, `run_raw`, `run_slots` or `run_pipelined` (the ways a program can
-//! execute a `CompiledGraph`). It prints each step's output exactly (`{:?}` of f32 round-trips).
+//! execute a `CompiledGraph`), or `set_param` (`run`, with `fc1.weight` doubled before step 1). It prints each step's output exactly (`{:?}` of f32 round-trips).
 //!
 //! The graph: `h = relu(x @ fc1.weight + fc1.bias)`, `y = h @ fc2.weight + fc2.bias`, with
 //! `x [4, 8]`, `fc1.weight [8, 8]`, `fc2.weight [8, 6]`, two steps. `tests/env_mode.rs`
@@ -89,8 +89,20 @@ fn main() {
                 })
                 .collect()
         }
+        "set_param" => {
+            // `run`, with fc1.weight doubled before step 1: a weight written between runs.
+            let mut outs = Vec::new();
+            for (s, x) in xs.iter().enumerate() {
+                if s == 1 {
+                    let doubled: Vec<f32> = w1v.iter().map(|v| v * 2.0).collect();
+                    c.set_param("fc1.weight", &doubled);
+                }
+                outs.push(c.run(&[("x", x)]).remove(0));
+            }
+            outs
+        }
         other => {
-            eprintln!("unknown run path '{other}': expected run, run_typed, run_raw, run_slots or run_pipelined");
+            eprintln!("unknown run path '{other}': expected run, run_typed, run_raw, run_slots, run_pipelined or set_param");
             std::process::exit(2);
         }
     };

@@ -277,6 +277,32 @@ fn every_run_path_records_the_deployed_program_and_returns_the_callers_outputs()
     }
 }
 
+/// A weight written between two runs (`fc1.weight` doubled before step 1, examples/run_paths
+/// `set_param`): the caller's outputs are unchanged by the tap, step 1's weight sketch is the
+/// doubled weight's and its output the doubled product's (host values), and the weight not
+/// written is not recorded again. (On one RLX worker the weight sketch is reused between param
+/// writes without reading the weight: `opscope::sketch::epoch`.)
+#[test]
+fn a_weight_written_between_runs_is_recorded_anew() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("rec.csv");
+    let plain = example("run_paths").arg("set_param").output().unwrap();
+    assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
+    let tapped = example("run_paths").arg("set_param").env("RLX_OPSCOPE", SKETCH).env("RLX_OPSCOPE_OUT", &rec).output().unwrap();
+    assert!(tapped.status.success(), "{}", String::from_utf8_lossy(&tapped.stderr));
+    assert_eq!(plain.stdout, tapped.stdout, "the caller's outputs are unchanged");
+    let rows = read_csv_rows(&rec);
+    let w1x2: Vec<f64> = host::w1().iter().map(|v| v * 2.0).collect();
+    assert_sketch(&rows, 0, "fc1", "rhs", &host::w1());
+    assert_sketch(&rows, 1, "fc1", "rhs", &w1x2);
+    assert_sketch(&rows, 0, "fc2", "rhs", &host::w2());
+    assert!(!rows.iter().any(|r| r.step == 1 && &*r.site == "fc2" && &*r.role == "rhs"), "fc2's weight was not written");
+    let pre1 = host::add_bias(&host::matmul(&host::x(1), &w1x2, host::B, host::K, host::H), &host::b1());
+    assert_sketch(&rows, 1, "fc1", "out", &pre1);
+    let y = printed_outputs(&tapped.stdout);
+    assert_ne!(y[0], host::step(1).y, "step 1 differs from an unwritten weight's");
+}
+
 #[test]
 fn stage_source_records_the_graph_as_built() {
     // RLX_OPSCOPE_STAGE=source taps before fusion: each site is the plain MatMul and its `out`

@@ -6,7 +6,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use opscope_lab::timing::{ab, AbOptions};
+use opscope_lab::timing::{ab, ab_timed, AbOptions};
 use rlx_ir::{DType, Graph, Shape};
 use rlx_runtime::{CompiledGraph, Device, Session};
 
@@ -177,28 +177,26 @@ fn ab_cli_rejects_bad_options_clearly() {
     assert!(!e.contains("panicked"));
 }
 
-/// Severe outliers beyond what the budget's pairs can lose: `ab` measures more pairs (up to
-/// `max_pairs`) until MIN_PAIRS survive, instead of failing. Here A is fast except every 5th run,
-/// which takes 30x longer, and the budget buys only the minimum 10 pairs: exactly 2 of any 10
-/// consecutive pairs are spikes, whatever the warm-up took, so the quartiles are the fast pairs'
-/// and the spikes fall to Tukey's 3 IQR fence. (Every 3rd run put 3 or 4 spikes in 10 pairs,
-/// depending on the time-based warm-up; with 4 the upper quartile was a spike, nothing was
-/// dropped, and the test failed in one CI run.)
+/// Severe outliers beyond what the budget's pairs can lose: `ab_timed` measures more pairs (up
+/// to `max_pairs`) until MIN_PAIRS survive, instead of failing. A reports 1 ms except every 5th
+/// run, which reports 30 ms; B reports 1 ms. The programs report their times rather than sleep
+/// for them, so the machine cannot move the result: exactly 2 of any 10 consecutive pairs are
+/// spikes, the quartiles are the fast pairs' (IQR 0), and both spikes fall beyond Tukey's 3 IQR
+/// fence, leaving 8 of the budget's 10 pairs. (An earlier version slept for those times; under a
+/// host hiccup its fast sleeps spread so far that the spikes stayed inside the fence, nothing was
+/// dropped and CI failed: "10 of 10 pairs kept".)
 #[test]
 fn too_many_severe_outliers_extend_the_measurement() {
-    let _turn = turn();
     let mut n = 0u32;
-    let spiky = move || -> anyhow::Result<()> {
+    let spiky = move || -> anyhow::Result<Duration> {
         n += 1;
-        std::thread::sleep(Duration::from_micros(if n % 5 == 0 { 30_000 } else { 1_000 }));
-        Ok(())
+        Ok(Duration::from_micros(if n % 5 == 0 { 30_000 } else { 1_000 }))
     };
-    let steady = || -> anyhow::Result<()> {
-        std::thread::sleep(Duration::from_micros(1_000));
-        Ok(())
-    };
-    let opts = AbOptions { warmup: Duration::from_millis(1), budget: Duration::from_millis(1), resamples: 100, max_pairs: 200, ..AbOptions::default() };
-    let r = ab(spiky, steady, &opts).unwrap();
-    assert!(r.kept >= 10, "{}", r.line());
-    assert!(r.pairs > 10, "more than the 10 budgeted pairs were measured: {}", r.line());
+    let steady = || -> anyhow::Result<Duration> { Ok(Duration::from_micros(1_000)) };
+    let opts = AbOptions { warmup: Duration::ZERO, budget: Duration::from_millis(1), resamples: 100, max_pairs: 200, ..AbOptions::default() };
+    let r = ab_timed(spiky, steady, &opts).unwrap();
+    // Warm-up is exactly MIN_WARMUP_PAIRS = 2 pairs (A's runs 1-2); the budget's 10 pairs are A's
+    // runs 3-12 with spikes at 5 and 10 (8 kept); runs 13 and 14 bring the 10th kept pair.
+    assert_eq!((r.warmup_pairs, r.pairs, r.kept), (2, 12, 10), "{}", r.line());
+    assert_eq!((r.median_a, r.median_b), (1e-3, 1e-3), "{}", r.line());
 }

@@ -9,25 +9,9 @@
 mod common;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use common::randn;
+use common::{chain_mlp, randn};
 use opscope::{MemorySink, Pipeline};
-use rlx_ir::{DType, Graph, Shape};
 use rlx_runtime::{Device, Session};
-
-fn mlp(name: &str, m: usize, d: usize, layers: usize) -> (Graph, Vec<(String, Vec<f32>)>) {
-    let mut g = Graph::new(name);
-    let mut h = g.input("x", Shape::new(&[m, d], DType::F32));
-    let mut params = Vec::new();
-    for i in 0..layers {
-        let n = format!("w{i}");
-        let w = g.param(&n, Shape::new(&[d, d], DType::F32));
-        let y = g.matmul(h, w, Shape::new(&[m, d], DType::F32));
-        h = g.activation(rlx_ir::op::Activation::Relu, y, Shape::new(&[m, d], DType::F32));
-        params.push((n, randn(d * d, 100 + i as u64)));
-    }
-    g.set_outputs(vec![h]);
-    (g, params)
-}
 
 #[test]
 fn a_schedule_run_on_a_pool_worker_never_gets_another_executables_epoch() {
@@ -37,10 +21,12 @@ fn a_schedule_run_on_a_pool_worker_never_gets_another_executables_epoch() {
     const N: usize = 3000;
     let mut expected = Vec::new();
     opscope::scope(&pipe, Box::new(sink.clone()), || {
-        let (ga, pa) = mlp("big", 256, 256, 4);
+        let (mut ga, pa) = chain_mlp(256, 256, 4);
+        ga.name = "big".into();
         let mut a = Session::new(Device::Cpu).compile(ga);
         for (n, w) in &pa { a.set_param(n, w); }
-        let (gb, pb) = mlp("small", 8, 16, 1);
+        let (mut gb, pb) = chain_mlp(8, 16, 1);
+        gb.name = "small".into();
         let mut b = Session::new(Device::Cpu).compile(gb);
         for (n, w) in &pb { b.set_param(n, w); }
         let stop = Arc::new(AtomicBool::new(false));

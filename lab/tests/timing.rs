@@ -101,24 +101,23 @@ fn doubling_k_doubles_the_time() {
     assert!((1.4..=3.0).contains(&r.ratio) && r.ci_low <= 3.0 && r.ci_high >= 1.4, "the ratio must be about 2: {}", r.line());
 }
 
-/// The sample count follows the budget: a program of about 2 ms gets about budget / (2 x 2 ms) pairs.
+/// The sample count follows the budget: programs reporting 2 ms a run get budget / (2 x 2 ms)
+/// pairs, and `max_pairs` caps them. The programs report their times (`ab_timed`) instead of
+/// sleeping them, so the counts are exact on a busy machine too.
 #[test]
 fn the_budget_sets_the_sample_count() {
-    let _turn = turn();
-    let sleep = || -> anyhow::Result<()> {
-        std::thread::sleep(Duration::from_millis(2));
-        Ok(())
-    };
-    let opts = AbOptions { warmup: Duration::from_millis(20), budget: Duration::from_millis(400), resamples: 200, ..AbOptions::default() };
-    let r = ab(sleep, sleep, &opts).unwrap();
-    // sleep(2 ms) takes 2..2.5 ms here: 80..100 pairs.
-    assert!((60..=100).contains(&r.pairs), "{} pairs for a 400 ms budget of ~4 ms pairs", r.pairs);
-    assert!(r.warmup_pairs >= 2);
-    // The cap holds (30 pairs, not the budget's 80-100); 30 leaves room for the severe outliers
+    let two_ms = || -> anyhow::Result<Duration> { Ok(Duration::from_millis(2)) };
+    let opts = AbOptions { warmup: Duration::ZERO, budget: Duration::from_millis(400), resamples: 200, ..AbOptions::default() };
+    let r = ab_timed(two_ms, two_ms, &opts).unwrap();
+    // Warm-up: MIN_WARMUP_PAIRS = 2 pairs; then 400 ms / 4 ms a pair = 100 pairs, all kept.
+    assert_eq!((r.warmup_pairs, r.pairs, r.kept), (2, 100, 100), "{}", r.line());
+    let half = ab_timed(two_ms, two_ms, &AbOptions { budget: Duration::from_millis(200), ..opts.clone() }).unwrap();
+    assert_eq!(half.pairs, 50, "{}", half.line());
+    // The cap holds (30 pairs, not the budget's 100); 30 leaves room for the severe outliers
     // a busy machine makes (at 12, three of them left 9 < MIN_PAIRS and failed the run).
-    let capped = ab(sleep, sleep, &AbOptions { max_pairs: 30, ..opts.clone() }).unwrap();
+    let capped = ab_timed(two_ms, two_ms, &AbOptions { max_pairs: 30, ..opts.clone() }).unwrap();
     assert_eq!(capped.pairs, 30);
-    let err = ab(|| anyhow::bail!("A broke"), sleep, &opts).unwrap_err();
+    let err = ab(|| anyhow::bail!("A broke"), || Ok(()), &opts).unwrap_err();
     assert_eq!(err.to_string(), "A broke");
 }
 

@@ -12,8 +12,8 @@
 //! the full `matmul` sketch set, for `matmul{stats=[max]}` and for the full set lowered into RLX
 //! ops (`matmul{lower=true}`, what a device without the native kernel runs), and the extra
 //! microseconds per site per run. Runs are interleaved pairs (untapped, tapped) after a warm-up of each.
-//! Then compile times (first compile of each graph) with the exponent of tapped compile time in
-//! L, and peak memory (RSS high-water mark and peak heap) of one child process per variant.
+//! Then peak memory (RSS high-water mark and peak heap) of one child process per variant.
+//! Compile cost has its own bench, `benches/compile.rs`.
 //!
 //! `cargo bench --bench chain_mlp --features parquet` runs it; `-- --quick` uses fewer layers and runs.
 
@@ -55,21 +55,19 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-fn compile(layers: usize, w: &[Vec<f32>], name: &str) -> (rlx_runtime::CompiledGraph, Duration) {
+fn compile(layers: usize, w: &[Vec<f32>], name: &str) -> rlx_runtime::CompiledGraph {
     let mut g = common::chain(M, D, layers);
     g.name = name.to_string();
-    let t = Instant::now();
     let mut c = Session::new(Device::Cpu).compile(g);
-    let took = t.elapsed();
     for (l, wl) in w.iter().enumerate() {
         c.set_param(&format!("w{l}"), wl);
     }
-    (c, took)
+    c
 }
 
-/// One timing cell: (untapped median, tapped median, untapped compile, tapped compile).
-fn cell(layers: usize, w: &[Vec<f32>], x: &[f32], pipeline: &Pipeline, pairs: usize, out: &Path, tag: &str) -> (Duration, Duration, Duration, Duration) {
-    let (mut plain, plain_compile) = compile(layers, w, &format!("plain_{tag}"));
+/// One timing cell: (untapped median, tapped median).
+fn cell(layers: usize, w: &[Vec<f32>], x: &[f32], pipeline: &Pipeline, pairs: usize, out: &Path, tag: &str) -> (Duration, Duration) {
+    let mut plain = compile(layers, w, &format!("plain_{tag}"));
     let y = plain.run(&[("x", x)]);
     let y = &y[0];
     let sub = y.iter().filter(|v| v.is_subnormal()).count();
@@ -77,7 +75,7 @@ fn cell(layers: usize, w: &[Vec<f32>], x: &[f32], pipeline: &Pipeline, pairs: us
     assert!(sub == 0 && (1e-2..1e2).contains(&ratio), "L={layers} {tag}: {sub} subnormal outputs, output/input RMS {ratio}: the data is not normal");
     let sink = opscope::recording::open(out).expect("parquet sink");
     let r = opscope::scope(pipeline, sink, || {
-        let (mut tapped, tapped_compile) = compile(layers, w, &format!("tapped_{tag}"));
+        let mut tapped = compile(layers, w, &format!("tapped_{tag}"));
         std::hint::black_box(tapped.run(&[("x", x)]));
         std::hint::black_box(plain.run(&[("x", x)]));
         let mut a = Vec::with_capacity(pairs);
@@ -90,7 +88,7 @@ fn cell(layers: usize, w: &[Vec<f32>], x: &[f32], pipeline: &Pipeline, pairs: us
             std::hint::black_box(tapped.run(&[("x", x)]));
             b.push(t.elapsed());
         }
-        (median(a), median(b), plain_compile, tapped_compile)
+        (median(a), median(b))
     });
     r.expect("recording")
 }
@@ -122,7 +120,7 @@ fn child(layers: usize, mode: &str, runs: usize, out: &Path) {
     let run_peak = std::cell::Cell::new(0usize);
     let first_peak = std::cell::Cell::new(0usize);
     let body = || {
-        let (mut c, _) = compile(layers, &w, "mem");
+        let mut c = compile(layers, &w, "mem");
         std::hint::black_box(c.run(&[("x", &x)]));
         // The steady state: peak heap over the later runs, compile's transients excluded.
         first_peak.set(PEAK.peak_usage());
@@ -176,19 +174,15 @@ fn main() {
     println!("chain MLP x[{M},{D}] -> (matmul [{D},{D}] -> relu) x L, He-scaled weights, N(0,1) input x scale;");
     println!("recorded to Parquet; ratio = tapped/untapped median of interleaved runs; us/site = extra time per site per run");
     println!("{:>4} {:>7} | {:>10} | {:>7} {:>8} | {:>11} {:>8} | {:>8} {:>8}", "L", "scale", "untapped", "matmul", "us/site", "stats=[max]", "us/site", "lowered", "us/site");
-    let mut compiles = Vec::new();
     for &layers in depths {
         let w = weights(layers);
         let pairs = if quick { 5 } else { (1200 / layers).clamp(9, 41) };
         for scale in SCALES {
             let x = input(scale);
             let tag = format!("{layers}_{scale:e}");
-            let (pa, pb, ca, cb) = cell(layers, &w, &x, &full, pairs, &dir.path().join(format!("full_{tag}.parquet")), &format!("full_{tag}"));
-            let (ma, mb, _, _) = cell(layers, &w, &x, &max, pairs, &dir.path().join(format!("max_{tag}.parquet")), &format!("max_{tag}"));
-            let (la, lb, _, _) = cell(layers, &w, &x, &lowered, pairs, &dir.path().join(format!("low_{tag}.parquet")), &format!("low_{tag}"));
-            if scale == 1.0 {
-                compiles.push((layers, ca, cb));
-            }
+            let (pa, pb) = cell(layers, &w, &x, &full, pairs, &dir.path().join(format!("full_{tag}.parquet")), &format!("full_{tag}"));
+            let (ma, mb) = cell(layers, &w, &x, &max, pairs, &dir.path().join(format!("max_{tag}.parquet")), &format!("max_{tag}"));
+            let (la, lb) = cell(layers, &w, &x, &lowered, pairs, &dir.path().join(format!("low_{tag}.parquet")), &format!("low_{tag}"));
             let per_site = |a: Duration, b: Duration| (b.as_secs_f64() - a.as_secs_f64()) * 1e6 / layers as f64;
             println!(
                 "{:>4} {:>7} | {:>8.2}ms | {:>6.2}x {:>8.1} | {:>10.2}x {:>8.1} | {:>7.2}x {:>8.1}",
@@ -204,19 +198,8 @@ fn main() {
             );
         }
     }
-    println!("\ncompile (first compile of each graph, scale 1):");
-    println!("{:>4} | {:>9} {:>9} {:>6}", "L", "untapped", "tapped", "ratio");
-    for (l, a, b) in &compiles {
-        println!("{:>4} | {:>7.2}ms {:>7.2}ms {:>5.2}x", l, a.as_secs_f64() * 1e3, b.as_secs_f64() * 1e3, b.as_secs_f64() / a.as_secs_f64());
-    }
-    if compiles.len() >= 2 {
-        // Least-squares slope of log(tapped compile) on log(L).
-        let pts: Vec<(f64, f64)> = compiles.iter().map(|(l, _, b)| ((*l as f64).ln(), b.as_secs_f64().ln())).collect();
-        let n = pts.len() as f64;
-        let (mx, my) = (pts.iter().map(|p| p.0).sum::<f64>() / n, pts.iter().map(|p| p.1).sum::<f64>() / n);
-        let slope = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum::<f64>() / pts.iter().map(|p| (p.0 - mx).powi(2)).sum::<f64>();
-        println!("tapped compile time ~ L^{slope:.2} over L = {}..{}", compiles[0].0, compiles[compiles.len() - 1].0);
-    }
+    // Compile cost: `benches/compile.rs` (interleaved repeated compiles; a single first
+    // compile of a few milliseconds, as this bench once printed, scattered by 2x between runs).
     println!("\npeak memory, one child process per variant (full `matmul` set, Parquet sink, 10 runs):");
     println!("{:>4} | {:>9} {:>9} {:>6} | {:>9} {:>9} {:>6}", "L", "RSS MB", "tapped", "ratio", "heap MB", "tapped", "ratio");
     for &layers in depths {

@@ -22,7 +22,11 @@ pub struct Rewrite {
     anchor: Option<NodeId>,
     /// (position in the pipeline, name) of the pass running now.
     current: (usize, &'static str),
-    dedupe: HashMap<(u32, Vec<u8>), usize>,
+    /// Per tapped tensor: the sketches already appended for it (attribute bytes, with the ids of
+    /// any further inputs, and the manifest output). A second identical tap shares the output.
+    /// A short list per tensor, compared bytewise: hashing several hundred bytes of JSON per
+    /// tap was 4% of a tapped compile's rewrite (measured).
+    dedupe: HashMap<u32, Vec<(Vec<u8>, usize)>>,
     /// An actuation changed the graph's structure: `finish` rebuilds it in topological order
     /// without dead nodes.
     restructured: bool,
@@ -321,7 +325,7 @@ impl Rewrite {
         for t in &inputs[1..] {
             attrs.extend_from_slice(&t.0.to_le_bytes()); // the dedupe key names every input
         }
-        if let Some(&i) = self.dedupe.get(&(tensor.0, attrs.clone())) {
+        if let Some(i) = self.dedupe.get(&tensor.0).and_then(|v| v.iter().find(|(a, _)| *a == attrs)).map(|(_, i)| *i) {
             // The shared sketch's statistics that the lowering leaves out are left out for
             // this use too: list them under its site and role as well.
             let first = &self.manifest.outputs[i].uses[0];
@@ -371,7 +375,11 @@ impl Rewrite {
                 self.graph.node_mut(low.node).name = Some(format!("{name}/lowered"));
                 self.graph.outputs.push(low.node);
             } else {
-                let mut id = self.graph.custom_op(op, spec_attrs, inputs.to_vec());
+                // The output shape is the spec's length, as the op's shape inference gives it;
+                // the decoded spec is cached so that inference does not parse it back.
+                crate::sketch::seed_spec(&spec_attrs, &spec);
+                let out_shape = Shape::new(&[spec.len().unwrap_or(1)], DType::F32);
+                let mut id = self.graph.custom_op_packed(op, spec_attrs, inputs.to_vec(), out_shape);
                 self.graph.node_mut(id).name = Some(name.clone());
                 if let (true, Some(anchor)) = (invariant, self.anchor) {
                     id = self.graph.custom_op(KEEP_OP, Vec::new(), vec![id, anchor]);
@@ -381,7 +389,7 @@ impl Rewrite {
             }
             Some(self.graph.outputs.len() - 1)
         };
-        self.dedupe.insert((tensor.0, attrs), self.manifest.outputs.len());
+        self.dedupe.entry(tensor.0).or_default().push((attrs, self.manifest.outputs.len()));
         self.manifest.outputs.push(TapOutput {
             output_index,
             tensor: tensor.0,

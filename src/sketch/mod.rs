@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 
 pub use kernel::{compute, compute_into, compute_masked};
 pub use ops::{has_weight_sketch, register_kernels, weight_memo_counts, WeightMemoCounts};
+pub(crate) use ops::seed_spec;
 pub use probe::{Probe, ProbeKernel, ProbeRegistration, Typed, TypedProbe};
 pub use stat::{tables, tensor, Stat, StatDef, StatLen, StatTable, OPT_IN, SELECTABLE, TAP_STATS};
 

@@ -335,6 +335,16 @@ pub fn print_graph(g: &Graph) -> String {
 /// pipeline, sites, appended outputs with their layouts, skipped sites with reasons, and
 /// actuations.
 pub fn render(g: &Graph, m: &opscope::Manifest) -> String {
+    // The rewrite caches the spec it encoded instead of decoding the bytes back: exact only if
+    // decoding then encoding gives the same bytes, checked here on every sketch node.
+    for (i, node) in g.nodes().iter().enumerate() {
+        if let rlx_ir::Op::Custom { name, attrs, .. } = &node.op {
+            if opscope::sketch::is_sketch_op(name) {
+                let spec = opscope::sketch::SketchSpec::from_attrs(attrs).unwrap_or_else(|e| panic!("%{i}: {e}"));
+                assert_eq!(spec.to_attrs(), *attrs, "%{i}: the sketch attributes do not round-trip");
+            }
+        }
+    }
     let mut s = print_graph(g);
     s.push_str(&format!("\n# pipeline: {}\n# user outputs: {}\n", m.pipeline, m.user_outputs));
     for site in &m.sites {

@@ -1,0 +1,143 @@
+//! Compile cost of the tap on the chain MLP x[64,256] -> (matmul [256,256] -> relu) x L: the
+//! time of `Session::compile` inside a recording scope (the tap pass rewrites the graph, RLX
+//! compiles the extra nodes) over the same compile without a scope.
+//!
+//! Compiles are interleaved in pairs (untapped, tapped; the order swapped every other pair),
+//! after two warm-up pairs, so both sides see the same machine state. Printed per L and
+//! pipeline: median untapped compile, the ratio of medians with the 25th-75th percentile range
+//! of the per-pair ratios, and extra microseconds per matmul site; then the least-squares exponent of the
+//! tapped compile time in L (1.0 = linear in sites).
+//!
+//! `cargo bench --bench compile --features parquet` runs it; `-- --quick` uses fewer pairs.
+
+use std::time::{Duration, Instant};
+
+mod common;
+
+use opscope::Pipeline;
+use rlx_runtime::{Device, Session};
+
+const M: usize = 64;
+const D: usize = 256;
+
+/// Drops rows: compile time does not depend on the sink.
+struct DropSink;
+
+impl opscope::Sink for DropSink {
+    fn manifest(&mut self, _: &opscope::Manifest) -> Result<(), opscope::Error> {
+        Ok(())
+    }
+    fn write(&mut self, _: &[opscope::Row]) -> Result<(), opscope::Error> {
+        Ok(())
+    }
+    fn write_block(&mut self, _: &opscope::recording::Block<'_>) -> Result<(), opscope::Error> {
+        Ok(())
+    }
+    fn finish(&mut self) -> Result<(), opscope::Error> {
+        Ok(())
+    }
+}
+
+/// Time one compile of the chain; with `run`, run the result once afterwards (untimed): a
+/// tapped graph compiled in a scope and never run there draws the scope's warning.
+fn compile_once(layers: usize, run: Option<&[Vec<f32>]>) -> Duration {
+    let g = common::chain(M, D, layers);
+    let t = Instant::now();
+    let mut c = Session::new(Device::Cpu).compile(g);
+    let took = t.elapsed();
+    if let Some(w) = run {
+        for (l, wl) in w.iter().enumerate() {
+            c.set_param(&format!("w{l}"), wl);
+        }
+        std::hint::black_box(c.run(&[("x", &vec![1.0f32; M * D][..])]));
+    }
+    took
+}
+
+fn quantile(v: &[f64], q: f64) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let pos = q * (s.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    s[lo] + (s[hi] - s[lo]) * (pos - lo as f64)
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    if let Some(mode) = std::env::args().find_map(|a| a.strip_prefix("--profile=").map(str::to_string)) {
+        // 200 compiles at L=64 of one kind, for a profiler (`perf record`): `--profile=plain`
+        // (untapped), `--profile=tapped` (in a scope: the tap pass and RLX's compile of the
+        // tapped graph) or `--profile=rewrite` (the tap pass alone, `opscope::activate::rewrite`).
+        let p = Pipeline::parse("matmul").expect("pipeline");
+        for _ in 0..200 {
+            match mode.as_str() {
+                "plain" => drop(compile_once(64, None)),
+                "tapped" => drop(opscope::scope(&p, Box::new(DropSink), || compile_once(64, None)).expect("scope")),
+                "rewrite" => {
+                    let g = common::chain(M, D, 64);
+                    let r = opscope::activate::rewrite(&p, &g, opscope::activate::Stage::Deployed, &rlx_runtime::CompileOptions::default(), 1);
+                    drop(std::hint::black_box(r));
+                }
+                other => panic!("--profile={other}: expected plain, tapped or rewrite"),
+            }
+        }
+        return;
+    }
+    let pairs = if quick { 5 } else { 15 };
+    let layers: &[usize] = if quick { &[16, 64] } else { &[16, 64, 128, 256] };
+    let pipelines = [("matmul", "matmul (full set)"), ("matmul{stats=[max]}", "matmul{stats=[max]}")];
+    println!("compile tapped/untapped, chain MLP x[{M},{D}], {pairs} interleaved pairs after 2 warm-up pairs");
+    println!("| L | pipeline | untapped (median) | tapped (median) | of which the tap pass | ratio of medians | per-pair ratio 25-75% | us per matmul site |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for (text, label) in pipelines {
+        let p = Pipeline::parse(text).expect("pipeline");
+        let mut fit = Vec::new();
+        for &l in layers {
+            let w: Vec<Vec<f32>> = (0..l).map(|i| common::weight(D, i)).collect();
+            let (mut a, mut b, mut r, mut rw) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for i in 0..pairs + 2 {
+                let tapped = || opscope::scope(&p, Box::new(DropSink), || compile_once(l, Some(&w))).expect("scope");
+                let (x, y) = if i % 2 == 0 {
+                    let x = compile_once(l, None);
+                    (x, tapped())
+                } else {
+                    let y = tapped();
+                    (compile_once(l, None), y)
+                };
+                // The tap pass alone (RLX's fusion of the caller's graph, then the rewrite), on
+                // the same graph: the part of the extra compile time that is opscope's.
+                let g = common::chain(M, D, l);
+                let t = Instant::now();
+                let rewritten = opscope::activate::rewrite(&p, &g, opscope::activate::Stage::Deployed, &rlx_runtime::CompileOptions::default(), 1);
+                let z = t.elapsed();
+                drop(std::hint::black_box(rewritten));
+                if i >= 2 {
+                    rw.push(z.as_secs_f64());
+                    a.push(x.as_secs_f64());
+                    b.push(y.as_secs_f64());
+                    r.push(y.as_secs_f64() / x.as_secs_f64());
+                }
+            }
+            let (ma, mb, mr) = (quantile(&a, 0.5), quantile(&b, 0.5), quantile(&rw, 0.5));
+            fit.push(((l as f64).ln(), mb.ln()));
+            println!(
+                "| {l} | {label} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2}x | {:.2}-{:.2}x | {:.0} |",
+                ma * 1e3,
+                mb * 1e3,
+                mr * 1e3,
+                mb / ma,
+                quantile(&r, 0.25),
+                quantile(&r, 0.75),
+                (mb - ma) * 1e6 / l as f64
+            );
+        }
+        if fit.len() >= 2 {
+            let n = fit.len() as f64;
+            let (sx, sy) = (fit.iter().map(|p| p.0).sum::<f64>(), fit.iter().map(|p| p.1).sum::<f64>());
+            let sxy = fit.iter().map(|p| p.0 * p.1).sum::<f64>();
+            let sxx = fit.iter().map(|p| p.0 * p.0).sum::<f64>();
+            let slope = (n * sxy - sx * sy) / (n * sxx - sx * sx);
+            println!("{label}: tapped compile time ~ L^{slope:.2}");
+        }
+    }
+}

@@ -54,6 +54,11 @@ fn compile_once(layers: usize, run: Option<&[Vec<f32>]>) -> Duration {
     took
 }
 
+/// Depth of the `--profile` runs: `--layers=N`, default 64.
+fn profile_layers() -> usize {
+    std::env::args().find_map(|a| a.strip_prefix("--layers=").and_then(|v| v.parse().ok())).unwrap_or(64)
+}
+
 fn quantile(v: &[f64], q: f64) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(|a, b| a.total_cmp(b));
@@ -65,16 +70,16 @@ fn quantile(v: &[f64], q: f64) -> f64 {
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     if let Some(mode) = std::env::args().find_map(|a| a.strip_prefix("--profile=").map(str::to_string)) {
-        // 200 compiles at L=64 of one kind, for a profiler (`perf record`): `--profile=plain`
+        // 200 compiles of one kind at L=64 (`--layers=N` for another depth), for a profiler (`perf record`): `--profile=plain`
         // (untapped), `--profile=tapped` (in a scope: the tap pass and RLX's compile of the
         // tapped graph) or `--profile=rewrite` (the tap pass alone, `opscope::activate::rewrite`).
         let p = Pipeline::parse("matmul").expect("pipeline");
         for _ in 0..200 {
             match mode.as_str() {
-                "plain" => drop(compile_once(64, None)),
-                "tapped" => drop(opscope::scope(&p, Box::new(DropSink), || compile_once(64, None)).expect("scope")),
+                "plain" => drop(compile_once(profile_layers(), None)),
+                "tapped" => drop(opscope::scope(&p, Box::new(DropSink), || compile_once(profile_layers(), None)).expect("scope")),
                 "rewrite" => {
-                    let g = common::chain(M, D, 64);
+                    let g = common::chain(M, D, profile_layers());
                     let r = opscope::activate::rewrite(&p, &g, opscope::activate::Stage::Deployed, &rlx_runtime::CompileOptions::default(), 1);
                     drop(std::hint::black_box(r));
                 }
@@ -119,7 +124,7 @@ fn main() {
                 }
             }
             let (ma, mb, mr) = (quantile(&a, 0.5), quantile(&b, 0.5), quantile(&rw, 0.5));
-            fit.push(((l as f64).ln(), mb.ln()));
+            fit.push(((l as f64).ln(), [ma.ln(), mb.ln(), (mb - ma).max(1e-9).ln(), mr.ln()]));
             println!(
                 "| {l} | {label} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2}x | {:.2}-{:.2}x | {:.0} |",
                 ma * 1e3,
@@ -132,12 +137,23 @@ fn main() {
             );
         }
         if fit.len() >= 2 {
-            let n = fit.len() as f64;
-            let (sx, sy) = (fit.iter().map(|p| p.0).sum::<f64>(), fit.iter().map(|p| p.1).sum::<f64>());
-            let sxy = fit.iter().map(|p| p.0 * p.1).sum::<f64>();
-            let sxx = fit.iter().map(|p| p.0 * p.0).sum::<f64>();
-            let slope = (n * sxy - sx * sy) / (n * sxx - sx * sx);
-            println!("{label}: tapped compile time ~ L^{slope:.2}");
+            // Least-squares exponent of each time in L (1.0 = linear in sites).
+            let slope = |k: usize| {
+                let n = fit.len() as f64;
+                let (sx, sy) = (fit.iter().map(|p| p.0).sum::<f64>(), fit.iter().map(|p| p.1[k]).sum::<f64>());
+                let sxy = fit.iter().map(|p| p.0 * p.1[k]).sum::<f64>();
+                let sxx = fit.iter().map(|p| p.0 * p.0).sum::<f64>();
+                (n * sxy - sx * sy) / (n * sxx - sx * sx)
+            };
+            println!(
+                "{label}: time ~ L^k over L = {}..{}: untapped k = {:.2}, tapped {:.2}, tapped - untapped {:.2}, the tap pass {:.2}",
+                layers[0],
+                layers[layers.len() - 1],
+                slope(0),
+                slope(1),
+                slope(2),
+                slope(3)
+            );
         }
     }
 }

@@ -473,3 +473,62 @@ fn the_columnar_sink_writes_every_row_of_its_blocks_and_duckdb_reads_them_back()
         assert_eq!(ours, want);
     }
 }
+
+/// `opscope mine` loads compactly (`opscope::mine::load_compact`: each run's `pos_sumsq` and
+/// `row_absmax` reduced to the numbers the rules read, as the run's rows end). On a MiniLM
+/// recording with padding rows and repeated batches, the verdicts, the stats no rule could use,
+/// the per-run int8 estimates and the exact-repeat fingerprints equal those of the full load.
+#[test]
+fn a_compact_load_mines_as_the_full_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("rep.parquet");
+    // Three batches of 4 fortunes of different lengths (padding rows), the first batch again
+    // at the end (exact repeats of every activation).
+    let (_, _, text) = assets();
+    let all = std::fs::read_to_string(text).unwrap();
+    let entries: Vec<&str> = all.split("\n%\n").filter(|e| !e.trim().is_empty()).collect();
+    let mut picked: Vec<&str> = entries[..12].to_vec();
+    picked.extend_from_slice(&entries[..4]);
+    let t = dir.path().join("t.txt");
+    std::fs::write(&t, picked.join("\n%\n")).unwrap();
+    let o = record(&out, &t, 4, 16).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let full = opscope::mine::load(&out).unwrap();
+    let compact = opscope::mine::load_compact(&out).unwrap();
+    assert_eq!(full.keys().collect::<Vec<_>>(), compact.keys().collect::<Vec<_>>());
+    let pos = opscope::sketch::tensor::POS_SUMSQ;
+    let rowmax = opscope::sketch::tensor::ROW_ABSMAX;
+    // The path under test ran: the full load holds per-row vectors with padding (NaN) rows, the
+    // compact one holds summaries instead.
+    let padded = full.values().flat_map(|s| &s.runs).filter(|r| r.vector(rowmax).is_some_and(|v| v.iter().any(|x| x.is_nan()))).count();
+    assert!(padded > 0, "no run with padding rows: the test does not exercise them");
+    for (k, s) in &compact {
+        for r in &s.runs {
+            assert!(r.vector(pos).is_none() && r.vector(rowmax).is_none(), "{k:?}: per-row vectors kept");
+            if full[k].runs.iter().any(|f| f.vector(pos).is_some()) {
+                assert!(r.row_summary().is_some(), "{k:?}: no summary");
+            }
+        }
+    }
+    assert_eq!(
+        serde_json::to_value(opscope::mine::mine(&full)).unwrap(),
+        serde_json::to_value(opscope::mine::mine(&compact)).unwrap(),
+        "verdicts"
+    );
+    assert_eq!(
+        serde_json::to_value(opscope::mine::cannot_run(&full)).unwrap(),
+        serde_json::to_value(opscope::mine::cannot_run(&compact)).unwrap()
+    );
+    let mut repeats = 0;
+    for (k, s) in &full {
+        let shape: Vec<usize> = s.shape.trim_matches(|c| c == '[' || c == ']').split(',').filter_map(|d| d.trim().parse().ok()).collect();
+        for (a, b) in s.runs.iter().zip(&compact[k].runs) {
+            assert_eq!(opscope::mine::int8_estimate(a, &shape), opscope::mine::int8_estimate(b, &shape), "{k:?} run {}", a.step);
+        }
+        let (fa, fb) = (opscope::mine::fingerprints(s), opscope::mine::fingerprints(&compact[k]));
+        assert_eq!(fa, fb, "{k:?}: fingerprints");
+        repeats += opscope::mine::repeat_rate(s).map_or(0, |r| r.repeats);
+    }
+    assert!(repeats > 0, "no exact repeat: the fingerprints were not put to the test");
+}

@@ -33,7 +33,10 @@ pub use calibrate::{
     TensorCalibration,
 };
 pub use hist::{histograms_by_run, merged_histogram, merged_histograms, MergedHistogram, RunHistograms};
-pub use series::{fingerprints, load, no_data, repeat_rate, series_from_rows, weighted_vector, RepeatRate, Series, SeriesKey, StepStats};
+pub use series::{
+    fingerprints, load, load_compact, no_data, repeat_rate, series_from_rows, series_from_rows_compact, weighted_vector, RepeatRate, RowSummary, Series,
+    SeriesKey, StepStats,
+};
 pub use time::{PayoffBasis, TimeShares, TimeSharesError, SUM_TOLERANCE};
 pub use tensor::{int8_estimate, kinds, outlier_channels, payoff_fraction, sqnr8_per_token, Int8Estimate, OUTLIER_CHANNEL_RATIO};
 

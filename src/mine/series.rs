@@ -16,6 +16,29 @@ pub struct StepStats {
     pub step: u64,
     scalars: Vec<(Stat, f32)>,
     vectors: Vec<(Stat, Vec<f32>)>,
+    /// Set by a compact load ([`load_compact`]) in place of the per-row vectors.
+    rows: Option<RowSummary>,
+}
+
+/// The per-row statistics (one value per row of the tensor) a compact load reduces when a
+/// run's rows end. On MiniLM they are 80% of a run's values (the attention tensors have
+/// batch x heads x tokens rows).
+const PER_ROW: [Stat; 2] = [tensor::POS_SUMSQ, tensor::ROW_ABSMAX];
+
+/// What a compact load ([`load_compact`]) keeps of one run's per-row vectors (`pos_sumsq`,
+/// `row_absmax`): the three per-run numbers the tensor rules read from them, computed by the
+/// same code as from the vectors, and an XXH3-64 of the vectors' bits for the exact-repeat
+/// fingerprint ([`fingerprints`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RowSummary {
+    /// Per-token int8 SQNR (dB), as [`super::sqnr8_per_token`] gives it.
+    pub sqnr8_token: Option<f64>,
+    /// adj_sumsq / sum over adjacent row pairs of (pos_sumsq[r] + pos_sumsq[r-1]).
+    pub adj_ratio: Option<f64>,
+    /// Coefficient of variation of the per-row energies (`pos_sumsq`).
+    pub row_cv: Option<f64>,
+    /// XXH3-64 over each per-row statistic's name, length and value bits.
+    pub hash: u64,
 }
 
 impl StepStats {
@@ -25,6 +48,7 @@ impl StepStats {
             step,
             scalars: Vec::new(),
             vectors: Vec::new(),
+            rows: None,
         }
     }
 
@@ -59,6 +83,40 @@ impl StepStats {
         }
     }
 
+    /// Replace the per-row vectors by their [`RowSummary`] (`shape`: the tensor's dims). Called
+    /// when the rows of this run of this tensor end; a recording lists them together, so the
+    /// vectors are complete then. Per-row values arriving after that (a recording that splits a
+    /// run's rows, which opscope does not write) void the summary's numbers rather than leave
+    /// numbers computed from part of the rows.
+    fn compact(&mut self, shape: &[usize]) {
+        if !self.vectors.iter().any(|(s, _)| PER_ROW.contains(s)) {
+            return;
+        }
+        use std::hash::Hasher;
+        let late = self.rows.is_some();
+        let mut summary = if late { RowSummary::default() } else { super::tensor::row_metrics(self, shape) };
+        let mut h = twox_hash::XxHash3_64::default();
+        h.write_u64(self.rows.map_or(0, |r| r.hash));
+        let mut per_row: Vec<&(Stat, Vec<f32>)> = self.vectors.iter().filter(|(s, _)| PER_ROW.contains(s)).collect();
+        per_row.sort_by_key(|(s, _)| s.as_str());
+        for (stat, v) in per_row {
+            h.write(stat.as_str().as_bytes());
+            h.write_u64(v.len() as u64);
+            for x in v {
+                h.write_u32(x.to_bits());
+            }
+        }
+        summary.hash = h.finish();
+        self.vectors.retain(|(s, _)| !PER_ROW.contains(s));
+        self.rows = Some(summary);
+    }
+
+    /// The per-row summary a compact load left in place of `pos_sumsq` and `row_absmax`
+    /// (`None` after a full load: the vectors are there).
+    pub fn row_summary(&self) -> Option<&RowSummary> {
+        self.rows.as_ref()
+    }
+
     /// A scalar statistic (the first value of a vector one), if recorded.
     pub fn scalar(&self, stat: Stat) -> Option<f64> {
         let v = self.scalars.iter().find(|(s, _)| *s == stat)?.1;
@@ -71,7 +129,8 @@ impl StepStats {
     }
 
     /// A vector statistic (`hist`, `elemsig`, `chan_maxabs`, `pos_sumsq`, the per-head and
-    /// per-expert probe statistics), if recorded.
+    /// per-expert probe statistics), if recorded. After a compact load ([`load_compact`]),
+    /// `pos_sumsq` and `row_absmax` are `None`: see [`StepStats::row_summary`].
     pub fn vector(&self, stat: Stat) -> Option<&[f32]> {
         self.vectors.iter().find(|(s, _)| *s == stat).map(|(_, v)| v.as_slice())
     }
@@ -122,6 +181,8 @@ struct Builder {
     last: Option<((usize, usize), (String, String, u32, u32, u64))>,
     /// Statistic names seen, resolved once.
     stats: std::collections::HashMap<String, Option<Stat>>,
+    /// Reduce each run's per-row vectors when its rows end ([`load_compact`]).
+    compact: bool,
 }
 
 impl Builder {
@@ -194,7 +255,7 @@ impl Builder {
             }
             _ => {
                 if let Some(((si, ri), _)) = self.last {
-                    self.series[si].1.runs[ri].shrink();
+                    self.end_group(si, ri);
                 }
                 let at = self.group(&c);
                 self.last = Some((at, (c.site.to_string(), c.role.to_string(), c.pass, c.compile, c.step)));
@@ -204,9 +265,19 @@ impl Builder {
         self.add(at, c.stat, c.idx, c.value);
     }
 
+    /// The rows of run `ri` of series `si` ended.
+    fn end_group(&mut self, si: usize, ri: usize) {
+        let s = &mut self.series[si].1;
+        if self.compact {
+            let shape = super::tensor::parse_shape(&s.shape);
+            s.runs[ri].compact(&shape);
+        }
+        s.runs[ri].shrink();
+    }
+
     fn finish(mut self) -> BTreeMap<SeriesKey, Series> {
         if let Some(((si, ri), _)) = self.last {
-            self.series[si].1.runs[ri].shrink();
+            self.end_group(si, ri);
         }
         self.series
             .into_iter()
@@ -220,7 +291,15 @@ impl Builder {
 
 /// Group in-memory rows into series (rows of statistics no linked pass declares are left out).
 pub fn series_from_rows(rows: &[Row]) -> BTreeMap<SeriesKey, Series> {
-    let mut b = Builder::default();
+    rows_into(Builder::default(), rows)
+}
+
+/// [`series_from_rows`] reducing each run's per-row vectors as [`load_compact`] does.
+pub fn series_from_rows_compact(rows: &[Row]) -> BTreeMap<SeriesKey, Series> {
+    rows_into(Builder { compact: true, ..Builder::default() }, rows)
+}
+
+fn rows_into(mut b: Builder, rows: &[Row]) -> BTreeMap<SeriesKey, Series> {
     for r in rows {
         b.row(RowRef {
             site: &r.site,
@@ -246,6 +325,22 @@ pub fn series_from_rows(rows: &[Row]) -> BTreeMap<SeriesKey, Series> {
 /// Errors: as [`crate::recording::read_rows`].
 pub fn load(path: &Path) -> Result<BTreeMap<SeriesKey, Series>, Error> {
     let mut b = Builder::default();
+    read_rows(path, |r| b.row(r))?;
+    Ok(b.finish())
+}
+
+/// [`load`] for mining: each run's per-row vectors (`pos_sumsq`, `row_absmax`, one value per row
+/// of the tensor) are reduced, as the run's rows end, to the [`RowSummary`] the tensor rules
+/// read, so memory holds per run what the rules use rather than every row. The verdicts,
+/// [`cannot_run`](super::cannot_run) and the exact-repeat rates are those of a full load (the
+/// fingerprint hashes the per-row vectors instead of comparing them: equal up to a 2^-64
+/// collision); a test checks this on a recording. Use [`load`] where the per-row vectors
+/// themselves are read (`opscope report`'s row energies, `opscope probe --recording`).
+/// Measured on a MiniLM recording: per-row vectors are 80% of a run's values.
+///
+/// Errors: as [`load`].
+pub fn load_compact(path: &Path) -> Result<BTreeMap<SeriesKey, Series>, Error> {
+    let mut b = Builder { compact: true, ..Builder::default() };
     read_rows(path, |r| b.row(r))?;
     Ok(b.finish())
 }
@@ -363,6 +458,12 @@ pub fn fingerprints(s: &Series) -> Option<Vec<usize>> {
             key.extend(st.as_str().bytes().map(u32::from));
             key.push(v.len() as u32);
             key.extend(v.iter().map(|x| x.to_bits()));
+        }
+        // A compact load's per-row vectors, by their hash (a run of a series is either all
+        // compact or all full, so runs compare like with like).
+        if let Some(rows) = &r.rows {
+            key.extend(b"rows".iter().map(|&b| u32::from(b)));
+            key.extend([rows.hash as u32, (rows.hash >> 32) as u32]);
         }
         let next = seen.len();
         ids.push(*seen.entry(key).or_insert(next));

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use crate::sketch::tensor;
 
-use super::{median, Kind, Need, Rule, Series, SeriesKey, StepStats, Verdict, MIN_STEPS};
+use super::{median, Kind, Need, RowSummary, Rule, Series, SeriesKey, StepStats, Verdict, MIN_STEPS};
 use crate::sketch::Stat;
 
 /// The verdict kinds of the tensor rules.
@@ -144,9 +144,11 @@ fn metrics(run: &StepStats, shape: &[usize]) -> Metrics {
             m.sqnr8_channel = Some(db(p / noise));
         }
     }
-    if let (Some(p), Some(rows)) = (p, run.vector(tensor::ROW_ABSMAX)) {
-        m.sqnr8_token = sqnr8_per_token(p, rows);
-    }
+    let rows = match run.row_summary() {
+        Some(r) => *r,
+        None => row_metrics(run, shape),
+    };
+    (m.sqnr8_token, m.adj_ratio, m.row_cv) = (rows.sqnr8_token, rows.adj_ratio, rows.row_cv);
     if let Some(h) = run.vector(tensor::HIST).filter(|h| h.len() >= 8) {
         // The bins holding the central 80% of the values: a continuous distribution fills
         // them, values on a few levels leave gaps between them.
@@ -165,20 +167,37 @@ fn metrics(run: &StepStats, shape: &[usize]) -> Metrics {
         let a = a.unwrap_or(0);
         m.central_holes = Some(if b > a { h[a..=b].iter().filter(|&&x| x == 0.0).count() as f64 } else { 0.0 });
     }
+    m
+}
+
+/// The per-run numbers the tensor rules read from the per-row vectors (`row_absmax`,
+/// `pos_sumsq`) of one run of a tensor of dims `shape`: per-token int8 SQNR
+/// ([`sqnr8_per_token`]), the adjacent-row ratio and the row-energy coefficient of variation.
+/// The hash is left 0 (see [`RowSummary`]). All `None` for a run with no counted value.
+pub(crate) fn row_metrics(run: &StepStats, shape: &[usize]) -> RowSummary {
+    let mut out = RowSummary::default();
+    let count = run.scalar(tensor::COUNT).unwrap_or(0.0);
+    if count <= 0.0 {
+        return out;
+    }
+    let p = run.scalar(tensor::SUMSQ).map(|s| s / count);
+    if let (Some(p), Some(rows)) = (p, run.vector(tensor::ROW_ABSMAX)) {
+        out.sqnr8_token = sqnr8_per_token(p, rows);
+    }
     if let Some(pos) = run.vector(tensor::POS_SUMSQ).filter(|p| p.len() >= 2) {
         let block = if shape.len() >= 2 { shape[shape.len() - 2].max(1) } else { 1 };
         let pairs: f64 = (1..pos.len()).filter(|r| r % block != 0).map(|r| (pos[r] + pos[r - 1]) as f64).sum();
         if let (Some(adj), true) = (run.scalar(tensor::ADJ_SUMSQ), pairs > 0.0) {
-            m.adj_ratio = Some(adj / pairs);
+            out.adj_ratio = Some(adj / pairs);
         }
         let n = pos.len() as f64;
         let mean = pos.iter().map(|&x| x as f64).sum::<f64>() / n;
         if mean > 0.0 {
             let var = pos.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n;
-            m.row_cv = Some(var.sqrt() / mean);
+            out.row_cv = Some(var.sqrt() / mean);
         }
     }
-    m
+    out
 }
 
 /// The miner's int8 SQNR estimates (dB) for one recorded run of a tensor, from its sketches
@@ -260,7 +279,7 @@ fn slope_t(ys: &[f64]) -> f64 {
     }
 }
 
-fn parse_shape(s: &str) -> Vec<usize> {
+pub(crate) fn parse_shape(s: &str) -> Vec<usize> {
     s.trim_matches(|c| c == '[' || c == ']').split(',').filter_map(|d| d.trim().parse().ok()).collect()
 }
 

@@ -206,7 +206,8 @@ fn main() {
             row(layers, scale, rounds, dir.path());
         }
     }
-    let rounds = if quick { 3 } else { 7 };
+    // A multiple of 3: each tool goes first, second and third equally often.
+    let rounds = if quick { 3 } else { 9 };
     println!("\ncompile, ratio of medians to untapped over {rounds} interleaved rounds (the order rotating), each tool's rewrite included:");
     println!("{:>4} | {:>8} | {:>11}", "L", "opscope", "rlx-opscope");
     for &layers in depths {

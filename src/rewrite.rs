@@ -301,6 +301,15 @@ impl Rewrite {
                 return;
             }
         };
+        // A fixed histogram range must be finite with lo < hi (the options parser checks it;
+        // a pass building its spec by hand might not): JSON has no infinity, so such a spec
+        // would not survive its encoding into the node's attributes.
+        if let crate::sketch::HistRange::Fixed { lo, hi } = spec.hist_range {
+            if !(lo.is_finite() && hi.is_finite() && lo < hi) {
+                self.skip(site, Some(role), Some(tensor), format!("hist_range [{lo}, {hi}] is not a finite range with lo < hi"));
+                return;
+            }
+        }
         let op = match inputs.len() {
             1 => SKETCH_OP,
             2 => SKETCH2_OP,
@@ -802,3 +811,33 @@ fn emit(g: &Graph, order: &[NodeId]) -> (Graph, HashMap<u32, u32>) {
     (out, map)
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sketch::{tensor, HistRange};
+
+    /// A spec with a non-finite fixed histogram range (JSON cannot encode it) is skipped with
+    /// the reason, not appended as a node whose attributes no kernel can decode.
+    #[test]
+    fn a_non_finite_fixed_range_is_skipped_with_the_reason() {
+        crate::sketch::register_kernels();
+        let mut g = Graph::new("g");
+        let x = g.input("x", Shape::new(&[4, 8], DType::F32));
+        g.set_outputs(vec![x]);
+        for (lo, hi) in [(f32::NEG_INFINITY, 1.0), (0.0, f32::NAN), (1.0, 1.0)] {
+            let mut rw = Rewrite::new(&g, None, "test".into(), 1);
+            let plan = SketchSpec::for_shape(&g.node(x).shape, &[tensor::HIST], 8, HistRange::Fixed { lo, hi }, 4).unwrap();
+            rw.tap("s", crate::manifest::Role::LHS, x, plan.spec);
+            let (out, m) = rw.finish();
+            assert!(m.outputs.is_empty(), "[{lo}, {hi}]: appended");
+            assert_eq!(out.outputs.len(), 1);
+            assert!(m.skipped.iter().any(|k| k.reason.contains("not a finite range")), "[{lo}, {hi}]: {:?}", m.skipped);
+        }
+        // A finite range is appended.
+        let mut rw = Rewrite::new(&g, None, "test".into(), 1);
+        let plan = SketchSpec::for_shape(&g.node(x).shape, &[tensor::HIST], 8, HistRange::Fixed { lo: -1.0, hi: 1.0 }, 4).unwrap();
+        rw.tap("s", crate::manifest::Role::LHS, x, plan.spec);
+        assert_eq!(rw.finish().1.outputs.len(), 1);
+    }
+}

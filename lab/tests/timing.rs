@@ -117,6 +117,9 @@ fn the_budget_sets_the_sample_count() {
     // a busy machine makes (at 12, three of them left 9 < MIN_PAIRS and failed the run).
     let capped = ab_timed(two_ms, two_ms, &AbOptions { max_pairs: 30, ..opts.clone() }).unwrap();
     assert_eq!(capped.pairs, 30);
+    // The warm-up lasts `warmup` of wall-clock time (here programs that return at once: many pairs).
+    let warm = ab_timed(two_ms, two_ms, &AbOptions { warmup: Duration::from_millis(20), ..opts.clone() }).unwrap();
+    assert!(warm.warmup_pairs >= 10 && warm.pairs == 100, "{} warm-up pairs, {} pairs", warm.warmup_pairs, warm.pairs);
     let err = ab(|| anyhow::bail!("A broke"), || Ok(()), &opts).unwrap_err();
     assert_eq!(err.to_string(), "A broke");
 }

@@ -336,12 +336,28 @@ pub fn print_graph(g: &Graph) -> String {
 /// actuations.
 pub fn render(g: &Graph, m: &opscope::Manifest) -> String {
     // The rewrite caches the spec it encoded instead of decoding the bytes back: exact only if
-    // decoding then encoding gives the same bytes, checked here on every sketch node.
+    // decoding gives that spec back. Checked on every sketch output against the manifest's spec
+    // (the one the rewrite encoded), and on every sketch node as bytes -> spec -> bytes.
     for (i, node) in g.nodes().iter().enumerate() {
         if let rlx_ir::Op::Custom { name, attrs, .. } = &node.op {
             if opscope::sketch::is_sketch_op(name) {
                 let spec = opscope::sketch::SketchSpec::from_attrs(attrs).unwrap_or_else(|e| panic!("%{i}: {e}"));
                 assert_eq!(spec.to_attrs(), *attrs, "%{i}: the sketch attributes do not round-trip");
+            }
+        }
+    }
+    for o in &m.outputs {
+        let Some(k) = o.output_index else { continue };
+        let mut id = g.outputs[k];
+        if let rlx_ir::Op::Custom { name, .. } = &g.node(id).op {
+            if name == opscope::sketch::KEEP_OP {
+                id = g.node(id).inputs[0];
+            }
+        }
+        if let rlx_ir::Op::Custom { name, attrs, .. } = &g.node(id).op {
+            if opscope::sketch::is_sketch_op(name) {
+                let decoded = opscope::sketch::SketchSpec::from_attrs(attrs).unwrap_or_else(|e| panic!("%{}: {e}", id.0));
+                assert_eq!(decoded, o.spec, "%{}: the node's attributes decode to another spec than the rewrite encoded", id.0);
             }
         }
     }

@@ -93,24 +93,6 @@ fn cell(layers: usize, w: &[Vec<f32>], x: &[f32], pipeline: &Pipeline, pairs: us
     r.expect("recording")
 }
 
-/// Drops rows (separates the tap's own memory from the recorder's).
-struct DropSink;
-
-impl opscope::Sink for DropSink {
-    fn manifest(&mut self, _: &opscope::Manifest) -> Result<(), opscope::Error> {
-        Ok(())
-    }
-    fn write(&mut self, _: &[opscope::Row]) -> Result<(), opscope::Error> {
-        Ok(())
-    }
-    fn write_block(&mut self, _: &opscope::recording::Block<'_>) -> Result<(), opscope::Error> {
-        Ok(())
-    }
-    fn finish(&mut self) -> Result<(), opscope::Error> {
-        Ok(())
-    }
-}
-
 /// Child process: compile one variant and run it `runs` times, print "rss_kb heap_bytes".
 fn child(layers: usize, mode: &str, runs: usize, out: &Path) {
     let (tapped, null_sink) = (mode != "plain", mode == "dropped");
@@ -132,7 +114,7 @@ fn child(layers: usize, mode: &str, runs: usize, out: &Path) {
         run_peak.set(PEAK.peak_usage().saturating_sub(start));
     };
     if null_sink {
-        opscope::scope(&Pipeline::parse("matmul").unwrap(), Box::new(DropSink), body).expect("recording");
+        opscope::scope(&Pipeline::parse("matmul").unwrap(), Box::new(common::DropSink), body).expect("recording");
     } else if tapped {
         let sink = opscope::recording::open(out).expect("parquet sink");
         opscope::scope(&Pipeline::parse("matmul").unwrap(), sink, body).expect("recording");

@@ -20,24 +20,6 @@ use rlx_runtime::{Device, Session};
 const M: usize = 64;
 const D: usize = 256;
 
-/// Drops rows: compile time does not depend on the sink.
-struct DropSink;
-
-impl opscope::Sink for DropSink {
-    fn manifest(&mut self, _: &opscope::Manifest) -> Result<(), opscope::Error> {
-        Ok(())
-    }
-    fn write(&mut self, _: &[opscope::Row]) -> Result<(), opscope::Error> {
-        Ok(())
-    }
-    fn write_block(&mut self, _: &opscope::recording::Block<'_>) -> Result<(), opscope::Error> {
-        Ok(())
-    }
-    fn finish(&mut self) -> Result<(), opscope::Error> {
-        Ok(())
-    }
-}
-
 /// Time one compile of the chain; with `run`, run the result once afterwards (untimed): a
 /// tapped graph compiled in a scope and never run there draws the scope's warning.
 fn compile_once(layers: usize, run: Option<&[Vec<f32>]>) -> Duration {
@@ -77,7 +59,7 @@ fn main() {
         for _ in 0..200 {
             match mode.as_str() {
                 "plain" => drop(compile_once(profile_layers(), None)),
-                "tapped" => drop(opscope::scope(&p, Box::new(DropSink), || compile_once(profile_layers(), None)).expect("scope")),
+                "tapped" => drop(opscope::scope(&p, Box::new(common::DropSink), || compile_once(profile_layers(), None)).expect("scope")),
                 "rewrite" => {
                     let g = common::chain(M, D, profile_layers());
                     let r = opscope::activate::rewrite(&p, &g, opscope::activate::Stage::Deployed, &rlx_runtime::CompileOptions::default(), 1);
@@ -101,7 +83,7 @@ fn main() {
             let w: Vec<Vec<f32>> = (0..l).map(|i| common::weight(D, i)).collect();
             let (mut a, mut b, mut r, mut rw) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             for i in 0..pairs + 2 {
-                let tapped = || opscope::scope(&p, Box::new(DropSink), || compile_once(l, Some(&w))).expect("scope");
+                let tapped = || opscope::scope(&p, Box::new(common::DropSink), || compile_once(l, Some(&w))).expect("scope");
                 let (x, y) = if i % 2 == 0 {
                     let x = compile_once(l, None);
                     (x, tapped())

@@ -127,24 +127,6 @@ fn row(layers: usize, scale: f32, rounds: usize, dir: &Path) {
     );
 }
 
-/// Drops rows: compile time does not depend on the sink.
-struct DropSink;
-
-impl opscope::Sink for DropSink {
-    fn manifest(&mut self, _: &opscope::Manifest) -> Result<(), opscope::Error> {
-        Ok(())
-    }
-    fn write(&mut self, _: &[opscope::Row]) -> Result<(), opscope::Error> {
-        Ok(())
-    }
-    fn write_block(&mut self, _: &opscope::recording::Block<'_>) -> Result<(), opscope::Error> {
-        Ok(())
-    }
-    fn finish(&mut self) -> Result<(), opscope::Error> {
-        Ok(())
-    }
-}
-
 /// Compile cost of each tool at depth `layers`: median over `rounds` interleaved triples
 /// (untapped; opscope's compile in a scope, its tap pass included; rlx-opscope's
 /// `inject_matmul_stats` plus its compile), after one warm-up triple. Returns the ratios of
@@ -161,7 +143,7 @@ fn compile_ratios(layers: usize, rounds: usize) -> (f64, f64) {
             let i = (round + k) % 3;
             times[i] = match i {
                 0 => compile(graph.clone(), &w).1,
-                1 => opscope::scope(&full, Box::new(DropSink), || {
+                1 => opscope::scope(&full, Box::new(common::DropSink), || {
                     let (mut tapped, took) = compile(graph.clone(), &w);
                     // Run once (untimed): a graph compiled in a scope and never run there draws a warning.
                     std::hint::black_box(tapped.run(&[("x", &x)]));

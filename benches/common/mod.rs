@@ -1,4 +1,5 @@
-//! The chain MLP both benchmarks run: x[m,d] -> (matmul [d,d] -> relu) x layers.
+//! What the benches share: the chain MLP x[m,d] -> (matmul [d,d] -> relu) x layers, its
+//! weights, and a sink that drops rows.
 
 use rlx_ir::op::Activation;
 use rlx_ir::{DType, Graph, Shape};
@@ -25,4 +26,24 @@ pub fn weight(d: usize, l: usize) -> Vec<f32> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(1000 + l as u64);
     let he = Normal::new(0.0f32, (2.0 / d as f32).sqrt()).expect("normal");
     (0..d * d).map(|_| he.sample(&mut rng)).collect()
+}
+
+/// A sink that drops rows: for measuring what does not depend on the sink (compile time, the
+/// tap's own memory). Not every bench uses it.
+#[allow(dead_code)]
+pub struct DropSink;
+
+impl opscope::Sink for DropSink {
+    fn manifest(&mut self, _: &opscope::Manifest) -> Result<(), opscope::Error> {
+        Ok(())
+    }
+    fn write(&mut self, _: &[opscope::Row]) -> Result<(), opscope::Error> {
+        Ok(())
+    }
+    fn write_block(&mut self, _: &opscope::recording::Block<'_>) -> Result<(), opscope::Error> {
+        Ok(())
+    }
+    fn finish(&mut self) -> Result<(), opscope::Error> {
+        Ok(())
+    }
 }

@@ -859,7 +859,8 @@ struct DiffArgs {
 }
 
 fn diff(a: DiffArgs) -> Result<()> {
-    let load = |p: &PathBuf, side: &str| opscope::mine::load(p).with_context(|| format!("reading recording {side} ({})", p.display()));
+    // Compact: the diff reads verdicts, histograms and channel maxima, not per-row vectors.
+    let load = |p: &PathBuf, side: &str| opscope::mine::load_compact(p).with_context(|| format!("reading recording {side} ({})", p.display()));
     let (sa, sb) = (load(&a.a, "A")?, load(&a.b, "B")?);
     let d = opscope_lab::diff::diff(&sa, &sb).with_context(|| format!("comparing {} with {}", a.a.display(), a.b.display()))?;
     if a.json {
@@ -1054,7 +1055,8 @@ fn calibrate(a: CalibrateArgs) -> Result<()> {
     };
     let options = CalibrationOptions { symmetric: a.symmetric, ..CalibrationOptions::new(method) };
     options.validate().map_err(|e| anyhow::anyhow!("--percentile: {e}"))?;
-    let series = opscope::mine::load(&a.recording)?;
+    // Compact: calibration reads extremes, histograms and channel maxima, not per-row vectors.
+    let series = opscope::mine::load_compact(&a.recording)?;
     let table = opscope::mine::calibrate_all(&series, &options);
     if !table.failed.is_empty() {
         // One line per distinct reason, with the tensors it applies to (short names).

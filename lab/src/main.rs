@@ -958,7 +958,7 @@ fn probe(a: ProbeArgs) -> Result<()> {
 }
 
 fn mine(a: MineArgs) -> Result<()> {
-    // Per-row vectors reduced as each run's rows end: the same verdicts in a fifth of the memory.
+    // Per-row vectors reduced as each run's rows end: the same verdicts, a fifth of the memory per run.
     let series = opscope::mine::load_compact(&a.recording)?;
     let time = a.time_shares.as_deref().map(opscope::mine::TimeShares::load).transpose()?;
     let verdicts = opscope::mine::mine_with(&series, time.as_ref());

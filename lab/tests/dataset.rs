@@ -20,6 +20,13 @@ fn assets() -> (PathBuf, PathBuf, PathBuf) {
     (a.onnx, a.tokenizer, a.text)
 }
 
+/// The fortunes of the cached text, in order (entries are separated by lines holding `%`).
+fn fortunes() -> Vec<String> {
+    let (_, _, text) = assets();
+    let all = std::fs::read_to_string(text).unwrap();
+    all.split("\n%\n").filter(|e| !e.trim().is_empty()).map(str::to_string).collect()
+}
+
 /// `opscope record` on MiniLM, `--out out`, the text file given.
 fn record(out: &Path, text: &Path, batch: u32, limit: u64) -> Command {
     let (onnx, tok, _) = assets();
@@ -219,9 +226,8 @@ fn two_processes_write_one_dataset_and_duckdb_agrees_with_mine() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("shared.parquet");
     // Two disjoint texts: 16 and 24 fortunes (2 and 3 batches of 8).
-    let (_, _, text) = assets();
-    let all = std::fs::read_to_string(text).unwrap();
-    let entries: Vec<&str> = all.split("\n%\n").filter(|e| !e.trim().is_empty()).collect();
+    let all = fortunes();
+    let entries: Vec<&str> = all.iter().map(String::as_str).collect();
     assert!(entries.len() >= 40);
     let (ta, tb) = (dir.path().join("a.txt"), dir.path().join("b.txt"));
     std::fs::write(&ta, entries[..16].join("\n%\n")).unwrap();
@@ -484,9 +490,8 @@ fn a_compact_load_mines_as_the_full_load() {
     let out = dir.path().join("rep.parquet");
     // Three batches of 4 fortunes of different lengths (padding rows), the first batch again
     // at the end (exact repeats of every activation).
-    let (_, _, text) = assets();
-    let all = std::fs::read_to_string(text).unwrap();
-    let entries: Vec<&str> = all.split("\n%\n").filter(|e| !e.trim().is_empty()).collect();
+    let all = fortunes();
+    let entries: Vec<&str> = all.iter().map(String::as_str).collect();
     let mut picked: Vec<&str> = entries[..12].to_vec();
     picked.extend_from_slice(&entries[..4]);
     let t = dir.path().join("t.txt");

@@ -291,15 +291,7 @@ impl Builder {
 
 /// Group in-memory rows into series (rows of statistics no linked pass declares are left out).
 pub fn series_from_rows(rows: &[Row]) -> BTreeMap<SeriesKey, Series> {
-    rows_into(Builder::default(), rows)
-}
-
-/// [`series_from_rows`] reducing each run's per-row vectors as [`load_compact`] does.
-pub fn series_from_rows_compact(rows: &[Row]) -> BTreeMap<SeriesKey, Series> {
-    rows_into(Builder { compact: true, ..Builder::default() }, rows)
-}
-
-fn rows_into(mut b: Builder, rows: &[Row]) -> BTreeMap<SeriesKey, Series> {
+    let mut b = Builder::default();
     for r in rows {
         b.row(RowRef {
             site: &r.site,

@@ -157,8 +157,8 @@ fn insert_spec(attrs: &[u8], spec: Arc<SketchSpec>) {
 /// Put the spec a rewrite just encoded into this thread's cache under its attribute bytes, so
 /// the compile's shape inference does not parse back what was just written. Exact because
 /// decoding is the inverse of [`SketchSpec::to_attrs`] (every field is written, numbers in a
-/// round-tripping form; the snapshot tests check `to_attrs(from_attrs(bytes)) == bytes` on every
-/// sketch node they render).
+/// round-tripping form; the snapshot tests check, on every graph they render, that each sketch
+/// output's attributes decode to the spec the manifest holds).
 pub(crate) fn seed_spec(attrs: &[u8], spec: &SketchSpec) {
     if SPECS.with(|m| !m.borrow().contains_key(attrs)) {
         insert_spec(attrs, Arc::new(spec.clone()));

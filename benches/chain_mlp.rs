@@ -94,7 +94,15 @@ fn cell(layers: usize, w: &[Vec<f32>], x: &[f32], pipeline: &Pipeline, pairs: us
 }
 
 /// Child process: compile one variant and run it `runs` times, print "rss_kb heap_bytes".
+/// `mode`: `plain` (untapped), `tapped` (full `matmul` set, Parquet sink), `dropped` (full set,
+/// rows dropped); a `-max` suffix (`tapped-max`, `dropped-max`) taps `matmul{stats=[max]}`
+/// instead (for a profiler: `perf record .. --child 64 dropped-max 300 out.parquet`).
 fn child(layers: usize, mode: &str, runs: usize, out: &Path) {
+    let (mode, pipeline) = match mode.strip_suffix("-max") {
+        Some(m) => (m, "matmul{stats=[max]}"),
+        None => (mode, "matmul"),
+    };
+    let pipeline = Pipeline::parse(pipeline).unwrap();
     let (tapped, null_sink) = (mode != "plain", mode == "dropped");
     let w = weights(layers);
     let x = input(1.0);
@@ -114,10 +122,10 @@ fn child(layers: usize, mode: &str, runs: usize, out: &Path) {
         run_peak.set(PEAK.peak_usage().saturating_sub(start));
     };
     if null_sink {
-        opscope::scope(&Pipeline::parse("matmul").unwrap(), Box::new(common::DropSink), body).expect("recording");
+        opscope::scope(&pipeline, Box::new(common::DropSink), body).expect("recording");
     } else if tapped {
         let sink = opscope::recording::open(out).expect("parquet sink");
-        opscope::scope(&Pipeline::parse("matmul").unwrap(), sink, body).expect("recording");
+        opscope::scope(&pipeline, sink, body).expect("recording");
     } else {
         body();
     }

@@ -676,3 +676,37 @@ proptest! {
         }
     }
 }
+
+/// A zero extreme is written as +0 whichever zero the tensor holds and in whatever order: the
+/// kernel reads a tensor row by row, or (a sketch without sums and per-row statistics) whole,
+/// and which of +0 and -0 a min/max fold keeps depends on that order. Rows of ReLU-like data
+/// with -0 and +0 both at the minimum, 20 wide (a remainder after the 16 lanes): `min`,
+/// `[min,max,nnz]` and the full set all give min = +0 (bits 0), max and nnz as the host counts.
+#[test]
+fn a_zero_extreme_is_plus_zero_on_every_path() {
+    use opscope::sketch::tensor;
+    let (rows, c) = (7usize, 20usize);
+    let x: Vec<f32> = (0..rows * c)
+        .map(|i| match i % 5 {
+            0 => -0.0,
+            1 => 0.0,
+            _ => ((i * 37 % 11) as f32) * 0.25,
+        })
+        .collect();
+    let host_max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let host_nnz = x.iter().filter(|v| **v != 0.0).count() as f32;
+    for stats in [&[tensor::MIN][..], &[tensor::MIN, tensor::MAX, tensor::NNZ][..], SELECTABLE] {
+        let s = sketch_of(&x, &[rows, c], stats);
+        assert_eq!(s["min"][0].to_bits(), 0.0f32.to_bits(), "{stats:?}: min {:?} is not +0", s["min"][0]);
+        if let Some(m) = s.get("max") {
+            assert_eq!(m[0], host_max, "{stats:?}");
+        }
+        if let Some(n) = s.get("nnz") {
+            assert_eq!(n[0], host_nnz, "{stats:?}");
+        }
+    }
+    // All zeros, -0 first: max is a zero extreme too.
+    let z: Vec<f32> = (0..64).map(|i| if i % 2 == 0 { -0.0 } else { 0.0 }).collect();
+    let s = sketch_of(&z, &[4, 16], &[tensor::MIN, tensor::MAX]);
+    assert_eq!((s["min"][0].to_bits(), s["max"][0].to_bits()), (0, 0));
+}

@@ -702,11 +702,45 @@ fn compute_masked_body(data: &[f32], dims: &[usize], spec: &SketchSpec, mask: Op
         .find_map(|r| data[r * c..(r + 1) * c].iter().copied().find(|x| x.is_finite()))
         .unwrap_or(0.0) as f64;
 
+    // A sketch with no row sums, no per-row statistic and no mask (`stats=[max]`, `[min,max]`,
+    // `[nnz]`, a histogram alone, ...) reads a finite tensor in one call of the extremes loop
+    // instead of one per row: on the chain MLP's 256-wide rows the per-row call and its
+    // horizontal folds cost as much as the loop itself (measured). A tensor holding any
+    // non-finite value takes the per-row pass below (its counts and element path). The values
+    // are the per-row pass's: counts are integers, min and max the same set's extremes (a zero
+    // extreme is written as +0 on every path, so the order of +0 and -0 does not show).
+    let whole = !want_sums && !want_pos && !want_rowmax && !want_adj && mask.is_none() && rows > 0;
+    let whole = whole && {
+        // Blocks of 2^24 values keep each lane's u32 count exact.
+        let (mut z, mut lo, mut hi, mut bad) = (0u64, f32::INFINITY, f32::NEG_INFINITY, 0usize);
+        for b in data[..rows * c].chunks(1 << 24) {
+            let e = row_extremes_finite(b);
+            z += e.0 as u64;
+            lo = lo.min(e.1);
+            hi = hi.max(e.2);
+            bad += e.3;
+        }
+        if bad == 0 {
+            acc.count = (rows * c) as u64;
+            acc.nnz = z;
+            acc.min = lo;
+            acc.max = hi;
+            if want_chan {
+                for row in data[..rows * c].chunks_exact(c) {
+                    for (m, &x) in chan.iter_mut().zip(row) {
+                        *m = m.max(x.abs());
+                    }
+                }
+            }
+        }
+        bad == 0
+    };
+
     // Pass 1: counts, raw sums, extremes, per-channel max|x|, per-row energy, adjacent-row
     // difference energy. A row whose f64 sums are finite holds only finite values (no finite
     // f32's square overflows f64) and takes the vectorized path; any other row is re-read
     // element by element.
-    for r in 0..rows {
+    for r in (0..rows).filter(|_| !whole) {
         if !kept(r) {
             if want_pos {
                 pos[r] = f64::NAN;
@@ -883,8 +917,10 @@ fn compute_masked_body(data: &[f32], dims: &[usize], spec: &SketchSpec, mask: Op
         let v = |x: f64| if undefined { f32::NAN } else { x as f32 };
         match slot.stat {
             tensor::COUNT => dst[0] = acc.count as f32,
-            tensor::MIN => dst[0] = v(acc.min as f64),
-            tensor::MAX => dst[0] = v(acc.max as f64),
+            // `+ 0.0` writes a zero extreme as +0 (-0 + 0 = +0): which zero a fold keeps
+            // depends on the order it reads them in.
+            tensor::MIN => dst[0] = v(acc.min as f64 + 0.0),
+            tensor::MAX => dst[0] = v(acc.max as f64 + 0.0),
             tensor::MEAN => dst[0] = v(mean),
             tensor::L1 => dst[0] = f32_or_nan(acc.l1),
             tensor::SUMSQ => dst[0] = f32_or_nan(acc.sumsq),

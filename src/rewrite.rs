@@ -719,12 +719,9 @@ fn place_early(g: &Graph, user_outputs: usize) -> (Graph, Vec<u32>) {
         key.push(k);
     }
     let mut order: Vec<NodeId> = g.nodes().iter().map(|n| n.id).collect();
-    order.sort_by_key(|id| key[id.0 as usize]);
-    let (out, map) = emit(g, &order);
-    let mut to_new = vec![0u32; g.len()];
-    for (old, new) in map {
-        to_new[old as usize] = new;
-    }
+    // Keys are distinct (a caller's node by its index, a tap-only node by 1 + its id).
+    order.sort_unstable_by_key(|id| key[id.0 as usize]);
+    let (out, to_new) = emit(g, &order);
     (out, to_new)
 }
 
@@ -780,31 +777,36 @@ fn rebuild(g: &Graph) -> (Graph, HashMap<u32, u32>) {
             }
         }
     }
-    let (out, map) = emit(g, &order);
+    let (out, to_new) = emit(g, &order);
+    let map = to_new.iter().enumerate().filter(|(_, &n)| n != u32::MAX).map(|(o, &n)| (o as u32, n)).collect();
     (out, map)
 }
 
 /// The nodes of `g` listed in `order` (a topological order), as a new graph with the same
-/// outputs, names, variables and symbolic attributes. Returns the graph and old id -> new id.
-fn emit(g: &Graph, order: &[NodeId]) -> (Graph, HashMap<u32, u32>) {
-    let mut map: HashMap<u32, u32> = HashMap::new();
+/// outputs, names, variables and symbolic attributes. Returns the graph and, per old id, the
+/// new id (`u32::MAX` for a node not in `order`).
+fn emit(g: &Graph, order: &[NodeId]) -> (Graph, Vec<u32>) {
+    const NONE: u32 = u32::MAX;
+    let mut map = vec![NONE; g.len()];
+    let get = |map: &[u32], i: NodeId| Some(map[i.0 as usize]).filter(|&v| v != NONE).map(NodeId);
     let mut out = Graph::new(&g.name);
     for old in order {
         let n = g.node(*old);
-        let inputs = n.inputs.iter().map(|i| NodeId(map[&i.0])).collect();
+        // `order` is topological: every input is already emitted.
+        let inputs = n.inputs.iter().map(|&i| get(&map, i).expect("emit: an input after its user")).collect();
         let id = out.add_node(n.op.clone(), inputs, n.shape.clone());
         let m = out.node_mut(id);
         m.name = n.name.clone();
         m.origin = n.origin.clone();
-        map.insert(old.0, id.0);
+        map[old.0 as usize] = id.0;
     }
-    out.set_outputs(g.outputs.iter().map(|o| NodeId(map[&o.0])).collect());
+    out.set_outputs(g.outputs.iter().map(|&o| get(&map, o).expect("emit: an output not emitted")).collect());
     out.set_output_names(g.output_names().to_vec());
-    out.set_vars(g.vars().iter().filter_map(|(i, o)| Some((NodeId(*map.get(&i.0)?), *o))).collect());
+    out.set_vars(g.vars().iter().filter_map(|(i, o)| Some((get(&map, *i)?, *o))).collect());
     out.set_sym_attrs(
         g.sym_attrs()
             .iter()
-            .filter_map(|a| Some(rlx_ir::dynamic::SymAttr { node: NodeId(*map.get(&a.node.0)?), ..a.clone() }))
+            .filter_map(|a| Some(rlx_ir::dynamic::SymAttr { node: get(&map, a.node)?, ..a.clone() }))
             .collect(),
     );
     out.set_sym_defs(g.sym_defs().to_vec());

@@ -17,15 +17,21 @@ pub use residual::{residual_blocks, ResidualBlock};
 
 /// Render a shape as `[2,16,384]` (symbolic dims as `?N`).
 pub fn shape_text(shape: &Shape) -> String {
-    let dims: Vec<String> = shape
-        .dims()
-        .iter()
-        .map(|d| match d {
-            Dim::Static(n) => n.to_string(),
-            Dim::Dynamic(s) => format!("?{s}"),
-        })
-        .collect();
-    format!("[{}]", dims.join(","))
+    use std::fmt::Write;
+    let mut out = String::with_capacity(2 + 6 * shape.dims().len());
+    out.push('[');
+    for (i, d) in shape.dims().iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        // Writing to a String cannot fail.
+        let _ = match d {
+            Dim::Static(n) => write!(out, "{n}"),
+            Dim::Dynamic(s) => write!(out, "?{s}"),
+        };
+    }
+    out.push(']');
+    out
 }
 
 /// Static dims of a shape, or `None` if any is symbolic.

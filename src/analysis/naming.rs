@@ -2,6 +2,7 @@
 //! weight (fusion drops node names, weights survive), else for a matmul the name of its dotted
 //! weight (`fc1.weight` names the site `fc1`), else `{family}.{k}`.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use rlx_ir::{Graph, NodeId, Op};
@@ -13,55 +14,55 @@ use rlx_ir::{Graph, NodeId, Op};
 /// parameter-less source node of that family when both graphs have the same number of
 /// them; else `{family}.{k}`. Names are made unique with `#node`.
 pub fn site_names(graph: &Graph, source: Option<&Graph>) -> (HashMap<u32, String>, HashMap<(String, String), String>) {
-    let mut site_names: HashMap<u32, String> = HashMap::new();
     let mut by_param_out: HashMap<(String, String), String> = HashMap::new();
-    let own = base_names(graph);
-    let mut names: Vec<String> = own.clone();
+    // Keys borrow from the graphs (names and parameter names): building them was most of a
+    // tapped compile's naming time when every key was an owned copy (measured with perf).
+    let mut names: Vec<String> = base_names(graph);
     if let Some(src) = source {
         let src_names = base_names(src);
-        let mut by_param: HashMap<(String, String), Vec<String>> = HashMap::new();
-        let mut paramless_src: HashMap<String, Vec<String>> = HashMap::new();
+        let mut by_param: HashMap<(Cow<'static, str>, &str), Vec<&str>> = HashMap::new();
+        let mut paramless_src: HashMap<Cow<'static, str>, Vec<&str>> = HashMap::new();
         for n in src.nodes() {
-            let fam = family(&n.op);
-            let params = param_inputs(src, &n.inputs);
+            let fam = family_cow(&n.op);
+            let params = param_refs(src, &n.inputs);
+            let own = src_names[n.id.0 as usize].as_str();
             for p in &params {
-                by_param.entry((fam.clone(), p.clone())).or_default().push(src_names[n.id.0 as usize].clone());
+                by_param.entry((fam.clone(), *p)).or_default().push(own);
             }
             if params.is_empty() {
-                paramless_src.entry(fam).or_default().push(src_names[n.id.0 as usize].clone());
+                paramless_src.entry(fam).or_default().push(own);
             }
         }
-        let mut paramless_dst: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut paramless_dst: HashMap<Cow<'static, str>, Vec<usize>> = HashMap::new();
         for n in graph.nodes() {
             let i = n.id.0 as usize;
             if n.name.as_deref().is_some_and(|s| !s.is_empty()) {
                 continue;
             }
-            let fam = family(&n.op);
-            let params = param_inputs(graph, &n.inputs);
+            let fam = family_cow(&n.op);
+            let params = param_refs(graph, &n.inputs);
             // Every parameter's source node, deduplicated: one source node names the fused
             // node; several (a merged op that is not split into parts) are joined with '+',
             // so a site never silently carries another site's name alone.
-            let mut hits: Vec<&String> = Vec::new();
+            let mut hits: Vec<&str> = Vec::new();
             for p in &params {
-                if let Some(v) = by_param.get(&(fam.clone(), p.clone())) {
-                    if v.len() == 1 && !hits.contains(&&v[0]) {
-                        hits.push(&v[0]);
+                if let Some(v) = by_param.get(&(fam.clone(), *p)) {
+                    if v.len() == 1 && !hits.contains(&v[0]) {
+                        hits.push(v[0]);
                     }
                 }
             }
-            let hit = (!hits.is_empty()).then(|| hits.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("+"));
-            match hit {
-                Some(name) => names[i] = name,
-                None if params.is_empty() => paramless_dst.entry(fam).or_default().push(i),
-                None => {}
+            if !hits.is_empty() {
+                names[i] = hits.join("+");
+            } else if params.is_empty() {
+                paramless_dst.entry(fam).or_default().push(i);
             }
         }
         for (fam, dst) in paramless_dst {
             if let Some(src) = paramless_src.get(&fam) {
                 if src.len() == dst.len() {
                     for (i, name) in dst.into_iter().zip(src) {
-                        names[i] = name.clone();
+                        names[i] = name.to_string();
                     }
                 }
             }
@@ -69,32 +70,43 @@ pub fn site_names(graph: &Graph, source: Option<&Graph>) -> (HashMap<u32, String
         by_param_out = by_param
             .into_iter()
             .filter(|(_, v)| v.len() == 1)
-            .map(|(k, mut v)| (k, v.remove(0)))
+            .map(|((fam, p), v)| ((fam.into_owned(), p.to_string()), v[0].to_string()))
             .collect();
     }
-    let mut taken: HashMap<String, usize> = HashMap::new();
-    for (i, base) in names.into_iter().enumerate() {
-        let count = taken.entry(base.clone()).or_default();
-        let name = if *count == 0 { base } else { format!("{base}#{i}") };
-        *count += 1;
-        site_names.insert(i as u32, name);
-    }
+    // The first node of a name keeps it; later ones get `#node`.
+    let mut taken: HashMap<&str, usize> = HashMap::with_capacity(names.len());
+    let suffixed: Vec<bool> = names
+        .iter()
+        .map(|base| {
+            let count = taken.entry(base.as_str()).or_default();
+            *count += 1;
+            *count > 1
+        })
+        .collect();
+    let site_names = names
+        .into_iter()
+        .zip(suffixed)
+        .enumerate()
+        .map(|(i, (base, again))| (i as u32, if again { format!("{base}#{i}") } else { base }))
+        .collect();
     (site_names, by_param_out)
 }
 
 /// Base names of every node: own name without a leading '/', else `{family}.{k}`.
 fn base_names(g: &Graph) -> Vec<String> {
-    let mut per: HashMap<String, usize> = HashMap::new();
+    let mut per: HashMap<Cow<'static, str>, usize> = HashMap::new();
     g.nodes()
         .iter()
         .map(|n| {
-            let fam = family(&n.op);
-            let k = per.entry(fam.clone()).or_default();
+            let fam = family_cow(&n.op);
             let name = match &n.name {
                 Some(name) if !name.is_empty() => name.trim_start_matches('/').to_string(),
-                _ => param_site_name(g, &fam, &n.inputs).unwrap_or_else(|| format!("{fam}.{k}")),
+                _ => {
+                    let k = per.get(&fam).copied().unwrap_or(0);
+                    param_site_name(g, &fam, &n.inputs).unwrap_or_else(|| format!("{fam}.{k}"))
+                }
             };
-            *k += 1;
+            *per.entry(fam).or_default() += 1;
             name
         })
         .collect()
@@ -109,7 +121,7 @@ fn param_site_name(g: &Graph, fam: &str, inputs: &[NodeId]) -> Option<String> {
     if fam != "matmul" {
         return None;
     }
-    let mut names: Vec<String> = param_inputs(g, inputs)
+    let mut names: Vec<String> = param_refs(g, inputs)
         .into_iter()
         .filter_map(|p| match p.rsplit_once('.') {
             Some((stem, "weight" | "bias" | "kernel")) if !stem.is_empty() => Some(stem.to_string()),
@@ -124,14 +136,14 @@ fn param_site_name(g: &Graph, fam: &str, inputs: &[NodeId]) -> Option<String> {
 }
 
 /// Names of the parameters among `inputs`, looking through reshapes, transposes and concats
-/// (fusion concatenates the weights of merged projections).
-fn param_inputs(g: &Graph, inputs: &[NodeId]) -> Vec<String> {
+/// (fusion concatenates the weights of merged projections), borrowed from `g`.
+fn param_refs<'g>(g: &'g Graph, inputs: &[NodeId]) -> Vec<&'g str> {
     let mut out = Vec::new();
     let mut stack: Vec<NodeId> = inputs.to_vec();
     while let Some(i) = stack.pop() {
         let n = g.node(i);
         match &n.op {
-            Op::Param { name } => out.push(name.clone()),
+            Op::Param { name } => out.push(name.as_str()),
             Op::Reshape { .. } | Op::Transpose { .. } | Op::Concat { .. } => stack.extend(n.inputs.iter().rev()),
             _ => {}
         }
@@ -142,19 +154,25 @@ fn param_inputs(g: &Graph, inputs: &[NodeId]) -> Vec<String> {
 /// The op family used for naming: fusion turns a MatMul into a fused matmul, so all matmul
 /// forms share the family `matmul`; other ops are their own family.
 pub fn family(op: &Op) -> String {
+    family_cow(op).into_owned()
+}
+
+/// [`family`] without an allocation for the matmul family.
+fn family_cow(op: &Op) -> Cow<'static, str> {
     match op {
         Op::MatMul | Op::FusedMatMulBiasAct { .. } | Op::FusedMatMulResidual | Op::DequantMatMul { .. } => {
-            "matmul".into()
+            Cow::Borrowed("matmul")
         }
-        _ => op_name(op),
+        _ => Cow::Owned(op_name(op)),
     }
 }
 
 /// Op name as RLX prints it, without attributes (`matmul`, `softmax`, `fused_mm_bias`).
 pub fn op_name(op: &Op) -> String {
-    let s = op.to_string();
+    let mut s = op.to_string();
     let end = s.find(['(', '{', ' ']).unwrap_or(s.len());
-    s[..end].to_string()
+    s.truncate(end);
+    s
 }
 
 

@@ -212,14 +212,13 @@ impl SketchSpec {
         set.sort();
         set.dedup();
         let mut dropped = Vec::new();
-        let text = shape_text(shape);
         set.retain(|&s| {
             let why = match s {
                 tensor::POS_SUMSQ | tensor::ROW_ABSMAX if rows_static.is_none() => "a leading dim is symbolic: one value per row has no static length",
                 tensor::CHAN_MAXABS | tensor::CHAN_OUTLIER if last_static.is_none() => "the last (channel) dim is symbolic",
                 _ => return true,
             };
-            dropped.push((s, format!("{why} (shape {text})")));
+            dropped.push((s, format!("{why} (shape {})", shape_text(shape))));
             false
         });
         let spec = SketchSpec {

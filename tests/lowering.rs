@@ -333,3 +333,25 @@ fn a_sketch_that_comes_back_as_zeros_is_refused_not_recorded() {
     assert!(err.contains("has tag 6, manifest 7"), "{err}");
     assert!(sink2.rows().is_empty(), "nothing of that run recorded");
 }
+
+/// A zero extreme is recorded as +0 by both paths: an lhs of only -0.0 (min = max = zero) and
+/// one whose minimum is a -0.0 among positives give min (and max) bits of +0, lowered and native.
+#[test]
+fn a_zero_extreme_is_plus_zero_lowered_and_native() {
+    let (m, k, n) = (4, 8, 2);
+    let g = matmul_2d(m, k, n);
+    let w = vec![0.5f32; k * n];
+    let all_neg_zero = vec![-0.0f32; m * k];
+    let mixed: Vec<f32> = (0..m * k).map(|i| if i % 3 == 0 { -0.0 } else { 1.0 + i as f32 }).collect();
+    for (what, x) in [("all -0", &all_neg_zero), ("-0 among positives", &mixed)] {
+        for lower in [false, true] {
+            let p = format!("matmul{{roles=[lhs],stats=[min,max],lower={lower}}}");
+            let (_, rec) = run_tapped(&p, &g, &[("w", &w)], &[("x", x)]);
+            let s = stats_of(&rec.rows(), "matmul.0", "lhs", 0);
+            assert_eq!(s["min"][0].to_bits(), 0.0f64.to_bits(), "{what}, lower={lower}: min {:?}", s["min"][0]);
+            if what == "all -0" {
+                assert_eq!(s["max"][0].to_bits(), 0.0f64.to_bits(), "{what}, lower={lower}: max {:?}", s["max"][0]);
+            }
+        }
+    }
+}

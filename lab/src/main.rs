@@ -781,7 +781,9 @@ fn report(a: ReportArgs) -> Result<()> {
     if let Some(path) = &a.json {
         opscope_lab::output::check(path, &inputs, Output::Json, a.force)?;
     }
-    let series = opscope::mine::load(&a.recording)?;
+    // Compact: the report reads each run's scalars, histograms and channel maxima, and of the
+    // per-row energies only their mean over runs (`Series::mean_row_energy`).
+    let series = opscope::mine::load_compact(&a.recording)?;
     let measured = a.time_shares.as_deref().map(opscope::mine::TimeShares::load).transpose()?;
     let verdicts = opscope::mine::mine_with(&series, measured.as_ref());
     let time = measured.as_ref().map(|t| opscope_lab::report::TimeShares {
@@ -928,7 +930,7 @@ fn probe(a: ProbeArgs) -> Result<()> {
     let report = opscope_lab::probe::probe_dir(&a.capture).with_context(|| format!("probing {}", a.capture.display()))?;
     let upgraded = match &a.recording {
         Some(rec) => {
-            let series = opscope::mine::load(rec)?;
+            let series = opscope::mine::load_compact(rec)?;
             let verdicts = opscope::mine::mine(&series);
             Some(opscope_lab::probe::upgrade(verdicts, &report))
         }

@@ -536,4 +536,20 @@ fn a_compact_load_mines_as_the_full_load() {
         repeats += opscope::mine::repeat_rate(s).map_or(0, |r| r.repeats);
     }
     assert!(repeats > 0, "no exact repeat: the fingerprints were not put to the test");
+    // The report's mean row energy: the compact load's running sums give the full load's
+    // per-row means (NaN for the rows padding in every run) to the last bit, the runs of one
+    // file arriving in (compile, step) order.
+    let mut with_energy = 0;
+    for (k, s) in &full {
+        let (a, b) = (s.mean_row_energy(), compact[k].mean_row_energy());
+        assert_eq!(a.is_some(), b.is_some(), "{k:?}: mean row energy present on one load only");
+        if let (Some(a), Some(b)) = (a, b) {
+            with_energy += 1;
+            assert_eq!(a.len(), b.len(), "{k:?}");
+            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                assert!(x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()), "{k:?} row {i}: {x} vs {y}");
+            }
+        }
+    }
+    assert!(with_energy > 0, "no series with per-row energies");
 }

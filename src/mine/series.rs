@@ -151,6 +151,28 @@ pub struct Series {
     /// (0 = the first to appear). A recording lists each run's sketches in graph order, so this
     /// is the order in which the sites executed (later compiles' new sites come after).
     pub order: usize,
+    /// Per row, the sum over runs of the finite `pos_sumsq` values and how many there were:
+    /// what a compact load ([`load_compact`]) keeps of the per-row energies for
+    /// [`Series::mean_row_energy`] (empty after a full load, which keeps the vectors).
+    row_energy: Vec<(f64, f64)>,
+}
+
+impl Series {
+    /// Per row of the tensor, the mean over runs of its energy (`pos_sumsq`, the sum of x^2 over
+    /// the row), over the runs where it is finite (NaN for a row with none: a padding row in
+    /// every run); `None` when no run recorded `pos_sumsq`. The same after a full load
+    /// ([`weighted_vector`] with weight 1) and a compact one (running sums kept as each run's
+    /// rows end), up to the order of the f64 additions when a recording's runs arrive out of
+    /// (compile, step) order.
+    pub fn mean_row_energy(&self) -> Option<Vec<f64>> {
+        if !self.row_energy.is_empty() {
+            return Some(self.row_energy.iter().map(|&(sum, n)| if n > 0.0 { sum / n } else { f64::NAN }).collect());
+        }
+        self.runs
+            .iter()
+            .any(|r| r.vector(tensor::POS_SUMSQ).is_some())
+            .then(|| weighted_vector(self, tensor::POS_SUMSQ, |_| 1.0))
+    }
 }
 
 /// Key of a series: site, role, pass index.
@@ -200,6 +222,7 @@ impl Builder {
                         flops: c.flops,
                         runs: Vec::new(),
                         order: self.series.len(),
+                        row_energy: Vec::new(),
                     },
                     Default::default(),
                 ));
@@ -269,6 +292,18 @@ impl Builder {
     fn end_group(&mut self, si: usize, ri: usize) {
         let s = &mut self.series[si].1;
         if self.compact {
+            // The per-row energies' running sums, for `Series::mean_row_energy`.
+            if let Some(v) = s.runs[ri].vector(tensor::POS_SUMSQ) {
+                if s.row_energy.len() < v.len() {
+                    s.row_energy.resize(v.len(), (0.0, 0.0));
+                }
+                for (acc, &x) in s.row_energy.iter_mut().zip(v) {
+                    if x.is_finite() {
+                        acc.0 += x as f64;
+                        acc.1 += 1.0;
+                    }
+                }
+            }
             let shape = super::tensor::parse_shape(&s.shape);
             s.runs[ri].compact(&shape);
         }
@@ -326,8 +361,9 @@ pub fn load(path: &Path) -> Result<BTreeMap<SeriesKey, Series>, Error> {
 /// read, so memory holds per run what the rules use rather than every row. The verdicts,
 /// [`cannot_run`](super::cannot_run) and the exact-repeat rates are those of a full load (the
 /// fingerprint hashes the per-row vectors instead of comparing them: equal up to a 2^-64
-/// collision); a test checks this on a recording. Use [`load`] where the per-row vectors
-/// themselves are read (`opscope report`'s row energies, `opscope probe --recording`).
+/// collision); a test checks this on a recording. The per-row energies' mean over runs is kept
+/// as running sums ([`Series::mean_row_energy`]). Use [`load`] where each run's per-row vectors
+/// themselves are read.
 /// Measured on a MiniLM recording: per-row vectors are 80% of a run's values.
 ///
 /// Errors: as [`load`].

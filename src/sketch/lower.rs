@@ -134,6 +134,9 @@ pub fn lower(g: &mut Graph, x: NodeId, mask: Option<NodeId>, spec: &SketchSpec) 
     let zero1 = b.k1(0.0);
     let nan1 = b.k1(f32::NAN);
     let defined = b.cmp(CmpOp::Gt, count, zero1);
+    // `+ 0` writes a zero extreme as +0 (-0 + 0 = +0), as the native kernel does.
+    let min0 = b.g.add(min0, zero1);
+    let max0 = b.g.add(max0, zero1);
     let min = b.where_(defined, min0, nan1);
     let max = b.where_(defined, max0, nan1);
     // s = max|x| over valid values (0 when none); safe = s, or 1 where s is 0.

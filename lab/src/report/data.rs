@@ -216,10 +216,9 @@ pub fn summarize(key: &SeriesKey, s: &Series, rank: usize, short: &str) -> Serie
         nonfinite,
         hist,
         chan_maxabs,
-        pos_sumsq_mean: vectors_of(tensor::POS_SUMSQ).next().is_some().then(|| {
+        pos_sumsq_mean: s.mean_row_energy().map(|mut v| {
             // Trailing rows that no run recorded (padding at the end) are gaps too: the vector
             // spans the rows of the shape.
-            let mut v = weighted_vector(s, tensor::POS_SUMSQ, |_| 1.0);
             v.resize(v.len().max(rows_of(&s.shape)), f64::NAN);
             Pooled::new(&v)
         }),

@@ -37,7 +37,7 @@ pub struct Input<'a> {
     /// The recording's manifests, one per tapped compile (`recording::read_sidecar(..).graphs`,
     /// or `MemorySink::manifests`); empty when there is no sidecar.
     pub manifests: &'a [Manifest],
-    /// The recording's series ([`opscope::mine::load`]).
+    /// The recording's series ([`opscope::mine::load_compact`] or [`opscope::mine::load`]).
     pub series: &'a BTreeMap<SeriesKey, Series>,
     /// Verdicts ([`opscope::mine::mine`]), highest payoff first.
     pub verdicts: &'a [Verdict],

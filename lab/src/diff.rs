@@ -34,7 +34,7 @@ use std::hash::Hash;
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
-use opscope::mine::{merged_histograms, weighted_vector, Series, SeriesKey, StepStats};
+use opscope::mine::{merged_histograms, Series, SeriesKey, StepStats};
 use opscope::sketch::tensor;
 
 use crate::summary::common_prefix;
@@ -443,8 +443,7 @@ fn hist_shift(a: &Series, b: &Series, notes: &mut Vec<String>) -> Option<HistShi
 }
 
 fn channel_shift(a: &Series, b: &Series, notes: &mut Vec<String>) -> Option<ChannelShift> {
-    let has = |s: &Series| s.runs.iter().any(|r| r.vector(tensor::CHAN_MAXABS).is_some_and(|v| !v.is_empty()));
-    match (has(a), has(b)) {
+    match (a.has_chan_maxabs(), b.has_chan_maxabs()) {
         (false, false) => return None,
         (true, true) => {}
         (ha, _) => {
@@ -452,8 +451,7 @@ fn channel_shift(a: &Series, b: &Series, notes: &mut Vec<String>) -> Option<Chan
             return None;
         }
     }
-    let ma = weighted_vector(a, tensor::CHAN_MAXABS, |_| 1.0);
-    let mb = weighted_vector(b, tensor::CHAN_MAXABS, |_| 1.0);
+    let (ma, mb) = (a.chan_maxabs_mean().unwrap_or_default(), b.chan_maxabs_mean().unwrap_or_default());
     if ma.len() != mb.len() {
         notes.push(format!("chan_maxabs: channel counts differ (A {}, B {}): not compared", ma.len(), mb.len()));
         return None;

@@ -508,11 +508,16 @@ fn a_compact_load_mines_as_the_full_load() {
     // compact one holds summaries instead.
     let padded = full.values().flat_map(|s| &s.runs).filter(|r| r.vector(rowmax).is_some_and(|v| v.iter().any(|x| x.is_nan()))).count();
     assert!(padded > 0, "no run with padding rows: the test does not exercise them");
+    let chan = opscope::sketch::tensor::CHAN_MAXABS;
     for (k, s) in &compact {
         for r in &s.runs {
             assert!(r.vector(pos).is_none() && r.vector(rowmax).is_none(), "{k:?}: per-row vectors kept");
             if full[k].runs.iter().any(|f| f.vector(pos).is_some()) {
                 assert!(r.row_summary().is_some(), "{k:?}: no summary");
+            }
+            assert!(r.vector(chan).is_none(), "{k:?}: chan_maxabs kept");
+            if full[k].runs.iter().any(|f| f.vector(chan).is_some_and(|v| !v.is_empty())) {
+                assert!(r.chan_summary().is_some(), "{k:?}: no channel summary");
             }
         }
     }
@@ -552,4 +557,24 @@ fn a_compact_load_mines_as_the_full_load() {
         }
     }
     assert!(with_energy > 0, "no series with per-row energies");
+    // Per channel over runs, the mean and the maximum of chan_maxabs (report, diff): the same
+    // bits from the running sums and maxima as from the runs' vectors.
+    let mut with_chans = 0;
+    for (k, s) in &full {
+        assert_eq!(s.has_chan_maxabs(), compact[k].has_chan_maxabs(), "{k:?}");
+        for (what, a, b) in [
+            ("mean", s.chan_maxabs_mean(), compact[k].chan_maxabs_mean()),
+            ("max", s.chan_maxabs_max(), compact[k].chan_maxabs_max()),
+        ] {
+            assert_eq!(a.is_some(), b.is_some(), "{k:?}: chan_maxabs {what} on one load only");
+            if let (Some(a), Some(b)) = (a, b) {
+                with_chans += 1;
+                assert_eq!(a.len(), b.len(), "{k:?} {what}");
+                for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                    assert!(x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()), "{k:?} {what} channel {i}: {x} vs {y}");
+                }
+            }
+        }
+    }
+    assert!(with_chans > 0, "no series with chan_maxabs");
 }

@@ -18,6 +18,25 @@ pub struct StepStats {
     vectors: Vec<(Stat, Vec<f32>)>,
     /// Set by a compact load ([`load_compact`]) in place of the per-row vectors.
     rows: Option<RowSummary>,
+    /// Set by a compact load in place of the `chan_maxabs` vector.
+    chans: Option<ChanSummary>,
+}
+
+/// What a compact load ([`load_compact`]) keeps of one run's `chan_maxabs` vector (one value
+/// per channel: on MiniLM 22 000 of the 25 000 values a run left after [`RowSummary`]): the two
+/// per-run numbers the tensor rules read from it, computed by the same code as from the vector,
+/// and an XXH3-64 of its bits (exact-repeat fingerprints, `opscope report`'s identical-runs
+/// check). The mean and maximum over runs per channel are kept on the [`Series`]
+/// ([`Series::chan_maxabs_mean`], [`Series::chan_maxabs_max`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ChanSummary {
+    /// Fraction of channels above [`super::OUTLIER_CHANNEL_RATIO`] x the median channel.
+    pub elevated: Option<f64>,
+    /// Per-channel int8 quantization noise power: the mean over channels of
+    /// `(chan_maxabs / 127)^2 / 12`.
+    pub noise: Option<f64>,
+    /// XXH3-64 over the vector's length and value bits.
+    pub hash: u64,
 }
 
 /// The per-row statistics (one value per row of the tensor) a compact load reduces when a
@@ -49,6 +68,7 @@ impl StepStats {
             scalars: Vec::new(),
             vectors: Vec::new(),
             rows: None,
+            chans: None,
         }
     }
 
@@ -89,6 +109,7 @@ impl StepStats {
     /// run's rows, which opscope does not write) void the summary's numbers rather than leave
     /// numbers computed from part of the rows.
     fn compact(&mut self, shape: &[usize]) {
+        self.compact_chans();
         if !self.vectors.iter().any(|(s, _)| PER_ROW.contains(s)) {
             return;
         }
@@ -111,10 +132,32 @@ impl StepStats {
         self.rows = Some(summary);
     }
 
+    /// Replace the `chan_maxabs` vector by its [`ChanSummary`] (see [`StepStats::compact`]; a
+    /// vector arriving after a summary voids the summary's numbers, as for the per-row ones).
+    fn compact_chans(&mut self) {
+        use std::hash::Hasher;
+        let Some(i) = self.vectors.iter().position(|(s, _)| *s == tensor::CHAN_MAXABS) else { return };
+        let (_, v) = self.vectors.swap_remove(i);
+        let late = self.chans.is_some();
+        let (elevated, noise) = if late { (None, None) } else { super::tensor::chan_metrics(&v).unzip() };
+        let mut h = twox_hash::XxHash3_64::default();
+        h.write_u64(self.chans.map_or(0, |c| c.hash));
+        h.write_u64(v.len() as u64);
+        for x in &v {
+            h.write_u32(x.to_bits());
+        }
+        self.chans = Some(ChanSummary { elevated, noise: noise.flatten(), hash: h.finish() });
+    }
+
     /// The per-row summary a compact load left in place of `pos_sumsq` and `row_absmax`
     /// (`None` after a full load: the vectors are there).
     pub fn row_summary(&self) -> Option<&RowSummary> {
         self.rows.as_ref()
+    }
+
+    /// The summary a compact load left in place of `chan_maxabs` (`None` after a full load).
+    pub fn chan_summary(&self) -> Option<&ChanSummary> {
+        self.chans.as_ref()
     }
 
     /// A scalar statistic (the first value of a vector one), if recorded.
@@ -130,7 +173,8 @@ impl StepStats {
 
     /// A vector statistic (`hist`, `elemsig`, `chan_maxabs`, `pos_sumsq`, the per-head and
     /// per-expert probe statistics), if recorded. After a compact load ([`load_compact`]),
-    /// `pos_sumsq` and `row_absmax` are `None`: see [`StepStats::row_summary`].
+    /// `pos_sumsq`, `row_absmax` and `chan_maxabs` are `None`: see [`StepStats::row_summary`],
+    /// [`StepStats::chan_summary`] and the [`Series`] methods.
     pub fn vector(&self, stat: Stat) -> Option<&[f32]> {
         self.vectors.iter().find(|(s, _)| *s == stat).map(|(_, v)| v.as_slice())
     }
@@ -155,6 +199,23 @@ pub struct Series {
     /// what a compact load ([`load_compact`]) keeps of the per-row energies for
     /// [`Series::mean_row_energy`] (empty after a full load, which keeps the vectors).
     row_energy: Vec<(f64, f64)>,
+    /// Per channel, the sum over runs of the finite `chan_maxabs` values, how many there were,
+    /// and their maximum (NaN for none): what a compact load keeps for
+    /// [`Series::chan_maxabs_mean`] and [`Series::chan_maxabs_max`].
+    chan_acc: Vec<(f64, f64, f64)>,
+}
+
+/// Add the finite values of `v` to running per-index (sum, count) accumulators.
+fn accumulate(acc: &mut Vec<(f64, f64)>, v: &[f32]) {
+    if acc.len() < v.len() {
+        acc.resize(v.len(), (0.0, 0.0));
+    }
+    for (a, &x) in acc.iter_mut().zip(v) {
+        if x.is_finite() {
+            a.0 += x as f64;
+            a.1 += 1.0;
+        }
+    }
 }
 
 impl Series {
@@ -172,6 +233,36 @@ impl Series {
             .iter()
             .any(|r| r.vector(tensor::POS_SUMSQ).is_some())
             .then(|| weighted_vector(self, tensor::POS_SUMSQ, |_| 1.0))
+    }
+
+    /// True if some run recorded a non-empty `chan_maxabs`.
+    pub fn has_chan_maxabs(&self) -> bool {
+        !self.chan_acc.is_empty() || self.runs.iter().any(|r| r.vector(tensor::CHAN_MAXABS).is_some_and(|v| !v.is_empty()))
+    }
+
+    /// Per channel, the mean over runs of `chan_maxabs` over the runs where it is finite (NaN
+    /// for a channel with none); `None` without `chan_maxabs`. Either load gives it (see
+    /// [`Series::mean_row_energy`] for the order of the additions).
+    pub fn chan_maxabs_mean(&self) -> Option<Vec<f64>> {
+        if !self.chan_acc.is_empty() {
+            return Some(self.chan_acc.iter().map(|&(sum, n, _)| if n > 0.0 { sum / n } else { f64::NAN }).collect());
+        }
+        self.has_chan_maxabs().then(|| weighted_vector(self, tensor::CHAN_MAXABS, |_| 1.0))
+    }
+
+    /// Per channel, the largest finite `chan_maxabs` over runs (NaN for a channel with none);
+    /// `None` without `chan_maxabs`. Either load gives it, exactly.
+    pub fn chan_maxabs_max(&self) -> Option<Vec<f64>> {
+        if !self.chan_acc.is_empty() {
+            return Some(self.chan_acc.iter().map(|&(_, _, m)| m).collect());
+        }
+        let runs: Vec<&[f32]> = self.runs.iter().filter_map(|r| r.vector(tensor::CHAN_MAXABS)).collect();
+        let c = runs.iter().map(|v| v.len()).max().unwrap_or(0);
+        (c > 0).then(|| {
+            (0..c)
+                .map(|i| runs.iter().filter_map(|v| v.get(i)).filter(|x| x.is_finite()).map(|&x| x as f64).fold(f64::NAN, f64::max))
+                .collect()
+        })
     }
 }
 
@@ -223,6 +314,7 @@ impl Builder {
                         runs: Vec::new(),
                         order: self.series.len(),
                         row_energy: Vec::new(),
+                        chan_acc: Vec::new(),
                     },
                     Default::default(),
                 ));
@@ -292,15 +384,19 @@ impl Builder {
     fn end_group(&mut self, si: usize, ri: usize) {
         let s = &mut self.series[si].1;
         if self.compact {
-            // The per-row energies' running sums, for `Series::mean_row_energy`.
+            // Running sums for `Series::mean_row_energy` and the `chan_maxabs` mean and max.
             if let Some(v) = s.runs[ri].vector(tensor::POS_SUMSQ) {
-                if s.row_energy.len() < v.len() {
-                    s.row_energy.resize(v.len(), (0.0, 0.0));
+                accumulate(&mut s.row_energy, v);
+            }
+            if let Some(v) = s.runs[ri].vector(tensor::CHAN_MAXABS).filter(|v| !v.is_empty()) {
+                if s.chan_acc.len() < v.len() {
+                    s.chan_acc.resize(v.len(), (0.0, 0.0, f64::NAN));
                 }
-                for (acc, &x) in s.row_energy.iter_mut().zip(v) {
+                for (a, &x) in s.chan_acc.iter_mut().zip(v) {
                     if x.is_finite() {
-                        acc.0 += x as f64;
-                        acc.1 += 1.0;
+                        a.0 += x as f64;
+                        a.1 += 1.0;
+                        a.2 = a.2.max(x as f64);
                     }
                 }
             }
@@ -358,7 +454,9 @@ pub fn load(path: &Path) -> Result<BTreeMap<SeriesKey, Series>, Error> {
 
 /// [`load`] for mining: each run's per-row vectors (`pos_sumsq`, `row_absmax`, one value per row
 /// of the tensor) are reduced, as the run's rows end, to the [`RowSummary`] the tensor rules
-/// read, so memory holds per run what the rules use rather than every row. The verdicts,
+/// read, and its `chan_maxabs` (one value per channel) to a [`ChanSummary`] plus running
+/// per-channel sums and maxima on the series, so memory holds per run what the rules use
+/// rather than every row and channel. The verdicts,
 /// [`cannot_run`](super::cannot_run) and the exact-repeat rates are those of a full load (the
 /// fingerprint hashes the per-row vectors instead of comparing them: equal up to a 2^-64
 /// collision); a test checks this on a recording. The per-row energies' mean over runs is kept
@@ -487,11 +585,15 @@ pub fn fingerprints(s: &Series) -> Option<Vec<usize>> {
             key.push(v.len() as u32);
             key.extend(v.iter().map(|x| x.to_bits()));
         }
-        // A compact load's per-row vectors, by their hash (a run of a series is either all
-        // compact or all full, so runs compare like with like).
+        // A compact load's per-row and per-channel vectors, by their hashes (a run of a series
+        // is either all compact or all full, so runs compare like with like).
         if let Some(rows) = &r.rows {
             key.extend(b"rows".iter().map(|&b| u32::from(b)));
             key.extend([rows.hash as u32, (rows.hash >> 32) as u32]);
+        }
+        if let Some(ch) = &r.chans {
+            key.extend(b"chans".iter().map(|&b| u32::from(b)));
+            key.extend([ch.hash as u32, (ch.hash >> 32) as u32]);
         }
         let next = seen.len();
         ids.push(*seen.entry(key).or_insert(next));

@@ -135,12 +135,13 @@ fn metrics(run: &StepStats, shape: &[usize]) -> Metrics {
             m.sqnr4_tensor = Some(db(12.0 * p * 49.0 / (a * a)));
         }
     }
-    if let Some(ch) = run.vector(tensor::CHAN_MAXABS).filter(|c| !c.is_empty()) {
-        let mut sorted: Vec<f64> = ch.iter().map(|&x| x as f64).collect();
-        sorted.sort_by(|a, b| a.total_cmp(b));
-        m.elevated = Some(outlier_channels(ch).len() as f64 / sorted.len() as f64);
-        let noise: f64 = sorted.iter().map(|c| (c / 127.0).powi(2) / 12.0).sum::<f64>() / sorted.len() as f64;
-        if let (Some(p), true) = (p, noise > 0.0) {
+    let chans = match run.vector(tensor::CHAN_MAXABS) {
+        Some(ch) => chan_metrics(ch).map(|(e, n)| (Some(e), n)),
+        None => run.chan_summary().map(|c| (c.elevated, c.noise)),
+    };
+    if let Some((elevated, noise)) = chans {
+        m.elevated = elevated;
+        if let (Some(p), Some(noise)) = (p, noise) {
             m.sqnr8_channel = Some(db(p / noise));
         }
     }
@@ -168,6 +169,22 @@ fn metrics(run: &StepStats, shape: &[usize]) -> Metrics {
         m.central_holes = Some(if b > a { h[a..=b].iter().filter(|&&x| x == 0.0).count() as f64 } else { 0.0 });
     }
     m
+}
+
+/// The per-run numbers the tensor rules read from one run's `chan_maxabs` (`None` when it is
+/// empty): the fraction of outlier channels ([`outlier_channels`]) and the per-channel int8
+/// noise power, the mean over channels of `(c / 127)^2 / 12` (summed in ascending order of `c`;
+/// `None` when it is 0). Used on the vector itself and by a compact load's [`ChanSummary`]
+/// (`crate::mine::ChanSummary`), so both give the same bits.
+pub(crate) fn chan_metrics(ch: &[f32]) -> Option<(f64, Option<f64>)> {
+    if ch.is_empty() {
+        return None;
+    }
+    let mut sorted: Vec<f64> = ch.iter().map(|&x| x as f64).collect();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    let elevated = outlier_channels(ch).len() as f64 / sorted.len() as f64;
+    let noise: f64 = sorted.iter().map(|c| (c / 127.0).powi(2) / 12.0).sum::<f64>() / sorted.len() as f64;
+    Some((elevated, (noise > 0.0).then_some(noise)))
 }
 
 /// The per-run numbers the tensor rules read from the per-row vectors (`row_absmax`,

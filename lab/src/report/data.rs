@@ -154,22 +154,14 @@ pub fn summarize(key: &SeriesKey, s: &Series, rank: usize, short: &str) -> Serie
         .filter_map(|r| Some((r.scalar(tensor::SUMSQ)?, r.scalar(tensor::COUNT)?)))
         .fold((0.0, 0.0), |a, (q, c)| (a.0 + q, a.1 + c));
     // Per channel over runs: the largest value and the mean; outliers from the largest.
-    let chan_max: Option<Vec<f64>> = {
-        let runs: Vec<&[f32]> = vectors_of(tensor::CHAN_MAXABS).collect();
-        let c = runs.iter().map(|v| v.len()).max().unwrap_or(0);
-        (c > 0).then(|| {
-            (0..c)
-                .map(|i| runs.iter().filter_map(|v| v.get(i)).filter(|x| x.is_finite()).map(|&x| x as f64).fold(f64::NAN, f64::max))
-                .collect()
-        })
-    };
+    let chan_max: Option<Vec<f64>> = s.chan_maxabs_max();
     let outliers = chan_max.as_ref().map(|m| outlier_channels(&m.iter().map(|&x| x as f32).collect::<Vec<f32>>()));
     let chan_maxabs = chan_max.as_ref().map(|m| {
         let mut finite: Vec<f64> = m.iter().copied().filter(|x| x.is_finite()).collect();
         finite.sort_by(|a, b| a.total_cmp(b));
         ChannelData {
             max: Pooled::new(m),
-            mean: Pooled::new(&weighted_vector(s, tensor::CHAN_MAXABS, |_| 1.0)),
+            mean: Pooled::new(&s.chan_maxabs_mean().unwrap_or_default()),
             outlier_line: finite.get(finite.len() / 2).map(|m| m * OUTLIER_CHANNEL_RATIO),
         }
     });
@@ -199,7 +191,11 @@ pub fn summarize(key: &SeriesKey, s: &Series, rank: usize, short: &str) -> Serie
         && same(&run_absmax)
         && same(&run_rms)
         && hist.as_ref().is_none_or(|h| h.runs.windows(2).all(|w| w[0].1 == w[1].1))
-        && s.runs.windows(2).all(|w| w[0].vector(tensor::CHAN_MAXABS) == w[1].vector(tensor::CHAN_MAXABS));
+        // The channel maxima by value (a full load) or by their hash (a compact one).
+        && s.runs.windows(2).all(|w| {
+            w[0].vector(tensor::CHAN_MAXABS) == w[1].vector(tensor::CHAN_MAXABS)
+                && w[0].chan_summary().map(|c| c.hash) == w[1].chan_summary().map(|c| c.hash)
+        });
     SeriesData {
         anchor: format!("s{rank}-{}-{}", slug(short), slug(role)),
         site: site.clone(),

@@ -191,10 +191,11 @@ pub fn summarize(key: &SeriesKey, s: &Series, rank: usize, short: &str) -> Serie
         && same(&run_absmax)
         && same(&run_rms)
         && hist.as_ref().is_none_or(|h| h.runs.windows(2).all(|w| w[0].1 == w[1].1))
-        // The channel maxima by value (a full load) or by their hash (a compact one).
+        // The channel maxima by their bits (a full load) or by the hash of their bits (a
+        // compact one): NaN equals NaN and -0 differs from +0 either way.
         && s.runs.windows(2).all(|w| {
-            w[0].vector(tensor::CHAN_MAXABS) == w[1].vector(tensor::CHAN_MAXABS)
-                && w[0].chan_summary().map(|c| c.hash) == w[1].chan_summary().map(|c| c.hash)
+            let bits = |r: &StepStats| r.vector(tensor::CHAN_MAXABS).map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>());
+            bits(&w[0]) == bits(&w[1]) && w[0].chan_summary().map(|c| c.hash) == w[1].chan_summary().map(|c| c.hash)
         });
     SeriesData {
         anchor: format!("s{rank}-{}-{}", slug(short), slug(role)),
@@ -222,5 +223,62 @@ pub fn summarize(key: &SeriesKey, s: &Series, rank: usize, short: &str) -> Serie
         runs_identical,
         run_absmax,
         run_rms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `runs_identical` is the same after a full and a compact load: the channel maxima compare
+    /// by bits either way (a gap, NaN, equals itself; -0 differs from +0), found by a review on
+    /// a hand-made recording with a gap in `chan_maxabs`.
+    #[test]
+    fn identical_runs_are_the_same_on_both_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let row = |step: u64, stat: &str, idx: u64, value: f32| opscope::Row {
+            run_id: "r".into(),
+            compile: 1,
+            step,
+            graph: "g".into(),
+            pass: "matmul".into(),
+            pass_idx: 0,
+            site: "s".into(),
+            op: "matmul".into(),
+            role: "out".into(),
+            stat: stat.into(),
+            idx,
+            value,
+            numel: Some(6),
+            shape: "[2,3]".into(),
+            flops: None,
+        };
+        // (channel 0, channel 2) of chan_maxabs in each run; channel 1 is never recorded.
+        for (name, runs, want) in [
+            ("gap", [(1.0f32, 3.0f32), (1.0, 3.0)], true),
+            ("-0 and +0", [(-0.0, 3.0), (0.0, 3.0)], false),
+        ] {
+            let path = dir.path().join(format!("{}.csv", name.replace(' ', "_")));
+            let mut sink = opscope::recording::open(&path).unwrap();
+            for (step, (c0, c2)) in runs.iter().enumerate() {
+                let step = step as u64;
+                let rows = [
+                    row(step, "count", 0, 6.0),
+                    row(step, "min", 0, -3.0),
+                    row(step, "max", 0, 3.0),
+                    row(step, "sumsq", 0, 20.0),
+                    row(step, "chan_maxabs", 0, *c0),
+                    row(step, "chan_maxabs", 2, *c2),
+                ];
+                sink.write(&rows).unwrap();
+            }
+            sink.finish().unwrap();
+            let key: SeriesKey = ("s".into(), "out".into(), 0);
+            let full = opscope::mine::load(&path).unwrap();
+            let compact = opscope::mine::load_compact(&path).unwrap();
+            let a = summarize(&key, &full[&key], 0, "s").runs_identical;
+            let b = summarize(&key, &compact[&key], 0, "s").runs_identical;
+            assert_eq!((a, b), (want, want), "{name}: full {a}, compact {b}");
+        }
     }
 }

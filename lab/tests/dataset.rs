@@ -541,40 +541,27 @@ fn a_compact_load_mines_as_the_full_load() {
         repeats += opscope::mine::repeat_rate(s).map_or(0, |r| r.repeats);
     }
     assert!(repeats > 0, "no exact repeat: the fingerprints were not put to the test");
-    // The report's mean row energy: the compact load's running sums give the full load's
-    // per-row means (NaN for the rows padding in every run) to the last bit, the runs of one
-    // file arriving in (compile, step) order.
-    let mut with_energy = 0;
-    for (k, s) in &full {
-        let (a, b) = (s.mean_row_energy(), compact[k].mean_row_energy());
-        assert_eq!(a.is_some(), b.is_some(), "{k:?}: mean row energy present on one load only");
-        if let (Some(a), Some(b)) = (a, b) {
-            with_energy += 1;
-            assert_eq!(a.len(), b.len(), "{k:?}");
-            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-                assert!(x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()), "{k:?} row {i}: {x} vs {y}");
-            }
-        }
-    }
-    assert!(with_energy > 0, "no series with per-row energies");
-    // Per channel over runs, the mean and the maximum of chan_maxabs (report, diff): the same
-    // bits from the running sums and maxima as from the runs' vectors.
-    let mut with_chans = 0;
+    // Per-index means and maxima over runs (report, diff): the compact load's running sums and
+    // maxima give the full load's values to the last bit (NaN for an index no run filled, such
+    // as a row padding in every run), the runs of one file arriving in (compile, step) order.
+    let mut compared = [0usize; 3];
     for (k, s) in &full {
         assert_eq!(s.has_chan_maxabs(), compact[k].has_chan_maxabs(), "{k:?}");
-        for (what, a, b) in [
-            ("mean", s.chan_maxabs_mean(), compact[k].chan_maxabs_mean()),
-            ("max", s.chan_maxabs_max(), compact[k].chan_maxabs_max()),
-        ] {
-            assert_eq!(a.is_some(), b.is_some(), "{k:?}: chan_maxabs {what} on one load only");
-            if let (Some(a), Some(b)) = (a, b) {
-                with_chans += 1;
-                assert_eq!(a.len(), b.len(), "{k:?} {what}");
-                for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-                    assert!(x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()), "{k:?} {what} channel {i}: {x} vs {y}");
-                }
+        let c = &compact[k];
+        let pairs = [
+            ("mean row energy", s.mean_row_energy(), c.mean_row_energy()),
+            ("chan_maxabs mean", s.chan_maxabs_mean(), c.chan_maxabs_mean()),
+            ("chan_maxabs max", s.chan_maxabs_max(), c.chan_maxabs_max()),
+        ];
+        for (n, (what, a, b)) in pairs.into_iter().enumerate() {
+            assert_eq!(a.is_some(), b.is_some(), "{k:?}: {what} on one load only");
+            let (Some(a), Some(b)) = (a, b) else { continue };
+            compared[n] += 1;
+            assert_eq!(a.len(), b.len(), "{k:?} {what}");
+            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                assert!(x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()), "{k:?} {what} [{i}]: {x} vs {y}");
             }
         }
     }
-    assert!(with_chans > 0, "no series with chan_maxabs");
+    assert!(compared.iter().all(|&n| n > 0), "series compared (row energy, channel mean, channel max): {compared:?}");
 }

@@ -138,15 +138,18 @@ impl StepStats {
         use std::hash::Hasher;
         let Some(i) = self.vectors.iter().position(|(s, _)| *s == tensor::CHAN_MAXABS) else { return };
         let (_, v) = self.vectors.swap_remove(i);
-        let late = self.chans.is_some();
-        let (elevated, noise) = if late { (None, None) } else { super::tensor::chan_metrics(&v).unzip() };
+        // Late values (the run's vector split in two) void the numbers, as for the per-row ones.
+        let (elevated, noise) = match (self.chans.is_some(), super::tensor::chan_metrics(&v)) {
+            (false, Some((elevated, noise))) => (Some(elevated), noise),
+            _ => (None, None),
+        };
         let mut h = twox_hash::XxHash3_64::default();
         h.write_u64(self.chans.map_or(0, |c| c.hash));
         h.write_u64(v.len() as u64);
         for x in &v {
             h.write_u32(x.to_bits());
         }
-        self.chans = Some(ChanSummary { elevated, noise: noise.flatten(), hash: h.finish() });
+        self.chans = Some(ChanSummary { elevated, noise, hash: h.finish() });
     }
 
     /// The per-row summary a compact load left in place of `pos_sumsq` and `row_absmax`
@@ -195,44 +198,74 @@ pub struct Series {
     /// (0 = the first to appear). A recording lists each run's sketches in graph order, so this
     /// is the order in which the sites executed (later compiles' new sites come after).
     pub order: usize,
-    /// Per row, the sum over runs of the finite `pos_sumsq` values and how many there were:
-    /// what a compact load ([`load_compact`]) keeps of the per-row energies for
-    /// [`Series::mean_row_energy`] (empty after a full load, which keeps the vectors).
-    row_energy: Vec<(f64, f64)>,
-    /// Per channel, the sum over runs of the finite `chan_maxabs` values, how many there were,
-    /// and their maximum (NaN for none): what a compact load keeps for
+    /// Per row, the running [`Over`] of `pos_sumsq`: what a compact load ([`load_compact`])
+    /// keeps of the per-row energies for [`Series::mean_row_energy`] (empty after a full load,
+    /// which keeps the vectors).
+    row_energy: Vec<Over>,
+    /// Per channel, the running [`Over`] of `chan_maxabs`: what a compact load keeps for
     /// [`Series::chan_maxabs_mean`] and [`Series::chan_maxabs_max`].
-    chan_acc: Vec<(f64, f64, f64)>,
+    chan_acc: Vec<Over>,
 }
 
-/// Add the finite values of `v` to running per-index (sum, count) accumulators.
-fn accumulate(acc: &mut Vec<(f64, f64)>, v: &[f32]) {
+/// One index of a vector statistic over runs: the sum, count and maximum of its finite values.
+#[derive(Debug, Clone, Copy)]
+struct Over {
+    sum: f64,
+    n: f64,
+    max: f64,
+}
+
+impl Over {
+    const EMPTY: Over = Over { sum: 0.0, n: 0.0, max: f64::NAN };
+
+    /// The mean of the finite values (NaN for none), as [`weighted_vector`] with weight 1.
+    fn mean(&self) -> f64 {
+        if self.n > 0.0 {
+            self.sum / self.n
+        } else {
+            f64::NAN
+        }
+    }
+}
+
+/// Add the finite values of one run's vector `v` to the per-index accumulators `acc`.
+fn accumulate(acc: &mut Vec<Over>, v: &[f32]) {
     if acc.len() < v.len() {
-        acc.resize(v.len(), (0.0, 0.0));
+        acc.resize(v.len(), Over::EMPTY);
     }
     for (a, &x) in acc.iter_mut().zip(v) {
         if x.is_finite() {
-            a.0 += x as f64;
-            a.1 += 1.0;
+            a.sum += x as f64;
+            a.n += 1.0;
+            a.max = a.max.max(x as f64);
         }
     }
 }
 
 impl Series {
+    /// Per index of `stat`'s vector, its [`Over`] the runs: `kept` (what a compact load
+    /// accumulated), else accumulated here from the runs' vectors in (compile, step) order.
+    /// Empty when no run holds the vector.
+    fn over(&self, stat: Stat, kept: &[Over]) -> Vec<Over> {
+        if !kept.is_empty() {
+            return kept.to_vec();
+        }
+        let mut acc = Vec::new();
+        for v in self.runs.iter().filter_map(|r| r.vector(stat)) {
+            accumulate(&mut acc, v);
+        }
+        acc
+    }
+
     /// Per row of the tensor, the mean over runs of its energy (`pos_sumsq`, the sum of x^2 over
     /// the row), over the runs where it is finite (NaN for a row with none: a padding row in
     /// every run); `None` when no run recorded `pos_sumsq`. The same after a full load
-    /// ([`weighted_vector`] with weight 1) and a compact one (running sums kept as each run's
-    /// rows end), up to the order of the f64 additions when a recording's runs arrive out of
-    /// (compile, step) order.
+    /// (the values [`weighted_vector`] gives with weight 1) and a compact one (running sums kept
+    /// as each run's rows end), up to the order of the f64 additions when a recording's runs
+    /// arrive out of (compile, step) order.
     pub fn mean_row_energy(&self) -> Option<Vec<f64>> {
-        if !self.row_energy.is_empty() {
-            return Some(self.row_energy.iter().map(|&(sum, n)| if n > 0.0 { sum / n } else { f64::NAN }).collect());
-        }
-        self.runs
-            .iter()
-            .any(|r| r.vector(tensor::POS_SUMSQ).is_some())
-            .then(|| weighted_vector(self, tensor::POS_SUMSQ, |_| 1.0))
+        let o = self.over(tensor::POS_SUMSQ, &self.row_energy);
+        (!o.is_empty()).then(|| o.iter().map(Over::mean).collect())
     }
 
     /// True if some run recorded a non-empty `chan_maxabs`.
@@ -244,25 +277,15 @@ impl Series {
     /// for a channel with none); `None` without `chan_maxabs`. Either load gives it (see
     /// [`Series::mean_row_energy`] for the order of the additions).
     pub fn chan_maxabs_mean(&self) -> Option<Vec<f64>> {
-        if !self.chan_acc.is_empty() {
-            return Some(self.chan_acc.iter().map(|&(sum, n, _)| if n > 0.0 { sum / n } else { f64::NAN }).collect());
-        }
-        self.has_chan_maxabs().then(|| weighted_vector(self, tensor::CHAN_MAXABS, |_| 1.0))
+        let o = self.over(tensor::CHAN_MAXABS, &self.chan_acc);
+        (!o.is_empty()).then(|| o.iter().map(Over::mean).collect())
     }
 
     /// Per channel, the largest finite `chan_maxabs` over runs (NaN for a channel with none);
     /// `None` without `chan_maxabs`. Either load gives it, exactly.
     pub fn chan_maxabs_max(&self) -> Option<Vec<f64>> {
-        if !self.chan_acc.is_empty() {
-            return Some(self.chan_acc.iter().map(|&(_, _, m)| m).collect());
-        }
-        let runs: Vec<&[f32]> = self.runs.iter().filter_map(|r| r.vector(tensor::CHAN_MAXABS)).collect();
-        let c = runs.iter().map(|v| v.len()).max().unwrap_or(0);
-        (c > 0).then(|| {
-            (0..c)
-                .map(|i| runs.iter().filter_map(|v| v.get(i)).filter(|x| x.is_finite()).map(|&x| x as f64).fold(f64::NAN, f64::max))
-                .collect()
-        })
+        let o = self.over(tensor::CHAN_MAXABS, &self.chan_acc);
+        (!o.is_empty()).then(|| o.iter().map(|a| a.max).collect())
     }
 }
 
@@ -388,17 +411,8 @@ impl Builder {
             if let Some(v) = s.runs[ri].vector(tensor::POS_SUMSQ) {
                 accumulate(&mut s.row_energy, v);
             }
-            if let Some(v) = s.runs[ri].vector(tensor::CHAN_MAXABS).filter(|v| !v.is_empty()) {
-                if s.chan_acc.len() < v.len() {
-                    s.chan_acc.resize(v.len(), (0.0, 0.0, f64::NAN));
-                }
-                for (a, &x) in s.chan_acc.iter_mut().zip(v) {
-                    if x.is_finite() {
-                        a.0 += x as f64;
-                        a.1 += 1.0;
-                        a.2 = a.2.max(x as f64);
-                    }
-                }
+            if let Some(v) = s.runs[ri].vector(tensor::CHAN_MAXABS) {
+                accumulate(&mut s.chan_acc, v);
             }
             let shape = super::tensor::parse_shape(&s.shape);
             s.runs[ri].compact(&shape);

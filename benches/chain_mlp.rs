@@ -12,7 +12,10 @@
 //! the full `matmul` sketch set, for `matmul{stats=[max]}` and for the full set lowered into RLX
 //! ops (`matmul{lower=true}`, what a device without the native kernel runs), and the extra
 //! microseconds per site per run. Runs are interleaved pairs (untapped, tapped) after a warm-up of each.
-//! Then peak memory (RSS high-water mark and peak heap) of one child process per variant.
+//! Then peak memory (RSS high-water mark and peak heap) of one child process per variant, and the
+//! sustained cost: back-to-back tapped runs in one child process against untapped ones, time
+//! per run until the recording is closed (no untapped run in between for the writer thread to
+//! catch up in).
 //! Compile cost has its own bench, `benches/compile.rs`.
 //!
 //! `cargo bench --bench chain_mlp --features parquet` runs it; `-- --quick` uses fewer layers and runs.
@@ -96,7 +99,9 @@ fn cell(layers: usize, w: &[Vec<f32>], x: &[f32], pipeline: &Pipeline, pairs: us
 /// Child process: compile one variant and run it `runs` times, print "rss_kb heap_bytes".
 /// `mode`: `plain` (untapped), `tapped` (full `matmul` set, Parquet sink), `dropped` (full set,
 /// rows dropped); a `-max` suffix (`tapped-max`, `dropped-max`) taps `matmul{stats=[max]}`
-/// instead (for a profiler: `perf record .. --child 64 dropped-max 300 out.parquet`).
+/// instead (for a profiler: `perf record .. --child 64 dropped-max 300 out.parquet`). Prints the
+/// back-to-back run times (mean, median, p90, max, ms) and the time per run until the
+/// recording is closed on stderr.
 fn child(layers: usize, mode: &str, runs: usize, out: &Path) {
     let (mode, pipeline) = match mode.strip_suffix("-max") {
         Some(m) => (m, "matmul{stats=[max]}"),
@@ -108,6 +113,8 @@ fn child(layers: usize, mode: &str, runs: usize, out: &Path) {
     let x = input(1.0);
     let base = PEAK.current_usage();
     let run_peak = std::cell::Cell::new(0usize);
+    let loop_start = std::cell::Cell::new(None::<Instant>);
+    let times = std::cell::RefCell::new(Vec::<f64>::new());
     let first_peak = std::cell::Cell::new(0usize);
     let body = || {
         let mut c = compile(layers, &w, "mem");
@@ -116,9 +123,14 @@ fn child(layers: usize, mode: &str, runs: usize, out: &Path) {
         first_peak.set(PEAK.peak_usage());
         PEAK.reset_peak_usage();
         let start = PEAK.current_usage();
+        let mut ts = Vec::new();
+        loop_start.set(Some(Instant::now()));
         for _ in 1..runs {
+            let t = Instant::now();
             std::hint::black_box(c.run(&[("x", &x)]));
+            ts.push(t.elapsed().as_secs_f64() * 1e3);
         }
+        times.replace(ts);
         run_peak.set(PEAK.peak_usage().saturating_sub(start));
     };
     if null_sink {
@@ -129,13 +141,28 @@ fn child(layers: usize, mode: &str, runs: usize, out: &Path) {
     } else {
         body();
     }
+    // Back-to-back run times (no untapped run in between to let the writer catch up): the
+    // sustained cost a loop of tapped runs pays, and the loop's time until the recording is
+    // closed (the writer's backlog drained, the last part written) per run, on stderr.
+    let drained = loop_start.get().map(|t| t.elapsed().as_secs_f64() * 1e3);
+    let mut ts = times.into_inner();
+    let mut per_run = f64::NAN;
+    if let (false, Some(drained)) = (ts.is_empty(), drained) {
+        let mean = ts.iter().sum::<f64>() / ts.len() as f64;
+        ts.sort_by(f64::total_cmp);
+        let q = |f: f64| ts[((ts.len() - 1) as f64 * f) as usize];
+        per_run = drained / ts.len() as f64;
+        eprintln!("{} back-to-back runs, ms: mean {mean:.2} median {:.2} p90 {:.2} max {:.2}; until closed {per_run:.2} a run", ts.len(), q(0.5), q(0.9), q(1.0));
+    }
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let hwm = status.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)).unwrap_or("0");
     let peak = first_peak.get().max(PEAK.peak_usage());
-    println!("{hwm} {} {}", peak.saturating_sub(base), run_peak.get());
+    println!("{hwm} {} {} {per_run}", peak.saturating_sub(base), run_peak.get());
 }
 
-fn memory(layers: usize, tapped: bool, runs: usize, dir: &Path) -> (f64, f64) {
+/// One child process (see [`child`]): (RSS high-water mark MB, peak heap MB, ms per run from
+/// the second run until the recording is closed).
+fn memory(layers: usize, tapped: bool, runs: usize, dir: &Path) -> (f64, f64, f64) {
     let exe = std::env::current_exe().expect("bench executable");
     let out = dir.join(format!("mem{layers}_{tapped}.parquet"));
     let o = Command::new(exe)
@@ -146,7 +173,7 @@ fn memory(layers: usize, tapped: bool, runs: usize, dir: &Path) -> (f64, f64) {
     assert!(o.status.success(), "child failed: {}", String::from_utf8_lossy(&o.stderr));
     let s = String::from_utf8_lossy(&o.stdout);
     let v: Vec<f64> = s.split_whitespace().filter_map(|t| t.parse().ok()).collect();
-    (v[0] / 1024.0, v[1] / (1024.0 * 1024.0))
+    (v[0] / 1024.0, v[1] / (1024.0 * 1024.0), v[3])
 }
 
 fn main() {
@@ -193,8 +220,26 @@ fn main() {
     println!("\npeak memory, one child process per variant (full `matmul` set, Parquet sink, 10 runs):");
     println!("{:>4} | {:>9} {:>9} {:>6} | {:>9} {:>9} {:>6}", "L", "RSS MB", "tapped", "ratio", "heap MB", "tapped", "ratio");
     for &layers in depths {
-        let (ra, ha) = memory(layers, false, 10, dir.path());
-        let (rb, hb) = memory(layers, true, 10, dir.path());
+        let (ra, ha, _) = memory(layers, false, 10, dir.path());
+        let (rb, hb, _) = memory(layers, true, 10, dir.path());
         println!("{:>4} | {:>9.1} {:>9.1} {:>5.2}x | {:>9.1} {:>9.1} {:>5.2}x", layers, ra, rb, rb / ra, ha, hb, hb / ha);
+    }
+    // The table above times single runs interleaved with untapped ones: the writer thread
+    // drains a tapped run's rows while the next untapped run computes. A loop of tapped runs
+    // has no such gap; this is its cost, until the recording is closed.
+    println!("\nsustained: back-to-back runs of one variant per child process (scale 1, full `matmul` set, Parquet),");
+    println!("time per run from the second run until the recording is closed; children alternate untapped, tapped, twice");
+    println!("{:>4} {:>5} | {:>12} {:>12} | {:>13}", "L", "runs", "untapped ms", "tapped ms", "ratio (each)");
+    for &layers in depths {
+        let runs = if quick { 40 } else { (4800 / layers).max(60) };
+        let mut pairs = Vec::new();
+        for _ in 0..2 {
+            let a = memory(layers, false, runs, dir.path()).2;
+            let b = memory(layers, true, runs, dir.path()).2;
+            pairs.push((a, b));
+        }
+        let each: Vec<String> = pairs.iter().map(|(a, b)| format!("{:.2}x", b / a)).collect();
+        let (a, b) = (pairs.iter().map(|p| p.0).sum::<f64>() / 2.0, pairs.iter().map(|p| p.1).sum::<f64>() / 2.0);
+        println!("{:>4} {:>5} | {:>12.2} {:>12.2} | {:>13}", layers, runs, a, b, each.join(" "));
     }
 }

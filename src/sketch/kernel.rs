@@ -327,19 +327,18 @@ mod avx512 {
                 let p = g.as_ptr();
                 // Shift counts above 31 (not produced for values in the contract) give 0.
                 let v = |i: usize| _mm512_sllv_epi32(one, bins16_i32(c, _mm512_loadu_ps(p.add(16 * i))));
-                let (twos_a, o) = csa(ones, v(0), v(1));
-                let (twos_b, o) = csa(o, v(2), v(3));
-                let (fours_a, t) = csa(twos, twos_a, twos_b);
-                let (twos_a, o) = csa(o, v(4), v(5));
-                let (twos_b, o) = csa(o, v(6), v(7));
-                let (fours_b, t) = csa(t, twos_a, twos_b);
+                // Four inputs into the ones and twos: (fours carried out, ones, twos).
+                let quad = |o: __m512i, t: __m512i, i: usize| {
+                    let (twos_a, o) = csa(o, v(i), v(i + 1));
+                    let (twos_b, o) = csa(o, v(i + 2), v(i + 3));
+                    let (fours, t) = csa(t, twos_a, twos_b);
+                    (fours, o, t)
+                };
+                let (fours_a, o, t) = quad(ones, twos, 0);
+                let (fours_b, o, t) = quad(o, t, 4);
                 let (eights_a, f) = csa(fours, fours_a, fours_b);
-                let (twos_a, o) = csa(o, v(8), v(9));
-                let (twos_b, o) = csa(o, v(10), v(11));
-                let (fours_a, t) = csa(t, twos_a, twos_b);
-                let (twos_a, o) = csa(o, v(12), v(13));
-                let (twos_b, o) = csa(o, v(14), v(15));
-                let (fours_b, t) = csa(t, twos_a, twos_b);
+                let (fours_a, o, t) = quad(o, t, 8);
+                let (fours_b, o, t) = quad(o, t, 12);
                 let (eights_b, f) = csa(f, fours_a, fours_b);
                 let (sixteens, e) = csa(eights, eights_a, eights_b);
                 (ones, twos, fours, eights) = (o, t, f, e);

@@ -162,7 +162,7 @@ fn child(layers: usize, mode: &str, runs: usize, out: &Path) {
 
 /// One child process (see [`child`]): (RSS high-water mark MB, peak heap MB, ms per run from
 /// the second run until the recording is closed).
-fn memory(layers: usize, tapped: bool, runs: usize, dir: &Path) -> (f64, f64, f64) {
+fn run_child(layers: usize, tapped: bool, runs: usize, dir: &Path) -> (f64, f64, f64) {
     let exe = std::env::current_exe().expect("bench executable");
     let out = dir.join(format!("mem{layers}_{tapped}.parquet"));
     let o = Command::new(exe)
@@ -220,8 +220,8 @@ fn main() {
     println!("\npeak memory, one child process per variant (full `matmul` set, Parquet sink, 10 runs):");
     println!("{:>4} | {:>9} {:>9} {:>6} | {:>9} {:>9} {:>6}", "L", "RSS MB", "tapped", "ratio", "heap MB", "tapped", "ratio");
     for &layers in depths {
-        let (ra, ha, _) = memory(layers, false, 10, dir.path());
-        let (rb, hb, _) = memory(layers, true, 10, dir.path());
+        let (ra, ha, _) = run_child(layers, false, 10, dir.path());
+        let (rb, hb, _) = run_child(layers, true, 10, dir.path());
         println!("{:>4} | {:>9.1} {:>9.1} {:>5.2}x | {:>9.1} {:>9.1} {:>5.2}x", layers, ra, rb, rb / ra, ha, hb, hb / ha);
     }
     // The table above times single runs interleaved with untapped ones: the writer thread
@@ -234,8 +234,8 @@ fn main() {
         let runs = if quick { 40 } else { (4800 / layers).max(60) };
         let mut pairs = Vec::new();
         for _ in 0..2 {
-            let a = memory(layers, false, runs, dir.path()).2;
-            let b = memory(layers, true, runs, dir.path()).2;
+            let a = run_child(layers, false, runs, dir.path()).2;
+            let b = run_child(layers, true, runs, dir.path()).2;
             pairs.push((a, b));
         }
         let each: Vec<String> = pairs.iter().map(|(a, b)| format!("{:.2}x", b / a)).collect();

@@ -246,15 +246,15 @@ impl Series {
     /// Per index of `stat`'s vector, its [`Over`] the runs: `kept` (what a compact load
     /// accumulated), else accumulated here from the runs' vectors in (compile, step) order.
     /// Empty when no run holds the vector.
-    fn over(&self, stat: Stat, kept: &[Over]) -> Vec<Over> {
+    fn over<'a>(&self, stat: Stat, kept: &'a [Over]) -> std::borrow::Cow<'a, [Over]> {
         if !kept.is_empty() {
-            return kept.to_vec();
+            return std::borrow::Cow::Borrowed(kept);
         }
         let mut acc = Vec::new();
         for v in self.runs.iter().filter_map(|r| r.vector(stat)) {
             accumulate(&mut acc, v);
         }
-        acc
+        std::borrow::Cow::Owned(acc)
     }
 
     /// Per row of the tensor, the mean over runs of its energy (`pos_sumsq`, the sum of x^2 over

@@ -344,6 +344,32 @@ fn delta_compute_is_adjacent_row_energy_at_most_a_quarter() {
     assert_eq!(kinds(&r2(3.1)), NONE); // 0.258
 }
 
+/// `rows` without the values of vector `stat` at `idx`: what the recording holds for a padding
+/// row or a sampled element in padding (the sketch writes no value there).
+fn without(rows: Vec<Row>, stat: &str, idx: &[u64]) -> Vec<Row> {
+    rows.into_iter().filter(|r| !(&*r.stat == stat && idx.contains(&r.idx))).collect()
+}
+
+#[test]
+fn padding_rows_leave_the_row_rules_to_the_recorded_rows() {
+    // [2,4,4] with the last row of each sequence padding (rows 3 and 7 not recorded): the
+    // kernel's adj_sumsq takes the pairs (0,1), (1,2), (4,5), (5,6), energy 2 each, 8 in all.
+    let r = |adj: f32| {
+        let rows = run_rows("mm", "lhs", "[2,4,4]", 0, &[("count", 24.0), ("adj_sumsq", adj)], &[("pos_sumsq", &[1.0; 8])]);
+        kinds(&without(rows, "pos_sumsq", &[3, 7]))
+    };
+    assert_eq!(r(1.9), vec!["delta_compute"]); // 0.2375
+    assert_eq!(r(2.1), NONE); // 0.2625
+    // Row-energy CV over the recorded rows: 1 - x and 1 + x alternating, a padding row between.
+    let cv = |x: f32| {
+        let e: Vec<f32> = (0..8).map(|i| if i % 2 == 0 { 1.0 - x } else { 1.0 + x }).collect();
+        let rows = run_rows("mm", "lhs", "[8,4]", 0, &[("count", 24.0), ("kurtosis", 3.0)], &[("pos_sumsq", &e)]);
+        kinds(&without(rows, "pos_sumsq", &[6, 7]))
+    };
+    assert_eq!(cv(0.36), vec!["low_rank_probe"]);
+    assert_eq!(cv(0.34), NONE);
+}
+
 #[test]
 fn low_rank_probe_is_row_energy_cv_at_least_0_35() {
     // Rows at 1 - x and 1 + x: mean 1, population standard deviation x, CV x.
@@ -424,4 +450,11 @@ fn exact_repeat_is_the_same_elemsig_and_sumsq_in_every_run() {
     let mut near = same(3);
     near.extend(across(3, 0.0, 1.001, 4.0, &[0.5, 1.0, 2.0]));
     assert_eq!(kinds(&near), vec!["stationary"]);
+    // A sampled element in padding is not recorded in any run (a NaN hole in every elemsig):
+    // still a repeat.
+    assert_eq!(kinds(&without(same(4), "elemsig", &[1])), vec!["exact_repeat"]);
+    // ... and a hole in one run only is a different elemsig.
+    let mut holed = same(3);
+    holed.extend(without(across(3, 0.0, 1.0, 4.0, &[0.5, 1.0, 2.0]), "elemsig", &[1]));
+    assert_eq!(kinds(&holed), vec!["stationary"]);
 }

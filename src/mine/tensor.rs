@@ -203,14 +203,20 @@ pub(crate) fn row_metrics(run: &StepStats, shape: &[usize]) -> RowSummary {
     }
     if let Some(pos) = run.vector(tensor::POS_SUMSQ).filter(|p| p.len() >= 2) {
         let block = if shape.len() >= 2 { shape[shape.len() - 2].max(1) } else { 1 };
-        let pairs: f64 = (1..pos.len()).filter(|r| r % block != 0).map(|r| (pos[r] + pos[r - 1]) as f64).sum();
+        // A NaN entry is a row the recording left out (a padding row: the sketch wrote no value
+        // for it, the loader fills the gap with NaN). The kernel's `adj_sumsq` takes a pair only
+        // when both of its rows are kept, so the denominator takes the same pairs, and the row
+        // CV is over the recorded rows.
+        let kept = |r: usize| !pos[r].is_nan();
+        let pairs: f64 = (1..pos.len()).filter(|&r| r % block != 0 && kept(r) && kept(r - 1)).map(|r| (pos[r] + pos[r - 1]) as f64).sum();
         if let (Some(adj), true) = (run.scalar(tensor::ADJ_SUMSQ), pairs > 0.0) {
             out.adj_ratio = Some(adj / pairs);
         }
-        let n = pos.len() as f64;
-        let mean = pos.iter().map(|&x| x as f64).sum::<f64>() / n;
-        if mean > 0.0 {
-            let var = pos.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n;
+        let rows: Vec<f64> = pos.iter().filter(|x| !x.is_nan()).map(|&x| x as f64).collect();
+        let n = rows.len() as f64;
+        let mean = rows.iter().sum::<f64>() / n;
+        if rows.len() >= 2 && mean > 0.0 {
+            let var = rows.iter().map(|&x| (x - mean).powi(2)).sum::<f64>() / n;
             out.row_cv = Some(var.sqrt() / mean);
         }
     }
@@ -351,15 +357,22 @@ fn is_tensor_series(s: &Series) -> bool {
 }
 
 fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>) {
-    let total_flops: f64 = {
+    // The FLOPs a pass recorded, per pass: a payoff is a share of its own pass's sites, so a
+    // second tap in the pipeline (`capture`, another `matmul` over other sites) neither dilutes
+    // nor inflates it.
+    let total_flops: BTreeMap<u32, f64> = {
         // FLOPs once per site (roles share them).
-        let mut per_site: BTreeMap<(&str, u32), f64> = BTreeMap::new();
+        let mut per_site: BTreeMap<(u32, &str), f64> = BTreeMap::new();
         for ((site, _, pass), s) in series {
             let f = s.flops.unwrap_or(0) as f64 * s.runs.len().max(1) as f64;
-            let e = per_site.entry((site.as_str(), *pass)).or_default();
+            let e = per_site.entry((*pass, site.as_str())).or_default();
             *e = e.max(f);
         }
-        per_site.values().sum::<f64>().max(1.0)
+        let mut total = BTreeMap::new();
+        for ((pass, _), f) in per_site {
+            *total.entry(pass).or_insert(0.0) += f;
+        }
+        total
     };
     for ((site, role, pass_idx), s) in series {
         if !is_tensor_series(s) {
@@ -390,7 +403,7 @@ fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>)
             .max()
             .unwrap_or(1)
             .max(1);
-        let share = s.flops.unwrap_or(0) as f64 * executions as f64 / total_flops;
+        let share = s.flops.unwrap_or(0) as f64 * executions as f64 / total_flops.get(pass_idx).copied().unwrap_or(0.0).max(1.0);
         let mut push = |kind: Kind, evidence: Vec<(&str, Option<f64>)>, rule: &'static str, source: &'static str| {
             out.push(Verdict {
                 site: site.clone(),
@@ -504,7 +517,12 @@ fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>)
         if s.runs.len() >= MIN_STEPS {
             let sig: Vec<Option<&[f32]>> = s.runs.iter().map(|r| r.vector(tensor::ELEMSIG)).collect();
             let sumsq: Vec<Option<f64>> = s.runs.iter().map(|r| r.scalar(tensor::SUMSQ)).collect();
-            let repeat = sig.iter().all(|x| x.is_some() && *x == sig[0]) && sumsq.iter().all(|x| *x == sumsq[0]);
+            // Bitwise: a padding position's sampled element is NaN (not recorded) in every run,
+            // and NaN == NaN is false, so a float comparison would never call a padded
+            // activation repeated.
+            let same = |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            let repeat = sig.iter().all(|x| matches!((x, sig[0]), (Some(a), Some(b)) if same(a, b)))
+                && sumsq.iter().all(|x| x.map(f64::to_bits) == sumsq[0].map(f64::to_bits));
             let means: Vec<f64> = ms.iter().filter_map(|m| m.mean).collect();
             let rms = med(|m| m.rms).unwrap_or(0.0);
             let drift = (means.len() >= MIN_STEPS).then(|| {

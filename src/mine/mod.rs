@@ -182,7 +182,8 @@ pub struct Verdict {
     /// cost the kernel could remove (an estimate, stated per kind in [`payoff_fraction`]).
     pub payoff: f64,
     /// What the site's share in [`Verdict::payoff`] is: `None` (not serialized) when the verdicts
-    /// were mined without time shares ([`mine`]): the share of the recorded FLOPs;
+    /// were mined without time shares ([`mine`]): the share of the FLOPs its pass recorded (per
+    /// pass, so a second tap such as `capture` does not dilute it);
     /// `Some(Time)` the share of the measured time, `Some(Flops)` the FLOP share of a site the
     /// time shares do not list ([`mine_with`]).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -86,6 +86,13 @@ pub fn check(out: &Path, inputs: &[&Path], kind: Output, force: bool) -> Result<
         };
         bail!("{}: this command writes {want}; name the output file so", out.display());
     }
+    if kind == Output::RecordingAppend && !opscope::recording::is_dataset_path(out) {
+        bail!(
+            "{}: --append adds a partition to a Parquet dataset (a .parquet directory); a CSV recording is one file, \
+             which writing would replace: record to a .parquet path, or drop --append to replace this file",
+            out.display()
+        );
+    }
     opscope::recording::check_path(out)?;
     if out.is_dir() {
         // A dataset directory: recordings already in it would be mined with this one.

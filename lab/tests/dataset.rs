@@ -344,6 +344,28 @@ fn record_into_a_dataset_holding_recordings_needs_append() {
     assert_eq!(closed_parts(&out), before, "a refused or failed start leaves the dataset alone");
 }
 
+#[test]
+fn append_to_a_csv_recording_is_refused_and_leaves_it_alone() {
+    // A CSV recording is one file: "appending" would replace it.
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, "one\n%\ntwo\n").unwrap();
+    for name in ["kept.csv", "kept.csv.gz"] {
+        let out = dir.path().join(name);
+        std::fs::write(&out, b"earlier recording").unwrap();
+        let o = opscope()
+            .args(["record", "--onnx", "missing.onnx", "--tokenizer", "missing.json", "--text"])
+            .arg(&text)
+            .args(["--append", "--out"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains("--append adds a partition to a Parquet dataset"), "{name}: {err}");
+        assert_eq!(std::fs::read(&out).unwrap(), b"earlier recording", "{name}");
+    }
+}
+
 /// One row as every reader sees it: the text and integer columns, `value` as its f32 bits.
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord, serde::Deserialize)]
 struct Cells(String, u32, u64, String, String, u32, String, String, String, String, u64, u32, Option<u64>, String, Option<u64>);
@@ -564,4 +586,38 @@ fn a_compact_load_mines_as_the_full_load() {
         }
     }
     assert!(compared.iter().all(|&n| n > 0), "series compared (row energy, channel mean, channel max): {compared:?}");
+
+    // The same table re-sorted by another tool (by stat, step, element, site, as a DuckDB
+    // `ORDER BY` might leave it: each run's rows of a tensor scattered): the same verdicts.
+    let mut rows: Vec<opscope::Row> = Vec::new();
+    opscope::recording::read_rows(&out, |r| {
+        rows.push(opscope::Row {
+            run_id: "r".into(),
+            compile: r.compile,
+            step: r.step,
+            graph: "g".into(),
+            pass: "matmul".into(),
+            pass_idx: r.pass_idx,
+            site: r.site.into(),
+            op: r.op.into(),
+            role: r.role.into(),
+            stat: r.stat.into(),
+            idx: r.idx,
+            value: r.value,
+            numel: None,
+            shape: r.shape.into(),
+            flops: r.flops,
+        })
+    })
+    .unwrap();
+    rows.sort_by(|a, b| (&a.stat, a.step, a.idx, &a.site, &a.role).cmp(&(&b.stat, b.step, b.idx, &b.site, &b.role)));
+    let sorted = dir.path().join("sorted.csv");
+    let mut sink = opscope::CsvSink::create(&sorted).unwrap();
+    opscope::Sink::write(&mut sink, &rows).unwrap();
+    opscope::Sink::finish(&mut sink).unwrap();
+    assert_eq!(
+        serde_json::to_value(opscope::mine::mine(&full)).unwrap(),
+        serde_json::to_value(opscope::mine::mine(&opscope::mine::load_compact(&sorted).unwrap())).unwrap(),
+        "verdicts of the re-sorted recording"
+    );
 }

@@ -20,6 +20,9 @@ pub struct StepStats {
     rows: Option<RowSummary>,
     /// Set by a compact load in place of the `chan_maxabs` vector.
     chans: Option<ChanSummary>,
+    /// The rows of this run of this tensor ended (a later row for it means the recording does
+    /// not keep a run's rows together: see [`load_compact`]).
+    ended: bool,
 }
 
 /// What a compact load ([`load_compact`]) keeps of one run's `chan_maxabs` vector (one value
@@ -69,6 +72,7 @@ impl StepStats {
             vectors: Vec::new(),
             rows: None,
             chans: None,
+            ended: false,
         }
     }
 
@@ -319,6 +323,9 @@ struct Builder {
     stats: std::collections::HashMap<String, Option<Stat>>,
     /// Reduce each run's per-row vectors when its rows end ([`load_compact`]).
     compact: bool,
+    /// A row arrived for a run of a tensor whose rows had ended: the recording does not keep
+    /// each run's rows together (re-sorted or shuffled by another tool).
+    scattered: bool,
 }
 
 impl Builder {
@@ -396,6 +403,7 @@ impl Builder {
                     self.end_group(si, ri);
                 }
                 let at = self.group(&c);
+                self.scattered |= self.series[at.0].1.runs[at.1].ended;
                 self.last = Some((at, (c.site.to_string(), c.role.to_string(), c.pass, c.compile, c.step)));
                 at
             }
@@ -417,6 +425,7 @@ impl Builder {
             let shape = super::tensor::parse_shape(&s.shape);
             s.runs[ri].compact(&shape);
         }
+        s.runs[ri].ended = true;
         s.runs[ri].shrink();
     }
 
@@ -478,10 +487,23 @@ pub fn load(path: &Path) -> Result<BTreeMap<SeriesKey, Series>, Error> {
 /// themselves are read.
 /// Measured on a MiniLM recording: per-row vectors are 80% of a run's values.
 ///
+/// The reduction needs each run's rows of a tensor together, as opscope writes them. A
+/// recording whose rows are not (re-sorted or shuffled by another tool: the same table under
+/// its key) is read again with [`load`], which takes rows in any order, with a note on stderr;
+/// its verdicts are then the same as for the recording in opscope's order.
+///
 /// Errors: as [`load`].
 pub fn load_compact(path: &Path) -> Result<BTreeMap<SeriesKey, Series>, Error> {
     let mut b = Builder { compact: true, ..Builder::default() };
     read_rows(path, |r| b.row(r))?;
+    if b.scattered {
+        eprintln!(
+            "opscope: note: {} does not keep each run's rows of a tensor together (sorted or shuffled by another tool?): \
+             reading it again without the per-run reduction (more memory; the same verdicts)",
+            path.display()
+        );
+        return load(path);
+    }
     Ok(b.finish())
 }
 

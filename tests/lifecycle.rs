@@ -78,10 +78,73 @@ fn a_crashed_gzip_recording_is_read_up_to_its_last_run() {
     };
     assert!(!text.is_empty(), "rows flushed before the crash are in the file");
     let read = opscope::mine::load(&partial).expect("a truncated .partial is readable");
-    let want = opscope::mine::series_from_rows(&memory.rows());
+    // Nothing marks the last run whole (no sidecar: the process died), so it is left out.
+    let rows = memory.rows();
+    let last = rows.last().map(|r| (r.compile, r.step)).unwrap();
+    assert_eq!(last, (1, 1));
+    let want = opscope::mine::series_from_rows(&rows.iter().filter(|r| (r.compile, r.step) != last).cloned().collect::<Vec<_>>());
     assert_eq!(read.len(), want.len());
     for (k, s) in &want {
         assert_eq!(read[k].runs.len(), s.runs.len(), "{k:?}");
+        assert!(read[k].runs.iter().all(|r| r.step == 0), "{k:?}");
+    }
+}
+
+/// A plain CSV recording cut by a crash at every byte of its last two runs: read, it holds
+/// exactly the runs before the one the cut fell in (or before the last one, when the cut falls
+/// on a row boundary), never part of a run and never an error.
+#[test]
+fn a_cut_csv_recording_never_counts_part_of_a_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = MemorySink::default();
+    opscope::scope(&Pipeline::parse("matmul").unwrap(), Box::new(memory.clone()), || compile_and_run(3)).unwrap();
+    let rows = memory.rows();
+    let path = dir.path().join("cut.csv");
+    {
+        let mut sink = CsvSink::create(&path).unwrap();
+        for step in 0..3 {
+            sink.write(&rows.iter().filter(|r| r.step == step).cloned().collect::<Vec<_>>()).unwrap();
+            sink.flush().unwrap();
+        }
+    } // dropped unfinished: a crash
+    let full = std::fs::read(dir.path().join("cut.csv.partial")).unwrap();
+    let text = String::from_utf8(full.clone()).unwrap();
+    // Byte offset where the rows of each step start (the step column is the third).
+    let starts: Vec<usize> = (1..3u64)
+        .map(|s| {
+            let mut at = 0;
+            for l in text.split_inclusive('\n') {
+                if l.split(',').nth(2) == Some(&s.to_string()) {
+                    return at;
+                }
+                at += l.len();
+            }
+            panic!("no step {s}")
+        })
+        .collect();
+    let runs_of = |steps: &[u64]| -> Vec<(String, usize)> {
+        let kept: Vec<_> = rows.iter().filter(|r| steps.contains(&r.step)).cloned().collect();
+        opscope::mine::series_from_rows(&kept).into_iter().map(|(k, s)| (k.0 + "/" + &k.1, s.runs.len())).collect()
+    };
+    let cut = dir.path().join("c.csv.partial");
+    for end in (starts[0] + 1..full.len()).step_by(7).chain([full.len()]) {
+        std::fs::write(&cut, &full[..end]).unwrap();
+        let got: Vec<(String, usize)> = opscope::mine::load(&cut)
+            .unwrap_or_else(|e| panic!("cut at {end}: {e}"))
+            .into_iter()
+            .map(|(k, s)| (k.0 + "/" + &k.1, s.runs.len()))
+            .collect();
+        // The cut falls in step `s` (3: after the last row): the runs before it are read,
+        // whole, except that the last of them may be left out too (a cut row that does not
+        // parse does not say which run it began, and nothing marks the last run whole).
+        let s = if end <= starts[1] { 1 } else if end < full.len() { 2 } else { 3 };
+        let whole: Vec<u64> = (0..s).collect();
+        let (all, but_last) = (runs_of(&whole), runs_of(&whole[..s as usize - 1]));
+        assert!(got == all || got == but_last, "cut at byte {end} of {}: {got:?}", full.len());
+        // Well inside step 2 (rows of it parsed), exactly steps 0 and 1.
+        if s == 2 && end > starts[1] + 1000 {
+            assert_eq!(got, all, "cut at byte {end}");
+        }
     }
 }
 

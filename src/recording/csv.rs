@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::error::Error;
 use crate::manifest::Manifest;
 
-use super::format::{check_path, column_index, header, partial_path, write_sidecar, Row};
+use super::format::{check_path, column_index, header, partial_path, write_sidecar, write_sidecar_ending, Row};
 use super::read::RowRef;
 use super::sink::Sink;
 use super::RecordingError;
@@ -57,6 +57,9 @@ pub struct CsvSink {
     path: PathBuf,
     writer: Option<csv::Writer<Out>>,
     manifests: Vec<Manifest>,
+    /// Nothing written since the last successful flush (the recorder flushes after each run),
+    /// so the file ends on a whole run: recorded in the sidecar of an abandoned recording.
+    ends_on_run: bool,
 }
 
 impl CsvSink {
@@ -95,6 +98,7 @@ impl CsvSink {
             path,
             writer: Some(writer),
             manifests: Vec::new(),
+            ends_on_run: true,
         })
     }
 
@@ -119,6 +123,7 @@ impl Sink for CsvSink {
         let Some(w) = self.writer.as_mut() else {
             return Err(Error::Internal("write after finish".into()));
         };
+        self.ends_on_run = false;
         let mut res = Ok(());
         for r in rows {
             if let Err(e) = w.serialize(r) {
@@ -134,6 +139,7 @@ impl Sink for CsvSink {
             return Ok(());
         };
         let res = w.flush().map_err(csv::Error::from);
+        self.ends_on_run = res.is_ok();
         res.map_err(|e| self.csv_err(e))
     }
 
@@ -151,7 +157,7 @@ impl Sink for CsvSink {
 
     fn abandon(&mut self) -> Result<(), Error> {
         if self.close()? {
-            write_sidecar(&partial_path(&self.path), std::mem::take(&mut self.manifests))?;
+            write_sidecar_ending(&partial_path(&self.path), std::mem::take(&mut self.manifests), self.ends_on_run)?;
         }
         Ok(())
     }
@@ -192,9 +198,55 @@ impl Drop for CsvSink {
 
 /// Stream the rows of a CSV recording (gzip when the path ends in `.gz`) to `f`.
 ///
+/// A `.partial` recording whose sidecar says it ends on a whole run ([`super::Sidecar::ends_on_run`]:
+/// interrupted between runs) is read whole. Any other `.partial` recording (its process
+/// crashed, was killed, or hit a write error) is read up to the start of its last run: the rows of the last (compile, step) in the file are left out,
+/// with a warning naming them, because the cut may have fallen inside that run (the sink
+/// flushes after every run, but a run larger than its 1 MiB buffer is written in pieces) and a
+/// run counted with part of its rows gives wrong per-run numbers. A finished run lost this way
+/// is the price of never counting half a run. The file is read twice (once to find the cut).
+///
 /// Errors: the file cannot be opened, lacks a recording column, or holds a malformed row (the
-/// error names the line).
+/// error names the line); in a `.partial` recording a malformed row is where the cut is.
 pub(super) fn read(path: &Path, gz: bool, partial: bool, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Error> {
+    let whole = || super::read_sidecar(path).ok().flatten().is_some_and(|s| s.ends_on_run);
+    if !partial || whole() {
+        return read_records(path, gz, None, f).map(|_| ());
+    }
+    // Pass 1: where the last run starts, and where the stream stops.
+    let mut key = None;
+    let (mut rows, mut last_start) = (0u64, 0u64);
+    let stop = read_records(path, gz, None, &mut |r| {
+        if key != Some((r.compile, r.step)) {
+            key = Some((r.compile, r.step));
+            last_start = rows;
+        }
+        rows += 1;
+    });
+    let cut = match stop {
+        Ok(None) => None,
+        Ok(Some(why)) => Some(why),
+        Err(Error::Recording(RecordingError { line, reason, .. })) => Some(format!("it is cut at line {}: {reason}", line.unwrap_or(0))),
+        Err(e) => return Err(e),
+    };
+    if let Some((compile, step)) = key {
+        eprintln!(
+            "opscope: warning: {} did not finish ({}): its last run (compile {compile}, step {step}, {} rows read) may be \
+             cut off and is left out; {last_start} rows of the earlier runs are read",
+            path.display(),
+            cut.as_deref().unwrap_or("it ends on a complete row, but nothing marks its last run complete"),
+            rows - last_start,
+        );
+    }
+    // Pass 2: the rows before the last run.
+    read_records(path, gz, Some(last_start), f).map(|_| ())
+}
+
+/// Read the data rows of a CSV recording (at most `limit` of them) to `f`. Returns why the
+/// stream stopped early when it ends mid-way (an I/O error of a cut gzip stream, or a row cut
+/// short by a crash), `None` when it was read to its end or to `limit`. A malformed row is an
+/// error either way.
+fn read_records(path: &Path, gz: bool, limit: Option<u64>, f: &mut dyn FnMut(RowRef<'_>)) -> Result<Option<String>, Error> {
     let file = File::open(path).map_err(|e| Error::Io { path: path.to_path_buf(), error: e })?;
     let reader: Box<dyn Read> = if gz {
         Box::new(flate2::read::GzDecoder::new(std::io::BufReader::with_capacity(1 << 20, file)))
@@ -219,14 +271,14 @@ pub(super) fn read(path: &Path, gz: bool, partial: bool, f: &mut dyn FnMut(RowRe
     let mut rec = csv::ByteRecord::new();
     let mut line = 1u64;
     loop {
+        if limit.is_some_and(|n| line - 1 >= n) {
+            return Ok(None);
+        }
         match csv.read_byte_record(&mut rec) {
             Ok(true) => {}
-            Ok(false) => break,
-            // A crashed recording's compressed stream ends mid-way: keep what was complete.
-            Err(e) if partial && matches!(e.kind(), csv::ErrorKind::Io(_)) => {
-                eprintln!("opscope: warning: {} ends mid-stream after line {line} ({e}): read up to there", path.display());
-                break;
-            }
+            Ok(false) => return Ok(None),
+            // A cut compressed stream ends with an I/O error.
+            Err(e) if matches!(e.kind(), csv::ErrorKind::Io(_)) && limit.is_none() => return Ok(Some(format!("it ends mid-stream after line {line}: {e}"))),
             Err(e) => return Err(malformed(Some(line + 1), e.to_string()).into()),
         }
         line += 1;
@@ -248,5 +300,4 @@ pub(super) fn read(path: &Path, gz: bool, partial: bool, f: &mut dyn FnMut(RowRe
             value: text(value)?.parse::<f32>().map_err(|_| bad("value"))?,
         });
     }
-    Ok(())
 }

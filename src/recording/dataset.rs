@@ -251,7 +251,7 @@ impl DatasetSink {
         }
         let dir = self.partition()?;
         let path = dir.join(PARTITION_SIDECAR);
-        let json = serde_json::to_vec_pretty(&Sidecar { format: FORMAT, graphs: self.manifests.clone() })
+        let json = serde_json::to_vec_pretty(&Sidecar { format: FORMAT, graphs: self.manifests.clone(), ends_on_run: false })
             .map_err(|e| Error::Internal(format!("manifest JSON: {e}")))?;
         write_atomic(&path, &json).map_err(|e| self.write_err(&path, "writing the manifest sidecar", e))?;
         self.sidecar_written = Some(self.manifests.len());
@@ -476,5 +476,5 @@ pub(super) fn read_sidecar(root: &Path) -> Result<Option<Sidecar>, Error> {
         };
         offset += n;
     }
-    Ok(Some(Sidecar { format: FORMAT, graphs }))
+    Ok(Some(Sidecar { format: FORMAT, graphs, ends_on_run: false }))
 }

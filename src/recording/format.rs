@@ -186,6 +186,12 @@ pub struct Sidecar {
     pub format: u32,
     /// One manifest per tapped compile.
     pub graphs: Vec<Manifest>,
+    /// Written true only beside a `.partial` CSV recording its sink closed right after a run's
+    /// rows were flushed (an interrupt, or an error between runs): its last run is whole, and a
+    /// reader keeps it. Absent (false) otherwise: a reader of a `.partial` CSV recording leaves
+    /// its last run out, which a crash may have cut.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ends_on_run: bool,
 }
 
 /// Path of the manifest sidecar of a recording.
@@ -273,7 +279,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
 ///
 /// Errors: the sidecar cannot be written.
 pub fn write_sidecar(recording: &Path, graphs: Vec<Manifest>) -> Result<(), Error> {
-    let json = serde_json::to_vec_pretty(&Sidecar { format: FORMAT, graphs })
+    write_sidecar_ending(recording, graphs, false)
+}
+
+/// [`write_sidecar`] with [`Sidecar::ends_on_run`].
+pub(super) fn write_sidecar_ending(recording: &Path, graphs: Vec<Manifest>, ends_on_run: bool) -> Result<(), Error> {
+    let json = serde_json::to_vec_pretty(&Sidecar { format: FORMAT, graphs, ends_on_run })
         .map_err(|e| Error::Internal(format!("manifest JSON: {e}")))?;
     write_atomic(&sidecar_path(recording), &json)
 }

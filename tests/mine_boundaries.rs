@@ -371,6 +371,22 @@ fn padding_rows_leave_the_row_rules_to_the_recorded_rows() {
 }
 
 #[test]
+fn each_run_pairs_rows_by_its_own_shape() {
+    // One site in two compiles: a prefill [2,4,4] (6 pairs within sequences, energy 12) and a
+    // decode step [2,1,4] (one token of each of two sequences: no pair at all, adj_sumsq 0).
+    // The decode run must not borrow the prefill's shape (3 pairs of energy 6 and a ratio of 0).
+    let mut rows = run_rows("mm", "lhs", "[2,4,4]", 0, &[("count", 32.0), ("adj_sumsq", 3.6)], &[("pos_sumsq", &[1.0; 8])]);
+    for step in 0..3 {
+        let mut d = run_rows("mm", "lhs", "[2,1,4]", step, &[("count", 8.0), ("adj_sumsq", 0.0)], &[("pos_sumsq", &[1.0; 2])]);
+        d.iter_mut().for_each(|r| r.compile = 1);
+        rows.extend(d);
+    }
+    assert_eq!(kinds(&rows), NONE); // the prefill's 0.3 alone
+    rows[1].value = 2.9; // adj_sumsq 2.9 / 12 = 0.242
+    assert_eq!(kinds(&rows), vec!["delta_compute"]);
+}
+
+#[test]
 fn low_rank_probe_is_row_energy_cv_at_least_0_35() {
     // Rows at 1 - x and 1 + x: mean 1, population standard deviation x, CV x.
     let rows = |x: f32| (0..8).map(|i| if i % 2 == 0 { 1.0 - x } else { 1.0 + x }).collect::<Vec<f32>>();

@@ -23,6 +23,9 @@ pub struct StepStats {
     /// The rows of this run of this tensor ended (a later row for it means the recording does
     /// not keep a run's rows together: see [`load_compact`]).
     ended: bool,
+    /// This run's tensor dims when they differ from its series' [`Series::shape`] (one site in
+    /// two compiles: a decoder's prefill `[B, S, C]` and decode step `[B, 1, C]`).
+    shape: Option<Vec<usize>>,
 }
 
 /// What a compact load ([`load_compact`]) keeps of one run's `chan_maxabs` vector (one value
@@ -73,7 +76,15 @@ impl StepStats {
             rows: None,
             chans: None,
             ended: false,
+            shape: None,
         }
+    }
+
+    /// The dims of this run's tensor: its own when its compile gave the site another shape,
+    /// else `series` (the series' [`Series::shape`], parsed). Per-run metrics that depend on the
+    /// geometry (rows, adjacent-row pairs, channels) use these.
+    pub fn dims<'a>(&'a self, series: &'a [usize]) -> &'a [usize] {
+        self.shape.as_deref().unwrap_or(series)
     }
 
     fn push(&mut self, stat: Stat, idx: usize, value: f32) {
@@ -354,7 +365,11 @@ impl Builder {
         };
         let (_, s, runs) = &mut self.series[si];
         let ri = *runs.entry((c.compile, c.step)).or_insert_with(|| {
-            s.runs.push(StepStats::new(c.compile, c.step));
+            let mut r = StepStats::new(c.compile, c.step);
+            if c.shape != s.shape {
+                r.shape = Some(super::tensor::parse_shape(c.shape));
+            }
+            s.runs.push(r);
             s.runs.len() - 1
         });
         (si, ri)
@@ -422,7 +437,8 @@ impl Builder {
             if let Some(v) = s.runs[ri].vector(tensor::CHAN_MAXABS) {
                 accumulate(&mut s.chan_acc, v);
             }
-            let shape = super::tensor::parse_shape(&s.shape);
+            let series = super::tensor::parse_shape(&s.shape);
+            let shape = s.runs[ri].dims(&series).to_vec();
             s.runs[ri].compact(&shape);
         }
         s.runs[ri].ended = true;

@@ -379,7 +379,7 @@ fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>)
             continue;
         }
         let shape = parse_shape(&s.shape);
-        let ms: Vec<Metrics> = s.runs.iter().map(|r| metrics(r, &shape)).collect();
+        let ms: Vec<Metrics> = s.runs.iter().map(|r| metrics(r, r.dims(&shape))).collect();
         let med = |f: fn(&Metrics) -> Option<f64>| median(ms.iter().filter_map(f).collect());
         let density = med(|m| m.density);
         let kurt = med(|m| m.kurtosis);

@@ -20,7 +20,8 @@ REQ: {"texts": [...], "seq": S, "sites": ["blk.0.attn_q", ...]}
 OUT.npz: ids_<i> (token ids of text i), logits ([N*S, vocab] float32 for the N texts, each
 right-padded with EOS to S tokens), and per site <site>.max, <site>.min, <site>.sumsq (float64
 scalars over the rows of the [N*S, n] projection output that hold real tokens, padding left out
-as opscope's taps leave it out).
+as opscope's taps leave it out), and <site>.adj_sumsq (the sum of ||y[b,t] - y[b,t-1]||^2 over
+adjacent real-token positions of one sequence).
 """
 import argparse
 import json
@@ -281,12 +282,19 @@ def forward(r, w, ids, sites, valid, blocks=(), attn_layers=(), fq=None):
         u = lin(h, p + ".ffn_up", p + ".ffn_up")
         x = x + lin(g / (1 + np.exp(-g)) * u, p + ".ffn_down", p + ".ffn_down")
         residual(2 * l + 1, x)
-    taps = {k: v[valid] for k, v in taps.items()}
     h = rms_norm(x, w["output_norm.weight"], eps)
     head = w["output.weight"] if "output.weight" in w else w["token_embd.weight"]
     logits = fake_quant(h, fq) @ head.astype(np.float64).T
     if "output" in sites:
-        taps["output"] = logits[valid]
+        taps["output"] = logits
+    # adj_sumsq: sum of ||y[b, t] - y[b, t-1]||^2 over adjacent positions of one sequence that
+    # are both real tokens (never across two sequences of the batch, never with padding).
+    both = valid.reshape(B, S)[:, 1:] & valid.reshape(B, S)[:, :-1]
+    for k, v in taps.items():
+        y = v.reshape(B, S, -1)
+        d = y[:, 1:] - y[:, :-1]
+        summary[f"adj.{k}"] = np.float64(((d * d).sum(-1) * both).sum())
+    taps = {k: v[valid] for k, v in taps.items()}
     taps.update(summary)
     return logits, taps
 
@@ -315,9 +323,10 @@ def main():
         logits, taps = forward(
             r, w, np.array(rows, dtype=np.int64), set(req.get("sites", [])), np.array(valid),
             blocks=set(req.get("blocks", [])), attn_layers=set(req.get("attn_layers", [])), fq=req.get("fakequant"))
-        summary = {k: v for k, v in taps.items() if k.startswith(("block", "attn"))}
+        summary = {k: v for k, v in taps.items() if k.startswith(("block", "attn", "adj."))}
         taps = {k: v for k, v in taps.items() if k not in summary}
-        out.update(summary)
+        out.update({k: v for k, v in summary.items() if not k.startswith("adj.")})
+        out.update({f"{k[4:]}.adj_sumsq": v for k, v in summary.items() if k.startswith("adj.")})
         out["logits"] = logits.astype(np.float32)
         # Perplexity: exp(mean NLL) of every next-token prediction inside a text (position t
         # predicts token t+1; padding never predicts nor is predicted), in float64.

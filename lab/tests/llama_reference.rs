@@ -128,11 +128,16 @@ fn logits_and_sketches_match_numpy_on_fortunes() {
         let site = site.as_str();
         let st = stats_of(&rows, site, "out", 0);
         assert!(!st.is_empty(), "no rows for site {site}; sites: {:?}", rows.iter().map(|r| r.site.to_string()).collect::<std::collections::BTreeSet<_>>());
-        for stat in ["max", "min", "sumsq"] {
+        // adj_sumsq pairs positions within one sequence only: the [batch*seq, n] output is
+        // sketched as [batch, seq, n] (the attention mask's shape), so no pair spans two
+        // sequences of the batch (which the flat rows would add).
+        for stat in ["max", "min", "sumsq", "adj_sumsq"] {
             let got = st[stat][0];
             let want = r[&format!("{name}.{stat}")].0[0];
             assert!((got - want).abs() <= 1e-4 * want.abs(), "{site} out {stat}: rlx {got}, numpy {want}");
         }
+        let shape = rows.iter().find(|r| &*r.site == site && &*r.role == "out").map(|r| r.shape.to_string()).unwrap_or_default();
+        assert!(shape.starts_with(&format!("[{batch},{seq},")), "{site} out recorded as {shape}, expected [{batch},{seq},n]");
         let op = rows.iter().find(|r| &*r.site == site).map(|r| r.op.to_string()).unwrap_or_default();
         assert!(op.starts_with("dequant"), "{site} is a DequantMatMul site, recorded as op {op:?}");
     }
@@ -202,6 +207,29 @@ fn kv_cache_decode_matches_full_prefill_and_records_each_step() {
     let rows = sink.rows();
     let decode_steps: std::collections::BTreeSet<u64> = rows.iter().filter(|r| r.graph.contains("_decode_")).map(|r| r.step).collect();
     assert_eq!(decode_steps, (0..decode as u64 - 1).collect(), "each decode run is one step of the decode compile");
+    // A decode step's rows are one token of each sequence: sketched as [batch, 1, n], no
+    // adjacent-row pair, so adj_sumsq is 0 and the miner's delta-compute rule reads only the
+    // prefill (a verdict from decode rows would compare two different sequences).
+    let adj: Vec<&opscope::Row> = rows.iter().filter(|r| r.graph.contains("_decode_") && &*r.stat == "adj_sumsq").collect();
+    assert!(!adj.is_empty() && adj.iter().all(|r| r.value == 0.0 && r.shape.starts_with(&format!("[{batch},1,"))), "decode adj_sumsq rows");
+    let series = opscope::mine::series_from_rows(&rows);
+    let mixed = series.values().filter(|s| s.runs.iter().any(|r| r.compile == 2) && s.runs.iter().any(|r| r.compile == 1)).count();
+    assert!(mixed > 0, "no site recorded in both compiles");
+    // Each delta-compute verdict's ratio is the prefill run's (the batch is one prefill run),
+    // computed here from its rows: adj_sumsq over the sum of pos_sumsq[t] + pos_sumsq[t-1] over
+    // the pairs of real tokens within one sequence.
+    let verdicts: Vec<_> = opscope::mine::mine(&series).into_iter().filter(|v| v.kind.name == "delta_compute").collect();
+    for v in &verdicts {
+        let of = |stat: &str| -> Vec<&opscope::Row> { rows.iter().filter(|r| r.compile == 1 && *r.site == *v.site && *r.role == *v.role && &*r.stat == stat).collect() };
+        let mut pos = vec![f64::NAN; batch * seq];
+        of("pos_sumsq").iter().for_each(|r| pos[r.idx as usize] = r.value as f64);
+        let adj = of("adj_sumsq").first().expect("adj_sumsq").value as f64;
+        let pairs: f64 = (1..batch * seq).filter(|t| t % seq != 0 && !pos[*t].is_nan() && !pos[t - 1].is_nan()).map(|t| pos[t] + pos[t - 1]).sum();
+        let ratio = v.evidence.iter().find(|(k, _)| k == "adjacent_row_ratio").map(|e| e.1).expect("ratio");
+        // The miner adds each pair's energies in f32 before widening: 1e-6 relative.
+        assert!((ratio - adj / pairs).abs() <= 1e-6 * ratio.abs(), "{} {}: ratio {ratio}, prefill's {}", v.site, v.role, adj / pairs);
+    }
+    eprintln!("{} delta-compute verdicts, each the prefill's ratio", verdicts.len());
     assert!(rows.iter().any(|r| r.graph.contains("_prefill_") && r.step == 0), "the prefill is step 0 of its compile");
 }
 

@@ -221,7 +221,16 @@ impl Pass for MatmulTap {
                             None
                         };
                         match mask {
-                            Some(m) => rw.tap_inputs(&site, role, &[tensor, m], plan.spec),
+                            Some(m) => {
+                                // The view has the tensor's elements and channels, so its plan is
+                                // the tensor's (the fallback is never taken).
+                                let viewed = sequence_view(rw, tensor, m).and_then(|(view, dims)| {
+                                    let plan = SketchSpec::for_shape(&rlx_ir::Shape::new(&dims, shape.dtype()), &stats, hist_bins, hist_range, elemsig);
+                                    plan.ok().map(|p| (view, p.spec))
+                                });
+                                let (t, spec) = viewed.unwrap_or((tensor, plan.spec));
+                                rw.tap_inputs(&site, role, &[t, m], spec)
+                            }
                             None => rw.tap(&site, role, tensor, plan.spec),
                         }
                     }
@@ -231,6 +240,26 @@ impl Pass for MatmulTap {
         }
         Ok(())
     }
+}
+
+/// A `[B, S, C]` view of a flattened `[B x S, C]` activation whose padding mask is `[B, S]`
+/// with `B > 1` (a decoder that folds the batch into its rows, such as opscope-lab's SmolLM2
+/// graphs; a decode step's `[B, C]` with a `[B, 1]` mask is B sequences of one token): the
+/// sketch then pairs adjacent rows for `adj_sumsq` within a sequence only, never across two
+/// (the kernel pairs along the second-to-last axis), and the recording's `shape` gives the
+/// miner the same geometry. A Reshape shares its input's buffer; it feeds only the sketch.
+/// `None` for any other tensor or mask (an encoder's `[B, S, C]` already has the axis).
+fn sequence_view(rw: &mut Rewrite, tensor: NodeId, mask: NodeId) -> Option<(NodeId, [usize; 3])> {
+    let d = static_dims(&rw.graph().node(tensor).shape)?;
+    let m = static_dims(&rw.graph().node(mask).shape)?;
+    if d.len() != 2 || m.len() != 2 || m[0] < 2 || m[0] * m[1] != d[0] {
+        return None;
+    }
+    let dims = [m[0], m[1], d[1]];
+    let shape = rlx_ir::Shape::new(&dims, rw.graph().node(tensor).shape.dtype());
+    let view = rw.graph_append().reshape(tensor, dims.iter().map(|&x| x as i64).collect(), shape);
+    rw.graph_append().node_mut(view).name = Some(format!("opscope/seq_view/{}", tensor.0));
+    Some((view, dims))
 }
 
 /// Referenced by [`super::link`] so that this file's object code, and with it the

@@ -237,14 +237,21 @@ impl LlamaJob {
             let names: Vec<(String, String)> = (0..c.layers).map(|l| (format!("past_k.{l}"), format!("past_v.{l}"))).collect();
             let cache_bytes: Vec<(Vec<u8>, Vec<u8>)> = caches.iter().map(|(k, v)| (f32_bytes(k), f32_bytes(v))).collect();
             let (idb, cb, sb, mb) = (i64_bytes(&next), f32_bytes(&cos), f32_bytes(&sin), f32_bytes(&mask));
-            let mut inputs: Vec<(&str, &[u8], DType)> = vec![("input_ids", &idb, DType::I64), ("rope_cos", &cb, DType::F32), ("rope_sin", &sb, DType::F32), ("kv_mask", &mb, DType::F32)];
+            let rows_mask = f32_bytes(&vec![1f32; b]);
+            let mut inputs: Vec<(&str, &[u8], DType)> = vec![
+                ("input_ids", &idb, DType::I64),
+                ("rope_cos", &cb, DType::F32),
+                ("rope_sin", &sb, DType::F32),
+                ("kv_mask", &mb, DType::F32),
+                ("attention_mask", &rows_mask, DType::F32),
+            ];
             for ((kn, vn), (kb, vb)) in names.iter().zip(&cache_bytes) {
                 inputs.push((kn, kb, DType::F32));
                 inputs.push((vn, vb, DType::F32));
             }
             let outs = dc.run_typed(&inputs);
-            if outs.len() != 1 + 2 * c.layers {
-                bail!("the decode graph returned {} outputs, expected {}", outs.len(), 1 + 2 * c.layers);
+            if outs.len() != 2 + 2 * c.layers {
+                bail!("the decode graph returned {} outputs, expected {}", outs.len(), 2 + 2 * c.layers);
             }
             let logits = f32_values(&outs[0].0);
             // The new token's K/V go to cache slot `pos` (slot order does not matter to attention).

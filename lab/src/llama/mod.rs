@@ -334,9 +334,11 @@ impl LlamaModel {
     ///
     /// Inputs: `input_ids` I64 `[batch*seq]` (row-major `[batch, seq]`), `rope_cos` and
     /// `rope_sin` F32 `[seq, rope_dims/2]` ([`LlamaConfig::rope_tables`] of `0..seq`), and
-    /// `attention_mask` F32 `[batch*seq]` (1 on tokens, 0 on padding). The model itself needs no
+    /// `attention_mask` F32 `[batch, seq]` (1 on tokens, 0 on padding). The model itself needs no
     /// mask (causal attention keeps right padding out of real positions); opscope's taps read
-    /// it, by its Hugging Face name, to leave padding rows out of their statistics.
+    /// it, by its Hugging Face name, to leave padding rows out of their statistics, and its
+    /// shape tells them which of the `[batch*seq, *]` rows belong to one sequence (no
+    /// adjacent-row statistic pairs two sequences).
     /// Outputs: `logits` F32 `[batch*seq, vocab]`, then per block `k` and `v` F32
     /// `[batch, kv_heads, seq, head_dim]` (after RoPE: the KV cache) when `kv_outputs`, then
     /// `attention_mask` itself.
@@ -349,7 +351,7 @@ impl LlamaModel {
         let ids = b.g.input("input_ids", Shape::new(&[batch * seq], DType::I64));
         let cos = b.g.input("rope_cos", Shape::new(&[seq, c.rope_dims / 2], DType::F32));
         let sin = b.g.input("rope_sin", Shape::new(&[seq, c.rope_dims / 2], DType::F32));
-        let mask = b.g.input("attention_mask", Shape::new(&[batch * seq], DType::F32));
+        let mask = b.g.input("attention_mask", Shape::new(&[batch, seq], DType::F32));
         let (logits, kvs) = b.forward(ids, cos, sin, batch, seq, None);
         let mut outs = vec![logits];
         if kv_outputs {
@@ -371,8 +373,12 @@ impl LlamaModel {
     /// sequence's new token at its own position), per block
     /// `past_k.{l}` and `past_v.{l}` F32 `[batch, kv_heads, cache, head_dim]`, and `kv_mask` F32
     /// `[batch, cache + 1]` (1 on valid cache slots and on the last slot, the new token; 0 on
-    /// unused slots). Outputs: `logits` F32 `[batch, vocab]`, then per block the new token's `k`
-    /// and `v` F32 `[batch, kv_heads, 1, head_dim]` for the caller to store in its cache.
+    /// unused slots), and `attention_mask` F32 `[batch, 1]` (all 1: the model does not read it;
+    /// its shape tells opscope's taps that the `[batch, *]` rows are one token of each of
+    /// `batch` sequences, so no adjacent-row statistic pairs two of them). Outputs: `logits` F32
+    /// `[batch, vocab]`, then per block the new token's `k` and `v` F32
+    /// `[batch, kv_heads, 1, head_dim]` for the caller to store in its cache, then
+    /// `attention_mask` itself (kept alive for the taps, as in the prefill graph).
     /// The shapes are fixed, so one compile serves every decode step.
     pub fn decode_graph(&self, batch: usize, cache: usize) -> Graph {
         let c = &self.config;
@@ -381,6 +387,7 @@ impl LlamaModel {
         let cos = b.g.input("rope_cos", Shape::new(&[batch, c.rope_dims / 2], DType::F32));
         let sin = b.g.input("rope_sin", Shape::new(&[batch, c.rope_dims / 2], DType::F32));
         let mask = b.g.input("kv_mask", Shape::new(&[batch, cache + 1], DType::F32));
+        let rows = b.g.input("attention_mask", Shape::new(&[batch, 1], DType::F32));
         let mut past = Vec::new();
         for l in 0..c.layers {
             let s = Shape::new(&[batch, c.kv_heads, cache, c.head_dim], DType::F32);
@@ -394,6 +401,7 @@ impl LlamaModel {
             outs.push(k);
             outs.push(v);
         }
+        outs.push(rows);
         b.g.set_outputs(outs);
         b.g
     }

@@ -92,7 +92,7 @@ pub enum Error {
 pub fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
     let mut v: Vec<(f64, &str)> = candidates
         .into_iter()
-        .map(|c| (strsim::jaro_winkler(word, c), c))
+        .map(|c| (strsim::jaro_winkler(&word.to_lowercase(), &c.to_lowercase()), c))
         .collect();
     v.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(b.1)));
     v.into_iter().map(|(_, c)| c).collect()

@@ -51,6 +51,15 @@ fn unknown_pass_lists_known_closest_first() {
     let shown = e.to_string();
     assert!(shown.contains("known passes (closest first): matmul"), "{shown}");
     assert!(shown.contains("\n  ^"), "caret under column 1: {shown}");
+    // Case does not hide the match.
+    assert_eq!(err("MATMUL").known.first().map(String::as_str), Some("matmul"));
+}
+
+#[test]
+fn naming_count_in_stats_is_accepted_and_selects_nothing_more() {
+    // `count` is recorded with every tensor sketch; listing it is not an error.
+    assert!(Pipeline::parse("matmul{stats=[count]}").is_ok());
+    assert_eq!(Pipeline::parse("matmul{stats=[count,max]}").unwrap().to_string(), "matmul{stats=[count,max]}");
 }
 
 #[test]

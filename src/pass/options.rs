@@ -161,7 +161,9 @@ impl OptionSpec {
             }
             (OptionType::ListOf(words), raw) => word_list(raw, words.to_vec()),
             (OptionType::Stats(table), raw) => {
-                word_list(raw, std::iter::once("all").chain(table.iter().map(|s| s.as_str())).collect())
+                // `count` is recorded with every tensor sketch; naming it selects nothing more.
+                let count = (*table == crate::sketch::TAP_STATS).then_some(crate::sketch::tensor::COUNT.as_str());
+                word_list(raw, std::iter::once("all").chain(count).chain(table.iter().map(|s| s.as_str())).collect())
             }
             (OptionType::Globs, raw) => {
                 let items = match raw {

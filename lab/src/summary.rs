@@ -77,6 +77,10 @@ impl SummarySink {
         if sites.iter().any(|((_, r, _), _)| tensor_role(r)) {
             let _ = writeln!(
                 out,
+                "over all runs: absmax and chan_outlier the largest, density nnz/count, kurtosis the mean of the runs', non-finite the count"
+            );
+            let _ = writeln!(
+                out,
                 "{:<width$}  {:<4}  {:<16}  {:>10}  {:>8}  {:>9}  {:>12}  {:>10}",
                 "site", "role", "shape", "absmax", "density", "kurtosis", "chan_outlier", "non-finite"
             );

@@ -3,7 +3,8 @@
 //! the measured time when time shares are given ([`mine_with`]).
 //!
 //! Metrics are computed per run (step) from the sketches and summarized by their median over
-//! runs; across-run verdicts need at least [`MIN_STEPS`] runs. Conventions: `P = sumsq / count`
+//! runs ([`median`]: for an even count the upper of the two middle values, a value some run
+//! had; `opscope diff` reports numpy's median, the mean of the two); across-run verdicts need at least [`MIN_STEPS`] runs. Conventions: `P = sumsq / count`
 //! (mean square), `absmax = max(|min|, |max|)`, SQNR estimates use the uniform quantizer noise
 //! model `Δ²/12` (Widrow & Kollár, *Quantization Noise*, 2008) with symmetric scales
 //! `Δ = absmax / (2^(b-1) - 1)` (127 for int8, 7 for int4).
@@ -257,7 +258,9 @@ pub fn untimed_sites(series: &BTreeMap<SeriesKey, Series>, time: &TimeShares) ->
     v
 }
 
-/// The median of the finite values, `None` if there are none.
+/// The median of the finite values, `None` if there are none: for an even count the upper of
+/// the two middle values (`v[n/2]` of the sorted values), so a verdict's evidence is a value
+/// some run had (numpy's median would average the two).
 pub fn median(mut v: Vec<f64>) -> Option<f64> {
     v.retain(|x| x.is_finite());
     if v.is_empty() {

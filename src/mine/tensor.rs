@@ -443,7 +443,7 @@ fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>)
             push(
                 kinds::CHANNEL_OUTLIERS,
                 vec![("chan_outlier", chan), ("elevated_channels", elevated), ("kurtosis", kurt)],
-                "chan_outlier >= 4 with 1..4% of channels above 8x the median channel max|x| (a half-normal spread of channel maxima reaches ~5x)",
+                "chan_outlier >= 4 with at least one channel and at most 4% of the channels above 8x the median channel max|x| (a half-normal spread of channel maxima reaches ~5x)",
                 "Dettmers et al., LLM.int8() (2022): systematic outlier features; Xiao et al., SmoothQuant (2023)",
             );
         }

@@ -593,12 +593,15 @@ struct Corpus {
     onnx: Option<PathBuf>,
     /// Instead of --onnx: a Llama-architecture GGUF decoder (e.g. SmolLM2-135M), its tokenizer
     /// read from the file. `record`: each batch is prefilled (one step of the prefill compile),
-    /// then decoded greedily for `--decode` tokens with a KV cache (each token one step of the
-    /// decode compile); prints the text's perplexity. `measure`: perplexity, sinks, massive
+    /// then decoded greedily for `--decode` tokens with a KV cache (the first token comes from
+    /// the prefill's logits, each later one is one step of the decode compile: N tokens, N - 1
+    /// decode steps); prints the text's perplexity. `measure`: perplexity, sinks, massive
     /// activations, W4A8/W8A8 and the skip of each block. `cost`: the prefill graph's cost.
     #[arg(long, conflicts_with_all = ["onnx", "tokenizer", "inputs"])]
     gguf: Option<PathBuf>,
-    /// With --gguf: greedy decode steps after each prefill (0: prefill only).
+    /// With --gguf: greedy tokens generated after each prefill (0: prefill only). The first
+    /// comes from the prefill, so N tokens run the decode graph N - 1 times (recorded steps of
+    /// the decode compile: 0 .. N - 2).
     #[arg(long, requires = "gguf", value_parser = clap::value_parser!(u32).range(0..=4096))]
     decode: Option<u32>,
     /// Hugging Face tokenizer.json.
@@ -962,6 +965,13 @@ fn probe(a: ProbeArgs) -> Result<()> {
 fn mine(a: MineArgs) -> Result<()> {
     // Per-row vectors reduced as each run's rows end: the same verdicts, a fifth of the memory per run.
     let series = opscope::mine::load_compact(&a.recording)?;
+    if series.is_empty() {
+        anyhow::bail!(
+            "{}: the recording holds no row of a statistic opscope mines, so there is nothing to mine (a recording \
+             stopped before its first run, or a pipeline that matched no site: `opscope record` lists the sites it taps)",
+            a.recording.display()
+        );
+    }
     let time = a.time_shares.as_deref().map(opscope::mine::TimeShares::load).transpose()?;
     let verdicts = opscope::mine::mine_with(&series, time.as_ref());
     let no_data = opscope::mine::no_data(&a.recording, &series)?;
@@ -1419,8 +1429,8 @@ fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> R
     println!(
         "recorded {} sequences ({} per batch, {seq} tokens{}) with '{pipeline}' to {} (+ .manifest.json, .model.json)",
         job.seqs.len(),
-        job.batch,
-        if job.decode > 0 { format!(", {} greedy decode steps", job.decode) } else { String::new() },
+        job.batch.min(job.seqs.len()),
+        if job.decode > 0 { format!(", {} greedy tokens: {} decode steps", job.decode, job.decode - 1) } else { String::new() },
         a.out.display()
     );
     Ok(())
@@ -1551,7 +1561,7 @@ fn record(a: RecordArgs) -> Result<()> {
     println!(
         "recorded {} text entries ({} per batch, {} tokens) with '{}' to {}",
         job.sentences(),
-        batch,
+        batch.min(job.sentences()),
         seq,
         pipeline,
         written_to(&a.out)

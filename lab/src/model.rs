@@ -225,6 +225,11 @@ impl OnnxEncoder {
         if !path.is_file() {
             bail!("{}: no such ONNX file (run scripts/fetch-assets.sh to fetch MiniLM)", path.display());
         }
+        let mut magic = [0u8; 4];
+        let gguf = std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok() && &magic == b"GGUF";
+        if gguf {
+            bail!("{}: a GGUF file, not ONNX: pass it as --gguf (a Llama-architecture decoder; its tokenizer is read from the file)", path.display());
+        }
         let opts = ImportOptions {
             sequence_length: seq,
             named_lengths: HashMap::from([("batch_size".to_string(), batch)]),
@@ -232,7 +237,7 @@ impl OnnxEncoder {
         };
         let (hir, params, _report, _manifest) = build_hir_from_onnx_file(path, opts)
             .map_err(|e| anyhow::anyhow!("{e}"))
-            .with_context(|| format!("importing {}", path.display()))?;
+            .with_context(|| format!("importing {} (is it an ONNX model? --onnx takes a .onnx file)", path.display()))?;
         let mut graph = hir
             .lower_to_mir()
             .map_err(|e| anyhow::anyhow!("{e:?}"))

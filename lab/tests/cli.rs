@@ -365,3 +365,23 @@ fn record_with_online_writes_the_state_beside_the_recording() {
     }
     assert!(checked >= 12, "every activation site has a state: {checked} of {:?}", state.sites.keys());
 }
+
+/// A GGUF file passed as --onnx says to pass it as --gguf; a recording with a header and no
+/// rows is an error for `mine` (nothing to mine), not "no verdict".
+#[test]
+fn a_gguf_as_onnx_and_an_empty_recording_say_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("model.bin");
+    std::fs::write(&gguf, b"GGUF\x03\x00\x00\x00 not a real model").unwrap();
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, "one\n").unwrap();
+    let tokenizer = opscope_lab::model::MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}")).tokenizer;
+    let o = opscope().args(["record", "--onnx"]).arg(&gguf).args(["--tokenizer"]).arg(&tokenizer).arg("--text").arg(&text).arg("--out").arg(dir.path().join("r.csv")).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("a GGUF file, not ONNX") && err.contains("--gguf"), "{err}");
+    let empty = dir.path().join("empty.csv");
+    std::fs::write(&empty, opscope::recording::header().join(",") + "\n").unwrap();
+    let o = opscope().arg("mine").arg(&empty).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("nothing to mine") && !err.contains("panicked"), "{err}");
+}

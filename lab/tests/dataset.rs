@@ -179,6 +179,12 @@ fn a_part_without_its_footer_says_the_process_was_killed() {
     let cli = opscope().arg("mine").arg(&out).output().unwrap();
     let stderr = String::from_utf8_lossy(&cli.stderr);
     assert!(cli.status.success() && stderr.contains("skipped 1 open part(s)"), "{stderr}");
+
+    // A closed part cut after it was closed (an interrupted copy): an error naming the part and
+    // the fix (move it out), not the killed-writer advice to read the directory being read.
+    std::fs::write(&parts[1], &bytes[..bytes.len() / 2]).unwrap();
+    let err = opscope::mine::load(&out).err().expect("a damaged closed part is an error").to_string();
+    assert!(err.contains("closed part") && err.contains("Move it out") && err.contains(&*parts[1].to_string_lossy()), "{err}");
 }
 
 #[test]

@@ -425,6 +425,21 @@ pub(super) fn read(root: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Err
                 max = max.max(r.compile);
                 r.compile += offset;
                 f(r)
+            })
+            .map_err(|e| match e {
+                // A closed part was complete when its writer renamed it: damaged since (a cut
+                // copy, a failing disk). Nothing of it is read; the fix is the user's choice.
+                Error::Recording(RecordingError { path, line, reason }) if reason.starts_with("no Parquet footer") => RecordingError {
+                    path,
+                    line,
+                    reason: format!(
+                        "this closed part of the dataset has no Parquet footer: it was complete when its writer closed \
+                         it, so it was cut or damaged since (a copy interrupted, a failing disk); its rows cannot be read. \
+                         Move it out of the dataset (or restore it) to read the other parts"
+                    ),
+                }
+                .into(),
+                e => e,
             })?;
         }
         let n = compiles_of(p, max);

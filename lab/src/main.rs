@@ -289,7 +289,7 @@ fn parity(a: ParityArgs) -> Result<()> {
     if !(a.rtol >= 0.0 && a.atol >= 0.0 && a.rtol.is_finite() && a.atol.is_finite()) {
         anyhow::bail!("--rtol and --atol must be finite and >= 0 (got {} and {})", a.rtol, a.atol);
     }
-    let text = std::fs::read_to_string(&a.text).with_context(|| format!("reading {}", a.text.display()))?;
+    let text = opscope_lab::model::read_text(&a.text)?;
     let entries: Vec<String> = split_entries(&text).into_iter().take(a.batch as usize).collect();
     if entries.len() < a.batch as usize {
         anyhow::bail!("{} holds {} entries, --batch asks for {}", a.text.display(), entries.len(), a.batch);
@@ -346,7 +346,7 @@ struct MemoArgs {
 fn memo(a: MemoArgs) -> Result<()> {
     let (pool, runs) = (a.pool as usize, a.runs as usize);
     let order = opscope_lab::memo::replay_order(pool, runs, a.seed)?;
-    let text = std::fs::read_to_string(&a.text).with_context(|| format!("reading {}", a.text.display()))?;
+    let text = opscope_lab::model::read_text(&a.text)?;
     let entries = split_entries(&text);
     let need = pool * a.batch as usize;
     if entries.len() < need {
@@ -607,7 +607,8 @@ struct Corpus {
     /// Hugging Face tokenizer.json.
     #[arg(long, required_unless_present_any = ["inputs", "gguf"])]
     tokenizer: Option<PathBuf>,
-    /// Text file: entries separated by lines holding only '%' (fortune format) or blank lines.
+    /// Text file: entries separated by lines holding only '%' (fortune format); a file without
+    /// any '%' line is split on blank lines instead.
     #[arg(long, required_unless_present = "inputs")]
     text: Option<PathBuf>,
     /// Instead of text: the model's inputs from a numpy `.npz` (one array per input the model
@@ -650,7 +651,7 @@ impl Corpus {
     /// The text's entries, at most `--limit`. Errors if the file is unreadable or empty.
     fn entries(&self) -> Result<Vec<String>> {
         let path = self.text.as_ref().context("this command needs --text")?;
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text = opscope_lab::model::read_text(path)?;
         let mut entries = split_entries(&text);
         if let Some(n) = self.limit {
             entries.truncate(n as usize);

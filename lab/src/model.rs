@@ -11,6 +11,22 @@ use rlx_onnx_import::{build_hir_from_onnx_file, ImportOptions};
 use rlx_runtime::{CompileOptions, CompiledGraph, Session};
 use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
 
+/// The text file at `path` as UTF-8.
+///
+/// Errors: the file cannot be read, or is not UTF-8 (the error gives the line and byte offset
+/// of the first bad byte, so the file can be fixed or re-encoded, e.g. `iconv -t UTF-8`).
+pub fn read_text(path: &std::path::Path) -> Result<String> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let line = e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count() + 1;
+        anyhow::anyhow!(
+            "{}: not UTF-8 text: byte {at} (line {line}) is not valid UTF-8; re-encode the file as UTF-8 (e.g. iconv -t UTF-8)",
+            path.display()
+        )
+    })
+}
+
 /// Split text into entries: on lines holding only `%` (the fortune format) if there are any,
 /// else on blank lines. Entries are trimmed; empty ones are dropped.
 pub fn split_entries(text: &str) -> Vec<String> {

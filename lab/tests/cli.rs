@@ -379,6 +379,12 @@ fn a_gguf_as_onnx_and_an_empty_recording_say_what_to_do() {
     let o = opscope().args(["record", "--onnx"]).arg(&gguf).args(["--tokenizer"]).arg(&tokenizer).arg("--text").arg(&text).arg("--out").arg(dir.path().join("r.csv")).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("a GGUF file, not ONNX") && err.contains("--gguf"), "{err}");
+    // Text that is not UTF-8: the line and byte of the first bad byte.
+    let latin1 = dir.path().join("latin1.txt");
+    std::fs::write(&latin1, b"one\ntw\xf6\n").unwrap();
+    let o = opscope().args(["record", "--onnx"]).arg(&gguf).args(["--tokenizer"]).arg(&tokenizer).arg("--text").arg(&latin1).arg("--out").arg(dir.path().join("r2.csv")).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("byte 6 (line 2) is not valid UTF-8"), "{err}");
     let empty = dir.path().join("empty.csv");
     std::fs::write(&empty, opscope::recording::header().join(",") + "\n").unwrap();
     let o = opscope().arg("mine").arg(&empty).output().unwrap();

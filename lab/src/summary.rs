@@ -77,10 +77,6 @@ impl SummarySink {
         if sites.iter().any(|((_, r, _), _)| tensor_role(r)) {
             let _ = writeln!(
                 out,
-                "over all runs: absmax and chan_outlier the largest, density nnz/count, kurtosis the mean of the runs', non-finite the count"
-            );
-            let _ = writeln!(
-                out,
                 "{:<width$}  {:<4}  {:<16}  {:>10}  {:>8}  {:>9}  {:>12}  {:>10}",
                 "site", "role", "shape", "absmax", "density", "kurtosis", "chan_outlier", "non-finite"
             );
@@ -105,6 +101,12 @@ impl SummarySink {
                 show(s.kurtosis_mean(), 2),
                 show(s.chan_outlier, 2),
                 show(s.nonfinite, 0)
+            );
+        }
+        if sites.iter().any(|((_, r, _), _)| tensor_role(r)) {
+            let _ = writeln!(
+                out,
+                "(over all runs: absmax and chan_outlier the largest, density nnz/count, kurtosis the mean of the runs', non-finite the count)"
             );
         }
         if !probes.is_empty() {

@@ -391,3 +391,33 @@ fn a_gguf_as_onnx_and_an_empty_recording_say_what_to_do() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("nothing to mine") && !err.contains("panicked"), "{err}");
 }
+
+/// An actuation asked for one part of RLX's merged Q/K/V GEMM (a single op in the deployed
+/// program) stops with the reason, instead of rewriting the key and value projections too;
+/// selecting all three parts works. On MiniLM, whose deployed program merges them.
+#[test]
+fn an_actuation_on_part_of_a_merged_op_is_refused() {
+    let a = opscope_lab::model::MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let run = |pipeline: &str, out: &str| {
+        opscope()
+            .args(["record", "--onnx"])
+            .arg(&a.onnx)
+            .arg("--tokenizer")
+            .arg(&a.tokenizer)
+            .arg("--text")
+            .arg(&a.text)
+            .args(["--limit", "2", "--batch", "2", "--seq", "16", "--pipeline", pipeline, "--out"])
+            .arg(dir.path().join(out))
+            .output()
+            .unwrap()
+    };
+    for pass in ["fakequant{weights=true,sites=[*layer.0/attention/self/query*]}", "smoothquant{sites=[*layer.0/attention/self/key*]}"] {
+        let o = run(&format!("{pass},matmul{{stats=[max]}}"), "part.csv");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains("merged them into one op") && err.contains("value/MatMul"), "{pass}: {err}");
+        assert!(!dir.path().join("part.csv").exists(), "{pass}: a refused pipeline writes no recording");
+    }
+    let o = run("fakequant{weights=true,sites=[*layer.0/attention/self/*]},matmul{stats=[max]}", "all.csv");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}

@@ -213,7 +213,7 @@ impl Pass for FakeQuant {
             }
             let (lhs, rhs) = (node.inputs[0], node.inputs.get(1).copied());
             let site = rw.site_name(id);
-            if !patterns.matches(&site) {
+            if !patterns.selects_op("fakequant", &site.split('+').collect::<Vec<_>>())? {
                 continue;
             }
             if !dequant && !bmm && !rhs.is_some_and(|r| is_weight(rw.graph(), r)) {

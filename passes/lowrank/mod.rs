@@ -157,7 +157,7 @@ impl Pass for LowRank {
                 continue;
             }
             let site = rw.site_name(id);
-            if !patterns.matches(&site) {
+            if !patterns.selects_op("lowrank", &site.split('+').collect::<Vec<_>>())? {
                 continue;
             }
             let (x, w) = (node.inputs[0], node.inputs[1]);

@@ -158,7 +158,7 @@ impl Pass for SmoothQuant {
                 continue;
             }
             let site = rw.site_name(id);
-            if !patterns.matches(&site) {
+            if !patterns.selects_op("smoothquant", &site.split('+').collect::<Vec<_>>())? {
                 continue;
             }
             let (x, w) = (node.inputs[0], node.inputs[1]);

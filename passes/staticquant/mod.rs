@@ -190,7 +190,7 @@ impl Pass for StaticQuant {
                 _ => Vec::new(),
             };
             let names = if parts.is_empty() { vec![site.clone()] } else { parts };
-            if !names.iter().any(|n| patterns.matches(n)) {
+            if !patterns.selects_op("staticquant", &names.iter().map(String::as_str).collect::<Vec<_>>())? {
                 continue;
             }
             let weight_rhs = rhs.is_some_and(|r| super::smoothquant::is_param_weight(rw.graph(), r) || super::smoothquant::is_migrated_weight(rw.graph(), r));

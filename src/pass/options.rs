@@ -458,6 +458,30 @@ impl SitePatterns {
         let mut suffixes = std::iter::once(site).chain(site.match_indices('/').map(|(i, _)| &site[i + 1..]));
         suffixes.any(|s| self.0.iter().any(|p| p.matches(s)))
     }
+
+    /// For a pass that rewrites a site's op as a whole (an actuation): whether the patterns
+    /// select the op whose logical sites are `parts` (one name; or several for an op RLX's
+    /// fusion merged, such as the horizontally merged Q/K/V GEMM `x @ [Wq|Wk|Wv]`, named
+    /// `q+k+v`). Each part is matched alone ([`Globs::matches`]); a pattern for the merged
+    /// name itself (`q+k+v`, as `opscope plan` writes it) selects the op whole.
+    ///
+    /// Errors: the patterns select some parts of a merged op but not all: rewriting the op
+    /// would rewrite the parts not selected too. The message (prefixed by `pass`) names both
+    /// and the fixes.
+    pub fn selects_op(&self, pass: &str, parts: &[&str]) -> Result<bool, Error> {
+        let (hit, miss): (Vec<&str>, Vec<&str>) = parts.iter().partition(|p| self.matches(p));
+        match (hit.is_empty(), miss.is_empty()) {
+            (true, _) => Ok(self.matches(&parts.join("+"))),
+            (false, true) => Ok(true),
+            (false, false) => Err(Error::Graph(format!(
+                "{pass}: sites=[..] selects {} but not {}: RLX's fusion merged them into one op in the deployed program, \
+                 so rewriting it would rewrite every part. Select all of them (add the others to sites=[..]), or rewrite \
+                 the source program, where they are separate ops (opscope record --stage source; Stage::Source)",
+                hit.join(", "),
+                miss.join(", ")
+            ))),
+        }
+    }
 }
 impl OptionKind for Range {
     type Value = Option<(f32, f32)>;

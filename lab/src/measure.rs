@@ -146,6 +146,9 @@ pub fn compare(want: &[Vec<f32>], got: &[Vec<f32>]) -> (f64, f64, f64) {
 /// The `attn` tap's per-head statistics (role `probs`) per site, each averaged over the runs
 /// weighted by the run's non-padding queries (as the attention rules weigh them): site -> stat ->
 /// per-index mean (NaN where no run recorded the index). Non-finite values are not recorded.
+/// A statistic whose per-run mean is over fewer queries (`topk_mass`: those with more than K
+/// keys; `sink_first`, `sink_last`: not the key's own query) is weighted by the same count, an
+/// approximation of the pooled mean over its queries (the tap records one count per run).
 pub fn attention_means(rows: &[Row]) -> BTreeMap<String, BTreeMap<String, Vec<f64>>> {
     let mut queries: BTreeMap<(&str, u32, u64), f64> = BTreeMap::new();
     for r in rows.iter().filter(|r| &*r.role == "probs" && &*r.stat == "queries") {

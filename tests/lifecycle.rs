@@ -52,6 +52,21 @@ fn an_interrupted_recording_is_closed_readable_and_left_partial() {
     let series = opscope::mine::load(&partial).unwrap();
     let runs: Vec<usize> = series.values().map(|s| s.runs.len()).collect();
     assert!(runs.contains(&3), "{runs:?}");
+
+    // A later recording to the same path that crashes: the interrupted one's sidecar (which
+    // says its file ended on a whole run) is gone, so the new file's last run is left out.
+    let side = dir.path().join("rec.csv.gz.partial.manifest.json");
+    assert!(std::fs::read_to_string(&side).unwrap().contains("\"ends_on_run\": true"));
+    {
+        let mut sink = CsvSink::create(&path).unwrap();
+        assert!(!side.exists(), "the stale sidecar is removed when the new recording starts");
+        let memory = MemorySink::default();
+        opscope::scope(&pipeline(), Box::new(memory.clone()), || compile_and_run(2)).unwrap();
+        sink.write(&memory.rows()).unwrap();
+        sink.flush().unwrap();
+    } // crash
+    let series = opscope::mine::load(&partial).unwrap();
+    assert!(series.values().all(|s| s.runs.iter().all(|r| r.step == 0)), "the crashed recording's last run is left out");
 }
 
 #[test]

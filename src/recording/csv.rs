@@ -78,6 +78,14 @@ impl CsvSink {
             });
         }
         let tmp = partial_path(&path);
+        // A sidecar an earlier, abandoned recording left beside `<path>.partial` describes that
+        // recording, not this one (its `ends_on_run` would make a reader trust this file's last
+        // run): remove it before this recording's rows replace the file.
+        let stale = super::format::sidecar_path(&tmp);
+        match std::fs::remove_file(&stale) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::Io { path: stale, error: e }),
+            _ => {}
+        }
         let file = File::create(&tmp).map_err(|source| Error::Io {
             path: tmp.clone(),
             error: source,

@@ -420,4 +420,14 @@ fn an_actuation_on_part_of_a_merged_op_is_refused() {
     }
     let o = run("fakequant{weights=true,sites=[*layer.0/attention/self/*]},matmul{stats=[max]}", "all.csv");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The merged site as `opscope plan` prints it (short part names joined by '+', any order)
+    // selects it whole, and so it is rewritten: the manifest lists the actuation.
+    let merged = "layer.0/attention/self/key/MatMul+layer.0/attention/self/query/MatMul+layer.0/attention/self/value/MatMul";
+    let o = run(&format!("fakequant{{weights=true,sites=[{merged},*layer.1/attention/self/query*]}},matmul{{stats=[max]}}"), "merged.csv");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("layer.1/attention/self/query/MatMul but not"), "layer 1's part alone is still refused: {err}");
+    let o = run(&format!("fakequant{{weights=true,sites=[{merged}]}},matmul{{stats=[max]}}"), "merged.csv");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let side = std::fs::read_to_string(dir.path().join("merged.csv.manifest.json")).unwrap();
+    assert!(side.contains("fake-quant lhs int8") && side.contains("layer.0/attention/self/query/MatMul+"), "no actuation of the merged site");
 }

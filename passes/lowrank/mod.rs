@@ -157,7 +157,17 @@ impl Pass for LowRank {
                 continue;
             }
             let site = rw.site_name(id);
-            if !patterns.selects_op("lowrank", &site.split('+').collect::<Vec<_>>())? {
+            let parts: Vec<&str> = site.split('+').collect();
+            if parts.len() > 1 {
+                // RLX's merged Q/K/V GEMM reads a concatenated weight, which lowrank does not
+                // factor (whole or in part): say so for any selection that touches it.
+                if parts.iter().any(|p| patterns.matches(p)) || patterns.matches(&site) {
+                    let why = "RLX's fusion merged these projections into one GEMM over a concatenated weight, which lowrank does not factor: rewrite the source program, where they are separate ops (opscope record --stage source; Stage::Source)";
+                    rw.skip(&site, Some(Role::RHS), None, why.into());
+                }
+                continue;
+            }
+            if !patterns.matches(&site) {
                 continue;
             }
             let (x, w) = (node.inputs[0], node.inputs[1]);

@@ -469,18 +469,47 @@ impl SitePatterns {
     /// would rewrite the parts not selected too. The message (prefixed by `pass`) names both
     /// and the fixes.
     pub fn selects_op(&self, pass: &str, parts: &[&str]) -> Result<bool, Error> {
+        if parts.len() > 1 && self.0.iter().any(|p| Self::names_whole(p.as_str(), parts)) {
+            return Ok(true);
+        }
         let (hit, miss): (Vec<&str>, Vec<&str>) = parts.iter().partition(|p| self.matches(p));
         match (hit.is_empty(), miss.is_empty()) {
-            (true, _) => Ok(self.matches(&parts.join("+"))),
+            (true, _) => Ok(false),
             (false, true) => Ok(true),
             (false, false) => Err(Error::Graph(format!(
                 "{pass}: sites=[..] selects {} but not {}: RLX's fusion merged them into one op in the deployed program, \
-                 so rewriting it would rewrite every part. Select all of them (add the others to sites=[..]), or rewrite \
-                 the source program, where they are separate ops (opscope record --stage source; Stage::Source)",
+                 so rewriting it would rewrite every part. Select all of them (add the others to sites=[..], or name the \
+                 merged site as `opscope plan` prints it, parts joined by '+'), or rewrite the source program, where they \
+                 are separate ops (opscope record --stage source; Stage::Source)",
                 hit.join(", "),
                 miss.join(", ")
             ))),
         }
+    }
+
+    /// True if `pattern` names the merged op of `parts` whole: its '+'-separated pieces, in any
+    /// order, each select a different part (full or short names, globs allowed), and every part
+    /// is selected (`a/q/MatMul+a/k/MatMul+a/v/MatMul`, `*+*+*`).
+    fn names_whole(pattern: &str, parts: &[&str]) -> bool {
+        let pieces: Vec<SitePatterns> = pattern.split('+').filter_map(|p| glob::Pattern::new(p).ok()).map(|p| SitePatterns(vec![p])).collect();
+        if pieces.len() != parts.len() || pattern.split('+').count() != parts.len() {
+            return false;
+        }
+        // A matching of pieces to parts, one to one (n is 3 for Q/K/V: try the permutations).
+        fn assign(pieces: &[SitePatterns], parts: &[&str], used: &mut Vec<bool>) -> bool {
+            let Some((first, rest)) = pieces.split_first() else { return true };
+            for (i, part) in parts.iter().enumerate() {
+                if !used[i] && first.matches(part) {
+                    used[i] = true;
+                    if assign(rest, parts, used) {
+                        return true;
+                    }
+                    used[i] = false;
+                }
+            }
+            false
+        }
+        assign(&pieces, parts, &mut vec![false; parts.len()])
     }
 }
 impl OptionKind for Range {

@@ -387,6 +387,44 @@ fn each_run_pairs_rows_by_its_own_shape() {
 }
 
 #[test]
+fn runs_of_two_compiles_keep_their_own_shape_and_flops_in_any_row_order() {
+    // A site in a prefill compile ([2,8,4], 1000 FLOPs, absmax 1) and a decode compile
+    // ([2,1,4], 125 FLOPs, absmax 0.4, six steps), and a second site with prefill runs only.
+    let run = |compile: u32, step: u64, shape: &str, flops: u64, absmax: f32| {
+        let mut r = run_rows("mm", "lhs", shape, step, &[("count", 8.0), ("nnz", 1.0), ("min", -absmax), ("max", absmax), ("mean", 0.0), ("sumsq", 4.0)], &[]);
+        r.iter_mut().for_each(|x| {
+            x.compile = compile;
+            x.flops = Some(flops);
+        });
+        r
+    };
+    let mut rows = run(1, 0, "[2,8,4]", 1000, 1.0);
+    rows.extend(run(1, 1, "[2,8,4]", 1000, 1.0));
+    for step in 0..6 {
+        rows.extend(run(2, step, "[2,1,4]", 125, 0.4 + 0.001 * step as f32));
+    }
+    let mut other = run(1, 0, "[2,8,4]", 1000, 1.0);
+    other.iter_mut().for_each(|x| x.site = "other".into());
+    rows.extend(other);
+    let verdicts = mine(&series_from_rows(&rows));
+    // The absmax falls from 1 to 0.4 at the change of compile: not a drift of the data (the
+    // decode runs alone are compared, 0.400..0.405).
+    assert!(!verdicts.iter().any(|v| v.kind.name == "scale_drift"), "{verdicts:?}");
+    // The series' shape and FLOPs are its first run's, whatever row comes first in the file.
+    let mut reversed = rows.clone();
+    reversed.reverse();
+    let (a, b) = (series_from_rows(&rows), series_from_rows(&reversed));
+    for (k, s) in &a {
+        assert_eq!((&s.shape, s.flops), (&b[k].shape, b[k].flops), "{k:?}");
+    }
+    assert_eq!(a[&("mm".to_string(), "lhs".to_string(), 0)].shape, "[2,8,4]");
+    assert_eq!(format!("{:?}", mine(&a)), format!("{:?}", mine(&b)));
+    // Payoff shares: mm ran 2 x 1000 + 6 x 125 = 2750 FLOPs, other 1000: mm's share is 2750/3750.
+    let sparse = mine(&a).into_iter().find(|v| v.site == "mm" && v.kind.name == "sparse_gemm").expect("density 1/8: sparse_gemm");
+    assert!(sparse.fraction > 0.0 && (sparse.payoff - 2750.0 / 3750.0 * sparse.fraction).abs() < 1e-12, "{sparse:?}");
+}
+
+#[test]
 fn low_rank_probe_is_row_energy_cv_at_least_0_35() {
     // Rows at 1 - x and 1 + x: mean 1, population standard deviation x, CV x.
     let rows = |x: f32| (0..8).map(|i| if i % 2 == 0 { 1.0 - x } else { 1.0 + x }).collect::<Vec<f32>>();

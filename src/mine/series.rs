@@ -23,9 +23,18 @@ pub struct StepStats {
     /// The rows of this run of this tensor ended (a later row for it means the recording does
     /// not keep a run's rows together: see [`load_compact`]).
     ended: bool,
-    /// This run's tensor dims when they differ from its series' [`Series::shape`] (one site in
-    /// two compiles: a decoder's prefill `[B, S, C]` and decode step `[B, 1, C]`).
-    shape: Option<Vec<usize>>,
+    /// This run's tensor shape and FLOPs when they differ from its series' [`Series::shape`]
+    /// and [`Series::flops`] (one site in two compiles: a decoder's prefill `[B, S, C]` and
+    /// decode step `[B, 1, C]`).
+    own: Option<Box<RunShape>>,
+}
+
+/// A run's own shape (text and dims) and FLOPs ([`StepStats::dims`], [`StepStats::flops`]).
+#[derive(Debug, Clone, PartialEq)]
+struct RunShape {
+    text: String,
+    dims: Vec<usize>,
+    flops: Option<u64>,
 }
 
 /// What a compact load ([`load_compact`]) keeps of one run's `chan_maxabs` vector (one value
@@ -76,7 +85,7 @@ impl StepStats {
             rows: None,
             chans: None,
             ended: false,
-            shape: None,
+            own: None,
         }
     }
 
@@ -84,7 +93,13 @@ impl StepStats {
     /// else `series` (the series' [`Series::shape`], parsed). Per-run metrics that depend on the
     /// geometry (rows, adjacent-row pairs, channels) use these.
     pub fn dims<'a>(&'a self, series: &'a [usize]) -> &'a [usize] {
-        self.shape.as_deref().unwrap_or(series)
+        self.own.as_ref().map_or(series, |o| o.dims.as_slice())
+    }
+
+    /// The FLOPs of this run's execution of the site: its own when its compile differs, else
+    /// `series` (the series' [`Series::flops`]).
+    pub fn flops(&self, series: Option<u64>) -> Option<u64> {
+        self.own.as_ref().map_or(series, |o| o.flops)
     }
 
     fn push(&mut self, stat: Stat, idx: usize, value: f32) {
@@ -258,6 +273,21 @@ fn accumulate(acc: &mut Vec<Over>, v: &[f32]) {
 }
 
 impl Series {
+    /// Make the series' shape and FLOPs those of its first run in (compile, step) order, not of
+    /// the first row the file happened to list (a re-sorted recording of a site in two compiles
+    /// gives the same series), and each run's own only where it differs from them.
+    fn first_run_shape(&mut self) {
+        let Some(first) = self.runs.first().and_then(|r| r.own.as_deref().cloned()) else { return };
+        let text = std::mem::take(&mut self.shape);
+        let old = RunShape { dims: super::tensor::parse_shape(&text), text, flops: self.flops };
+        for r in &mut self.runs {
+            let mine = r.own.take().map_or_else(|| old.clone(), |b| *b);
+            r.own = (mine != first).then(|| Box::new(mine));
+        }
+        self.shape = first.text;
+        self.flops = first.flops;
+    }
+
     /// Per index of `stat`'s vector, its [`Over`] the runs: `kept` (what a compact load
     /// accumulated), else accumulated here from the runs' vectors in (compile, step) order.
     /// Empty when no run holds the vector.
@@ -366,8 +396,8 @@ impl Builder {
         let (_, s, runs) = &mut self.series[si];
         let ri = *runs.entry((c.compile, c.step)).or_insert_with(|| {
             let mut r = StepStats::new(c.compile, c.step);
-            if c.shape != s.shape {
-                r.shape = Some(super::tensor::parse_shape(c.shape));
+            if c.shape != s.shape || c.flops != s.flops {
+                r.own = Some(Box::new(RunShape { text: c.shape.to_string(), dims: super::tensor::parse_shape(c.shape), flops: c.flops }));
             }
             s.runs.push(r);
             s.runs.len() - 1
@@ -453,6 +483,7 @@ impl Builder {
             .into_iter()
             .map(|(k, mut s, _)| {
                 s.runs.sort_by_key(|r| (r.compile, r.step));
+                s.first_run_shape();
                 (k, s)
             })
             .collect()

@@ -360,20 +360,19 @@ fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>)
     // The FLOPs a pass recorded, per pass: a payoff is a share of its own pass's sites, so a
     // second tap in the pipeline (`capture`, another `matmul` over other sites) neither dilutes
     // nor inflates it.
-    let total_flops: BTreeMap<u32, f64> = {
-        // FLOPs once per site (roles share them).
-        let mut per_site: BTreeMap<(u32, &str), f64> = BTreeMap::new();
-        for ((site, _, pass), s) in series {
-            let f = s.flops.unwrap_or(0) as f64 * s.runs.len().max(1) as f64;
-            let e = per_site.entry((*pass, site.as_str())).or_default();
-            *e = e.max(f);
-        }
-        let mut total = BTreeMap::new();
-        for ((pass, _), f) in per_site {
-            *total.entry(pass).or_insert(0.0) += f;
-        }
-        total
-    };
+    // A site's FLOPs over the recording: each run's own (a prefill and a decode compile differ),
+    // once per site (roles share them; a weight recorded once has fewer runs than the
+    // activations, so the role with the most counts).
+    let mut site_flops: BTreeMap<(u32, &str), f64> = BTreeMap::new();
+    for ((site, _, pass), s) in series {
+        let f = if s.runs.is_empty() { s.flops.unwrap_or(0) as f64 } else { s.runs.iter().map(|r| r.flops(s.flops).unwrap_or(0) as f64).sum() };
+        let e = site_flops.entry((*pass, site.as_str())).or_default();
+        *e = e.max(f);
+    }
+    let mut total_flops: BTreeMap<u32, f64> = BTreeMap::new();
+    for ((pass, _), f) in &site_flops {
+        *total_flops.entry(*pass).or_insert(0.0) += f;
+    }
     for ((site, role, pass_idx), s) in series {
         if !is_tensor_series(s) {
             continue;
@@ -394,16 +393,7 @@ fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>)
         let holes = med(|m| m.central_holes);
         let adj = med(|m| m.adj_ratio);
         let row_cv = med(|m| m.row_cv);
-        // The site's executions: the most runs any of its roles recorded (a weight is recorded
-        // once, its activation every run).
-        let executions = series
-            .iter()
-            .filter(|((st, _, p), _)| st == site && p == pass_idx)
-            .map(|(_, x)| x.runs.len())
-            .max()
-            .unwrap_or(1)
-            .max(1);
-        let share = s.flops.unwrap_or(0) as f64 * executions as f64 / total_flops.get(pass_idx).copied().unwrap_or(0.0).max(1.0);
+        let share = site_flops.get(&(*pass_idx, site.as_str())).copied().unwrap_or(0.0) / total_flops.get(pass_idx).copied().unwrap_or(0.0).max(1.0);
         let mut push = |kind: Kind, evidence: Vec<(&str, Option<f64>)>, rule: &'static str, source: &'static str| {
             out.push(Verdict {
                 site: site.clone(),
@@ -514,9 +504,27 @@ fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>)
                 "Halko, Martinsson, Tropp, Finding structure with randomness (2011)",
             );
         }
-        if s.runs.len() >= MIN_STEPS {
-            let sig: Vec<Option<&[f32]>> = s.runs.iter().map(|r| r.vector(tensor::ELEMSIG)).collect();
-            let sumsq: Vec<Option<f64>> = s.runs.iter().map(|r| r.scalar(tensor::SUMSQ)).collect();
+        // Across runs, only runs of one shape compare: a site in a prefill and a decode compile
+        // ([B, S, C] and [B, 1, C]) changes its range with the compile, not with the data. The
+        // rules take the shape most runs have (the first run's on a tie).
+        let group: Vec<usize> = {
+            let mut count: Vec<(&[usize], usize)> = Vec::new();
+            for r in &s.runs {
+                let d = r.dims(&shape);
+                match count.iter_mut().find(|(k, _)| *k == d) {
+                    Some(c) => c.1 += 1,
+                    None => count.push((d, 1)),
+                }
+            }
+            let best = count.iter().enumerate().max_by_key(|(i, (_, n))| (*n, std::cmp::Reverse(*i))).map(|(_, (d, _))| *d);
+            (0..s.runs.len()).filter(|&i| Some(s.runs[i].dims(&shape)) == best).collect()
+        };
+        let runs: Vec<&StepStats> = group.iter().map(|&i| &s.runs[i]).collect();
+        let ms: Vec<&Metrics> = group.iter().map(|&i| &ms[i]).collect();
+        let med = |f: fn(&Metrics) -> Option<f64>| median(ms.iter().filter_map(|m| f(m)).collect());
+        if runs.len() >= MIN_STEPS {
+            let sig: Vec<Option<&[f32]>> = runs.iter().map(|r| r.vector(tensor::ELEMSIG)).collect();
+            let sumsq: Vec<Option<f64>> = runs.iter().map(|r| r.scalar(tensor::SUMSQ)).collect();
             // Bitwise: a padding position's sampled element is NaN (not recorded) in every run,
             // and NaN == NaN is false, so a float comparison would never call a padded
             // activation repeated.
@@ -530,8 +538,7 @@ fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>)
                 (end - start).abs()
             });
             // The range a static scale must cover: absmax per run, its least-squares trend.
-            let absmax: Vec<f64> = s
-                .runs
+            let absmax: Vec<f64> = runs
                 .iter()
                 .filter_map(|r| Some(r.scalar(tensor::MIN)?.abs().max(r.scalar(tensor::MAX)?.abs())))
                 .collect();
@@ -557,7 +564,7 @@ fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>)
             if repeat {
                 push(
                     kinds::EXACT_REPEAT,
-                    vec![("runs", Some(s.runs.len() as f64))],
+                    vec![("runs", Some(runs.len() as f64))],
                     "elemsig and sumsq identical in every run",
                     "memoization: an identical input gives an identical output",
                 );

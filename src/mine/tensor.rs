@@ -357,15 +357,14 @@ fn is_tensor_series(s: &Series) -> bool {
 }
 
 fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>) {
-    // The FLOPs a pass recorded, per pass: a payoff is a share of its own pass's sites, so a
-    // second tap in the pipeline (`capture`, another `matmul` over other sites) neither dilutes
-    // nor inflates it.
     // A site's FLOPs over the recording: each run's own (a prefill and a decode compile differ),
     // once per site (roles share them; a weight recorded once has fewer runs than the
-    // activations, so the role with the most counts).
+    // activations, so the role with the most counts). A payoff is a share of its own pass's
+    // total, so a second tap in the pipeline (`capture`, another `matmul` over other sites)
+    // neither dilutes nor inflates it.
     let mut site_flops: BTreeMap<(u32, &str), f64> = BTreeMap::new();
     for ((site, _, pass), s) in series {
-        let f = if s.runs.is_empty() { s.flops.unwrap_or(0) as f64 } else { s.runs.iter().map(|r| r.flops(s.flops).unwrap_or(0) as f64).sum() };
+        let f: f64 = s.runs.iter().map(|r| r.flops(s.flops).unwrap_or(0) as f64).sum();
         let e = site_flops.entry((*pass, site.as_str())).or_default();
         *e = e.max(f);
     }

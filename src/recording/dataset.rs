@@ -421,25 +421,10 @@ pub(super) fn read(root: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Err
     for p in &parts {
         let mut max = 0u32;
         for part in &p.parts {
-            super::parquet::read(part, &mut |mut r: RowRef<'_>| {
+            super::parquet::read(part, super::parquet::Origin::ClosedPart, &mut |mut r: RowRef<'_>| {
                 max = max.max(r.compile);
                 r.compile += offset;
                 f(r)
-            })
-            .map_err(|e| match e {
-                // A closed part was complete when its writer renamed it: damaged since (a cut
-                // copy, a failing disk). Nothing of it is read; the fix is the user's choice.
-                Error::Recording(RecordingError { path, line, reason }) if reason.starts_with("no Parquet footer") => RecordingError {
-                    path,
-                    line,
-                    reason: format!(
-                        "this closed part of the dataset has no Parquet footer: it was complete when its writer closed \
-                         it, so it was cut or damaged since (a copy interrupted, a failing disk); its rows cannot be read. \
-                         Move it out of the dataset (or restore it) to read the other parts"
-                    ),
-                }
-                .into(),
-                e => e,
             })?;
         }
         let n = compiles_of(p, max);
@@ -484,7 +469,7 @@ pub(super) fn read_sidecar(root: &Path) -> Result<Option<Sidecar>, Error> {
             None => {
                 let mut max = 0u32;
                 for part in &p.parts {
-                    super::parquet::read(part, &mut |r: RowRef<'_>| max = max.max(r.compile))?;
+                    super::parquet::read(part, super::parquet::Origin::ClosedPart, &mut |r: RowRef<'_>| max = max.max(r.compile))?;
                 }
                 max
             }

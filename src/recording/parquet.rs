@@ -339,10 +339,20 @@ impl Drop for ParquetSink {
     }
 }
 
+/// Where a Parquet file being read comes from, for what its missing footer means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Origin {
+    /// A file named by the user (a single-file recording, or a part read alone).
+    File,
+    /// A closed part of a dataset: complete when its writer renamed it into place.
+    ClosedPart,
+}
+
 /// A Parquet file starts and ends with the magic `PAR1`; the footer (schema, row groups) is
 /// written last, when the file is closed. A file that starts with it and does not end with it
-/// was being written when its process stopped: say so, rather than a decoder's message.
-fn check_footer(path: &Path, file: &File) -> Result<(), Error> {
+/// was being written when its process stopped, or (a closed part of a dataset) was cut since:
+/// say so, rather than a decoder's message.
+fn check_footer(path: &Path, file: &File, origin: Origin) -> Result<(), Error> {
     use std::io::{Read, Seek, SeekFrom};
     let io = |e| Error::Io { path: path.to_path_buf(), error: e };
     let len = file.metadata().map_err(io)?.len();
@@ -358,11 +368,20 @@ fn check_footer(path: &Path, file: &File) -> Result<(), Error> {
         return Err(RecordingError {
             path: path.to_path_buf(),
             line: None,
-            reason: format!(
-                "no Parquet footer ({len} bytes, not ending in PAR1): the file was not closed, probably the process was \
-                 killed while writing it; its rows cannot be read. In a dataset directory the earlier parts \
-                 (part-*.parquet) are intact: read the directory"
-            ),
+            reason: match origin {
+                Origin::File => format!(
+                    "no Parquet footer ({len} bytes, not ending in PAR1): the file was not closed, probably the process was \
+                     killed while writing it; its rows cannot be read. In a dataset directory the earlier parts \
+                     (part-*.parquet) are intact: read the directory"
+                ),
+                // A closed part was complete when its writer renamed it: damaged since (a cut
+                // copy, a failing disk). Nothing of it is read; the fix is the user's choice.
+                Origin::ClosedPart => format!(
+                    "this closed part of the dataset has no Parquet footer ({len} bytes, not ending in PAR1): it was \
+                     complete when its writer closed it, so it was cut or damaged since (a copy interrupted, a failing \
+                     disk); its rows cannot be read. Move it out of the dataset (or restore it) to read the other parts"
+                ),
+            },
         }
         .into());
     }
@@ -392,15 +411,16 @@ impl Text {
 /// type (`arrow_cast::cast` in its safe mode: a value that does not fit is an error, not a wrap),
 /// and Snappy and Zstd compression are decoded (pandas and polars defaults).
 ///
-/// Errors: the file cannot be opened or is not Parquet, a recording column is missing, holds
+/// Errors: the file cannot be opened or is not Parquet or has no footer (the message says what
+/// that means for its `origin`), a recording column is missing, holds
 /// another kind of value, or holds a null or unrepresentable value where the format has none.
-pub(super) fn read(path: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Error> {
+pub(super) fn read(path: &Path, origin: Origin, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Error> {
     use arrow_array::cast::AsArray;
     use arrow_array::types::{Float32Type, UInt32Type, UInt64Type};
     use arrow_array::Array;
     let bad = |reason: String| RecordingError { path: path.to_path_buf(), line: None, reason };
     let file = File::open(path).map_err(|e| Error::Io { path: path.to_path_buf(), error: e })?;
-    check_footer(path, &file)?;
+    check_footer(path, &file, origin)?;
     let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
         .and_then(|b| b.with_batch_size(1 << 16).build())
         .map_err(|e| bad(format!("not a readable Parquet recording: {e}")))?;

@@ -56,7 +56,7 @@ pub fn read_rows(path: &Path, mut f: impl FnMut(RowRef<'_>)) -> Result<(), Error
     let base = name.strip_suffix(".partial").unwrap_or(&name);
     if base.ends_with(".parquet") {
         #[cfg(feature = "parquet")]
-        return super::parquet::read(path, &mut f);
+        return super::parquet::read(path, super::parquet::Origin::File, &mut f);
         #[cfg(not(feature = "parquet"))]
         return Err(super::no_parquet(path));
     }

@@ -105,6 +105,23 @@ fn a_crashed_gzip_recording_is_read_up_to_its_last_run() {
     }
 }
 
+/// A finished `.csv.gz` recording cut afterwards (an interrupted copy) is an error naming the
+/// cut and the fix, never a silent read of part of it; renamed `.partial`, it is read up to its
+/// last run.
+#[test]
+fn a_finished_gzip_recording_cut_afterwards_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("done.csv.gz");
+    opscope::scope(&pipeline(), opscope::open_sink(&path).unwrap(), || compile_and_run(3)).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    let err = opscope::mine::load(&path).err().expect("a cut finished recording is an error").to_string();
+    assert!(err.contains("mid-stream") && err.contains("cut or damaged since") && err.contains(".partial"), "{err}");
+    let partial = dir.path().join("done.csv.gz.partial");
+    std::fs::rename(&path, &partial).unwrap();
+    assert!(opscope::mine::load(&partial).is_ok());
+}
+
 /// A plain CSV recording cut by a crash at every byte of its last two runs: read, it holds
 /// exactly the runs before the one the cut fell in (or before the last one, when the cut falls
 /// on a row boundary), never part of a run and never an error.

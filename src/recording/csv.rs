@@ -219,7 +219,25 @@ impl Drop for CsvSink {
 pub(super) fn read(path: &Path, gz: bool, partial: bool, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Error> {
     let whole = || super::read_sidecar(path).ok().flatten().is_some_and(|s| s.ends_on_run);
     if !partial || whole() {
-        return read_records(path, gz, None, f).map(|_| ());
+        // A file that should be whole and whose stream ends early was cut after it was written.
+        return match read_records(path, gz, None, f)? {
+            None => Ok(()),
+            Some(why) => Err(RecordingError {
+                path: path.to_path_buf(),
+                line: None,
+                reason: format!(
+                    "{why}: {}",
+                    if partial {
+                        "its sidecar says it ends on a whole run, so it was cut since; delete the sidecar \
+                         (<name>.partial.manifest.json) to read it up to its last run"
+                    } else {
+                        "a finished recording is closed whole, so it was cut or damaged since; restore it, or rename it to \
+                         <name>.partial to read it up to its last run"
+                    }
+                ),
+            }
+            .into()),
+        };
     }
     // Pass 1: where the last run starts, and where the stream stops.
     let mut key = None;

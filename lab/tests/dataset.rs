@@ -414,6 +414,27 @@ print(json.dumps([list(r[:11]) + [bits(r[11])] + list(r[12:]) for r in rows]))
     rows
 }
 
+/// Every column of every row of a dataset as pyarrow reads it (a third Parquet decoder), sorted.
+fn pyarrow_cells(dataset: &Path) -> Vec<Cells> {
+    let code = r#"
+import sys, json, struct, glob
+import pyarrow.parquet as pq
+bits = lambda v: struct.unpack('<I', struct.pack('<f', v))[0]
+out = []
+for f in sorted(glob.glob(f"{sys.argv[1]}/**/*.parquet", recursive=True)):
+    t = pq.read_table(f).to_pylist()
+    for r in t:
+        r["value"] = bits(r["value"])
+        out.append([r[c] for c in ["run_id", "compile", "step", "graph", "pass", "pass_idx", "site", "op", "role", "stat", "idx", "value", "numel", "shape", "flops"]])
+print(json.dumps(out))
+"#;
+    let py = Command::new("python3").args(["-c", code]).arg(dataset).output().expect("python3 runs");
+    assert!(py.status.success(), "pyarrow (pip install -r scripts/requirements-test.txt): {}", String::from_utf8_lossy(&py.stderr));
+    let mut rows: Vec<Cells> = serde_json::from_slice(&py.stdout).unwrap();
+    rows.sort();
+    rows
+}
+
 /// The columnar path (`Sink::write_block`, what the recorder uses) and the row path
 /// (`Sink::write`) of the Parquet dataset sink write the same table, and that table is the rows
 /// `Block::rows` defines: every column of every row read back by DuckDB (an independent
@@ -429,22 +450,32 @@ fn the_columnar_sink_writes_every_row_of_its_blocks_and_duckdb_reads_them_back()
     let s = |x: &str| Arc::<str>::from(x);
     let (run_id, graph, other_graph) = (s("run-7-1-1"), s("chain"), s("other"));
     let passes = [s("matmul"), s("attn")];
-    let sites = [s("l0/MatMul"), s("l1/MatMul"), s("layer.2/attention/self/MatMul_1")];
+    // Three sites in most runs; in run 3 a dictionary of 300 site names (9-bit keys) and in run
+    // 5 one of 66 000 (17-bit keys: three bytes a run-length value).
+    let mut sites = vec![s("l0/MatMul"), s("l1/MatMul"), s("layer.2/attention/self/MatMul_1")];
+    sites.extend((0..66_000).map(|k| s(&format!("block.{k}/MatMul"))));
     let (op, role, shape) = (s("MatMul"), s("lhs"), s("[64,256]"));
     let stats = [s("min"), s("max"), s("hist"), s("chan_maxabs")];
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(13);
     let specials = [f32::INFINITY, f32::NEG_INFINITY, f32::MIN_POSITIVE / 8.0, -0.0, 1e38, f32::NAN];
     let mut runs: Vec<Vec<(usize, usize, usize, usize, Vec<f32>, Option<u64>, Option<u64>)>> = Vec::new();
-    for _ in 0..7 {
+    for run in 0..7 {
         let mut blocks = Vec::new();
-        for _ in 0..rng.gen_range(1..40) {
-            let n = [0usize, 1, 3, 64, 700][rng.gen_range(0..5)];
+        let count = match run {
+            3 => 300,
+            5 => 66_000,
+            _ => rng.gen_range(1..40),
+        };
+        for b in 0..count {
+            let n = if run == 5 { 1 } else { [0usize, 1, 3, 64, 700][rng.gen_range(0..5)] };
             let values: Vec<f32> = (0..n)
                 .map(|_| if rng.gen_bool(0.1) { specials[rng.gen_range(0..specials.len())] } else { rng.gen_range(-3.0f32..3.0) * 10f32.powi(rng.gen_range(-30..30)) })
                 .collect();
-            let numel = rng.gen_bool(0.8).then(|| rng.gen_range(1..1u64 << 40));
-            let flops = rng.gen_bool(0.5).then(|| rng.gen_range(0..u64::MAX));
-            blocks.push((rng.gen_range(0..2), rng.gen_range(0..3), rng.gen_range(0..4), rng.gen_range(0..2), values, numel, flops));
+            // Run 6: numel and flops empty in every row (a column chunk of nulls only).
+            let numel = (run != 6 && rng.gen_bool(0.8)).then(|| rng.gen_range(1..1u64 << 40));
+            let flops = (run != 6 && rng.gen_bool(0.5)).then(|| rng.gen_range(0..u64::MAX));
+            let site = if run == 3 || run == 5 { 3 + b } else { rng.gen_range(0..3) };
+            blocks.push((rng.gen_range(0..2), site, rng.gen_range(0..4), rng.gen_range(0..2), values, numel, flops));
         }
         runs.push(blocks);
     }
@@ -492,11 +523,12 @@ fn the_columnar_sink_writes_every_row_of_its_blocks_and_duckdb_reads_them_back()
     let (by_blocks, by_rows) = (dir.path().join("blocks.parquet"), dir.path().join("rows.parquet"));
     let expected = write(&by_blocks, true);
     assert_eq!(write(&by_rows, false), expected);
-    assert!(expected.len() > 5_000, "{}", expected.len());
+    assert!(expected.len() > 70_000, "{}", expected.len());
     assert!(expected.iter().any(|c| c.11 == f32::INFINITY.to_bits()) && expected.iter().any(|c| c.12.is_none()) && expected.iter().any(|c| c.14.is_none()));
     assert_eq!(closed_parts(&by_blocks).len(), 3, "7 runs at 3 runs per part");
     for out in [&by_blocks, &by_rows] {
         assert_eq!(duckdb_cells(out), expected, "{}", out.display());
+        assert_eq!(pyarrow_cells(out), expected, "{}", out.display());
         // opscope's own reader: the key columns and values it decodes, in any order.
         let mut ours = Vec::new();
         opscope::recording::read_rows(out, |r| ours.push(format!("{} {} {} {} {} {} {} {:?} {}", r.compile, r.step, r.pass_idx, r.site, r.role, r.stat, r.idx, r.flops, r.value.to_bits())))

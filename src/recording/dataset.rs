@@ -21,13 +21,11 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use parquet::arrow::ArrowWriter;
-
 use crate::error::Error;
 use crate::manifest::Manifest;
 
 use super::format::{check_dataset_path, write_atomic, Block, Row, Sidecar, FORMAT};
-use super::parquet::{schema, writer_properties, Columns};
+use super::rowgroup::{ParquetFile, RowGroup};
 use super::read::RowRef;
 use super::sink::Sink;
 use super::RecordingError;
@@ -90,14 +88,10 @@ impl Default for PartLimits {
 
 /// The part a run goes to while it is open.
 struct OpenPart {
-    writer: ArrowWriter<File>,
+    writer: ParquetFile,
     tmp: PathBuf,
     runs: u64,
 }
-
-/// Rows buffered before they are encoded into the open row group (a run's rows are one row
-/// group however many there are; this bounds the decoded rows held in memory).
-const ENCODE_ROWS: usize = 4096;
 
 /// A Parquet recording as a dataset directory (see the module docs): rows of each run are one
 /// row group of the open part; a part is closed (footer, fsync, rename from
@@ -111,7 +105,8 @@ pub struct DatasetSink {
     id: Option<String>,
     next_part: usize,
     open: Option<OpenPart>,
-    pending: Columns,
+    /// The open run's rows (one row group, encoded as they come: see `rowgroup`).
+    pending: RowGroup,
     manifests: Vec<Manifest>,
     sidecar_written: Option<usize>,
     done: bool,
@@ -133,7 +128,7 @@ impl DatasetSink {
             id: None,
             next_part: 0,
             open: None,
-            pending: Columns::default(),
+            pending: RowGroup::new().map_err(|e| Error::Internal(format!("parquet schema: {e}")))?,
             manifests: Vec::new(),
             sidecar_written: None,
             done: false,
@@ -171,40 +166,17 @@ impl DatasetSink {
         }
     }
 
-    /// Encode the pending rows into the open part's current row group (opening a part if
-    /// needed), without closing the row group: the rows of a run never pile up in memory.
-    fn write_pending(&mut self) -> Result<(), Error> {
-        if self.pending.is_empty() {
+    /// End the run: its rows are one row group of the open part (opened if needed); close the
+    /// part when it reaches its limits.
+    fn write_run(&mut self) -> Result<(), Error> {
+        if self.pending.rows() == 0 {
             return Ok(());
         }
-        let batch = self.pending.take_batch()?;
         if self.open.is_none() {
             self.open = Some(self.open_part()?);
         }
         let part = self.open.as_mut().expect("opened above");
-        let res = part.writer.write(&batch);
-        let tmp = part.tmp.clone();
-        res.map_err(|e| self.write_err(&tmp, "writing a run", e))
-    }
-
-    /// Encode the pending rows once there are [`ENCODE_ROWS`] of them.
-    fn encode_if_full(&mut self) -> Result<(), Error> {
-        if self.pending.len() >= ENCODE_ROWS {
-            self.write_pending()?;
-        }
-        Ok(())
-    }
-
-    /// End the run: its rows are one row group of the open part; close the part when it
-    /// reaches its limits.
-    fn write_run(&mut self) -> Result<(), Error> {
-        let had_rows = !self.pending.is_empty();
-        self.write_pending()?;
-        let Some(part) = self.open.as_mut() else { return Ok(()) };
-        if !had_rows && part.writer.in_progress_rows() == 0 {
-            return Ok(());
-        }
-        let res = part.writer.flush();
+        let res = part.writer.write_group(&mut self.pending);
         let (bytes, tmp) = (part.writer.bytes_written() as u64, part.tmp.clone());
         part.runs += 1;
         let full = part.runs >= self.limits.runs || bytes >= self.limits.bytes;
@@ -221,8 +193,7 @@ impl DatasetSink {
         let dir = self.partition()?;
         let tmp = dir.join(format!("_part-{:05}.parquet.partial", self.next_part));
         let file = File::create(&tmp).map_err(|e| Error::Io { path: tmp.clone(), error: e })?;
-        let writer = ArrowWriter::try_new(file, schema(), Some(writer_properties()))
-            .map_err(|e| Error::Write { path: tmp.clone(), why: format!("parquet writer: {e}") })?;
+        let writer = ParquetFile::create(file).map_err(|e| Error::Write { path: tmp.clone(), why: format!("parquet writer: {e}") })?;
         Ok(OpenPart { writer, tmp, runs: 0 })
     }
 
@@ -230,7 +201,7 @@ impl DatasetSink {
     /// every closed part whenever the process stops); rename into place; fsync the directory.
     fn close_part(&mut self) -> Result<(), Error> {
         let Some(part) = self.open.take() else { return Ok(()) };
-        let file = part.writer.into_inner().map_err(|e| self.write_err(&part.tmp, "closing the part (footer)", e))?;
+        let file = part.writer.finish().map_err(|e| self.write_err(&part.tmp, "closing the part (footer)", e))?;
         file.sync_all().map_err(|e| self.write_err(&part.tmp, "syncing the part", e))?;
         self.write_sidecar(false)?;
         let dir = part.tmp.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -292,13 +263,12 @@ impl Sink for DatasetSink {
     fn write(&mut self, rows: &[Row]) -> Result<(), Error> {
         let Some(first) = rows.first() else { return Ok(()) };
         self.id.get_or_insert_with(|| first.run_id.to_string());
-        rows.iter().for_each(|r| self.pending.push_row(r));
-        self.encode_if_full()
+        let res = rows.iter().try_for_each(|r| self.pending.push_row(r));
+        res.map_err(|e| Error::Internal(format!("encoding a run: {e}")))
     }
     fn write_block(&mut self, block: &Block<'_>) -> Result<(), Error> {
         self.id.get_or_insert_with(|| block.run_id.to_string());
-        self.pending.push_block(block);
-        self.encode_if_full()
+        self.pending.push_block(block).map_err(|e| Error::Internal(format!("encoding a run: {e}")))
     }
     fn flush(&mut self) -> Result<(), Error> {
         self.write_run()

@@ -16,6 +16,8 @@ mod format;
 #[cfg(feature = "parquet")]
 mod parquet;
 mod read;
+#[cfg(feature = "parquet")]
+mod rowgroup;
 mod sink;
 
 use std::path::Path;

@@ -1,5 +1,6 @@
 //! Parquet recordings (`arrow` + `parquet` crates, cargo feature `parquet`): the same tidy
-//! table as the CSV sink, one row group per run, strings dictionary-encoded, Snappy-compressed.
+//! table as the CSV sink, one row group per run, strings dictionary-encoded (by
+//! [`super::rowgroup`]), values Snappy-compressed.
 //! Columnar and typed, so a miner reads values without parsing text. The reader also takes
 //! Parquet files that pandas or polars wrote back (plain or dictionary strings, any codec the
 //! `parquet` crate reads).
@@ -8,11 +9,9 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow_array::builder::UInt64Builder;
 use arrow_array::types::Int32Type;
-use arrow_array::{ArrayRef, RecordBatch};
+use arrow_array::ArrayRef;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
@@ -21,6 +20,7 @@ use crate::error::Error;
 use crate::manifest::Manifest;
 
 use super::format::{check_path, partial_path as partial, write_sidecar, Block, ColumnType, Row, COLUMNS};
+use super::rowgroup::{ParquetFile, RowGroup};
 use super::read::RowRef;
 use super::sink::Sink;
 use super::RecordingError;
@@ -52,8 +52,8 @@ pub fn schema() -> SchemaRef {
 /// file, syncs and renames it; a sink dropped unfinished leaves `.partial`.
 pub struct ParquetSink {
     path: PathBuf,
-    writer: Option<ArrowWriter<File>>,
-    pending: Columns,
+    writer: Option<ParquetFile>,
+    pending: RowGroup,
     manifests: Vec<Manifest>,
 }
 
@@ -64,206 +64,49 @@ impl ParquetSink {
         check_path(&path)?;
         let tmp = partial(&path);
         let file = File::create(&tmp).map_err(|e| Error::Io { path: tmp.clone(), error: e })?;
-        let writer = ArrowWriter::try_new(file, schema(), Some(writer_properties()))
-            .map_err(|e| Error::Write { path: tmp.clone(), why: format!("parquet writer: {e}") })?;
+        let writer = ParquetFile::create(file).map_err(|e| Error::Write { path: tmp.clone(), why: format!("parquet writer: {e}") })?;
         Ok(ParquetSink {
             path,
             writer: Some(writer),
-            pending: Columns::default(),
+            pending: RowGroup::new().map_err(|e| Error::Internal(format!("parquet schema: {e}")))?,
             manifests: Vec::new(),
         })
     }
 }
 
-/// A text column being built: dictionary keys per row, the distinct strings in key order.
-/// Strings are interned by pointer first (the recorder shares one `Arc<str>` per name), then by
-/// value, so a block costs one lookup per text column, not one per row.
-#[derive(Default)]
-struct TextColumn {
-    keys: Vec<i32>,
-    strings: Vec<Arc<str>>,
-    by_value: std::collections::HashMap<Arc<str>, i32>,
-    /// The last string interned and its key: consecutive blocks of one tensor share most names.
-    last: Option<(Arc<str>, i32)>,
-}
-
-impl TextColumn {
-    fn key(&mut self, s: &Arc<str>) -> i32 {
-        if let Some((l, k)) = &self.last {
-            if Arc::ptr_eq(l, s) || **l == **s {
-                return *k;
-            }
-        }
-        let k = match self.by_value.get(s) {
-            Some(&k) => k,
-            None => {
-                let k = self.strings.len() as i32;
-                self.strings.push(s.clone());
-                self.by_value.insert(s.clone(), k);
-                k
-            }
-        };
-        self.last = Some((s.clone(), k));
-        k
-    }
-
-    fn push(&mut self, s: &Arc<str>, n: usize) {
-        let k = self.key(s);
-        self.keys.extend(std::iter::repeat_n(k, n));
-    }
-
-    fn take(&mut self) -> ArrayRef {
-        let keys = arrow_array::Int32Array::from(std::mem::take(&mut self.keys));
-        let values = arrow_array::StringArray::from_iter_values(self.strings.iter().map(|s| &**s));
-        self.strings.clear();
-        self.by_value.clear();
-        self.last = None;
-        Arc::new(arrow_array::DictionaryArray::<Int32Type>::try_new(keys, Arc::new(values)).expect("keys index the strings pushed"))
-    }
-}
-
-/// Rows being gathered for one Arrow batch of [`schema`], column by column. A [`Block`] is
-/// appended with one dictionary lookup per text column and a fill of its keys; only `idx` and
-/// `value` are written per row.
-#[derive(Default)]
-pub(super) struct Columns {
-    /// run_id, graph, pass, site, op, role, stat, shape (the text columns in [`COLUMNS`] order).
-    text: [TextColumn; 8],
-    compile: Vec<u32>,
-    step: Vec<u64>,
-    pass_idx: Vec<u32>,
-    idx: Vec<u64>,
-    value: Vec<f32>,
-    numel: UInt64Builder,
-    flops: UInt64Builder,
-}
-
-impl Columns {
-    /// Rows gathered so far.
-    pub(super) fn len(&self) -> usize {
-        self.value.len()
-    }
-
-    /// No row gathered.
-    pub(super) fn is_empty(&self) -> bool {
-        self.value.is_empty()
-    }
-
-    fn push_keys(&mut self, b: &Block<'_>, n: usize) {
-        for (c, s) in self.text.iter_mut().zip([b.run_id, b.graph, b.pass, b.site, b.op, b.role, b.stat, b.shape]) {
-            c.push(s, n);
-        }
-        self.compile.extend(std::iter::repeat_n(b.compile, n));
-        self.step.extend(std::iter::repeat_n(b.step, n));
-        self.pass_idx.extend(std::iter::repeat_n(b.pass_idx, n));
-        for (col, v) in [(&mut self.numel, b.numel), (&mut self.flops, b.flops)] {
-            match v {
-                Some(v) => col.append_value_n(v, n),
-                None => col.append_nulls(n),
-            }
-        }
-    }
-
-    /// Append the rows of `b` (its non-NaN values).
-    pub(super) fn push_block(&mut self, b: &Block<'_>) {
-        let start = self.value.len();
-        for (i, &x) in b.values.iter().enumerate() {
-            if !x.is_nan() {
-                self.idx.push(i as u64);
-                self.value.push(x);
-            }
-        }
-        let n = self.value.len() - start;
-        if n > 0 {
-            self.push_keys(b, n);
-        }
-    }
-
-    /// Append one row.
-    pub(super) fn push_row(&mut self, r: &Row) {
-        let b = Block {
-            run_id: &r.run_id,
-            compile: r.compile,
-            step: r.step,
-            graph: &r.graph,
-            pass: &r.pass,
-            pass_idx: r.pass_idx,
-            site: &r.site,
-            op: &r.op,
-            role: &r.role,
-            stat: &r.stat,
-            numel: r.numel,
-            shape: &r.shape,
-            flops: r.flops,
-            values: &[],
-        };
-        self.idx.push(r.idx);
-        self.value.push(r.value);
-        self.push_keys(&b, 1);
-    }
-
-    /// The gathered rows as one batch; the columns are left empty.
-    pub(super) fn take_batch(&mut self) -> Result<RecordBatch, Error> {
-        let mut text = self.text.iter_mut().map(TextColumn::take);
-        let mut t = || text.next().expect("eight text columns");
-        let u32s = |v: &mut Vec<u32>| Arc::new(arrow_array::UInt32Array::from(std::mem::take(v))) as ArrayRef;
-        let u64s = |v: &mut Vec<u64>| Arc::new(arrow_array::UInt64Array::from(std::mem::take(v))) as ArrayRef;
-        // In COLUMNS order.
-        let columns: Vec<ArrayRef> = vec![
-            t(),
-            u32s(&mut self.compile),
-            u64s(&mut self.step),
-            t(),
-            t(),
-            u32s(&mut self.pass_idx),
-            t(),
-            t(),
-            t(),
-            t(),
-            u64s(&mut self.idx),
-            Arc::new(arrow_array::Float32Array::from(std::mem::take(&mut self.value))),
-            Arc::new(self.numel.finish()),
-            t(),
-            Arc::new(self.flops.finish()),
-        ];
-        RecordBatch::try_new(schema(), columns).map_err(|e| Error::Internal(format!("arrow batch: {e}")))
-    }
-}
-
-/// Rows per data page (best effort: checked after each write batch of 1024 rows); see
-/// [`writer_properties`].
-const PAGE_ROWS: usize = 4096;
-
 /// The writer settings of every Parquet recording (measured on MiniLM's real `matmul`
-/// sketches by `lab/benches/recorder.rs`; the README's recorder table):
+/// sketches by `lab/benches/recorder.rs`; the README's recorder table). The thirteen key
+/// columns are encoded by [`super::rowgroup`] (dictionary pages and run-length keys, one lookup
+/// per block); these settings are what the crate's own column writers apply to `idx` and
+/// `value`, and the Parquet schema the properties describe for all fifteen:
 ///
-/// - Snappy pages (the Parquet and Spark default; Zstd level 1 saved another 11% of the bytes
-///   at 15% less throughput).
+/// - Snappy pages for `idx` and `value` (the Parquet and Spark default; Zstd level 1 saved
+///   another 11% of the bytes at 15% less throughput). The key columns' pages are stored
+///   uncompressed: a block's keys are one run of a few bytes.
 /// - Text columns dictionary-encoded (a run's names repeat over all its values), without
 ///   min/max statistics: computing them (two string comparisons per row and column) took 40% of
-///   the writer's time. A row group is one run of one compile, so `run_id`, `graph` (and `pass`
-///   in a one-pass pipeline) are constant in it and their ranges could skip row groups in a
-///   filter such as `WHERE graph = 'x'`; filter on `compile` (statistics kept; the sidecar maps
-///   compiles to graphs) or on the `recording` partition instead. Results are the same either
-///   way; only such a scan reads more.
+///   the crate's writer time when it encoded them. A row group is one run of one compile, so
+///   `run_id`, `graph` (and `pass` in a one-pass pipeline) are constant in it and their ranges
+///   could skip row groups in a filter such as `WHERE graph = 'x'`; filter on `compile`
+///   (statistics kept; the sidecar maps compiles to graphs) or on the `recording` partition
+///   instead. Results are the same either way; only such a scan reads more.
 /// - `value`: BYTE_STREAM_SPLIT without a dictionary (float bytes split into four streams, so
 ///   Snappy finds the repeated exponents; a dictionary of distinct floats only costs a hash per
 ///   value): 6.76 -> 4.73 bytes per row.
-/// - `idx`, `step`, `compile`, `pass_idx`: DELTA_BINARY_PACKED without a dictionary (runs of
-///   0, 1, 2, ... and constants cost almost no bits): 4.73 -> 3.40 bytes per row, and 2.5 -> 4.3
-///   M rows/s with the rest.
-/// - At most about 4096 rows per data page ([`PAGE_ROWS`]; the crate's default is 20 000): a
-///   text column's dictionary indices wait as 8-byte integers until their page is encoded, so
-///   a page's rows cost 8 x 8 bytes of heap. Measured on the chain MLP at L=16 (10 runs): the
-///   tapped process's peak heap 9.98 -> 7.69 MB, 7.26 MB with the dataset sink encoding every
-///   4096 rows (untapped 4.54 MB); on MiniLM 3.40 -> 3.61 bytes per row (more page headers
-///   and dictionary-index runs).
+/// - `idx`: DELTA_BINARY_PACKED without a dictionary (runs of 0, 1, 2, ... cost almost no
+///   bits): 4.73 -> 3.40 bytes per row with the integer key columns (then encoded the same way;
+///   as run-length dictionary keys now, 3.38).
+/// - The crate's default page size (20 000 rows or 1 MiB). While the crate encoded the text
+///   columns, pages were limited to 4096 rows (their dictionary indices waited as 8-byte
+///   integers per row and column until a page was encoded); `idx` and `value` buffer 12 bytes a
+///   row, so the limit no longer bounds anything that matters.
 ///
 /// Both encodings are in the Parquet format since 2.8 and read by pyarrow, DuckDB, polars,
-/// DataFusion and Spark 3.3+ (a test reads every recording column back through DuckDB).
+/// DataFusion and Spark 3.3+ (a test reads every recording column back through DuckDB and
+/// pyarrow).
 pub(super) fn writer_properties() -> WriterProperties {
     let text = COLUMNS.iter().filter(|c| c.ty == ColumnType::Text).map(|c| c.name);
-    let b = WriterProperties::builder().set_compression(Compression::SNAPPY).set_data_page_row_count_limit(PAGE_ROWS);
+    let b = WriterProperties::builder().set_compression(Compression::SNAPPY);
     let b = text.fold(b, |b, c| b.set_column_statistics_enabled(ColumnPath::from(c), EnabledStatistics::None));
     let b = b.set_column_dictionary_enabled("value".into(), false).set_column_encoding("value".into(), Encoding::BYTE_STREAM_SPLIT);
     ["idx", "step", "compile", "pass_idx"]
@@ -279,25 +122,21 @@ impl Sink for ParquetSink {
     }
 
     fn write(&mut self, rows: &[Row]) -> Result<(), Error> {
-        rows.iter().for_each(|r| self.pending.push_row(r));
-        Ok(())
+        let res = rows.iter().try_for_each(|r| self.pending.push_row(r));
+        res.map_err(|e| Error::Internal(format!("encoding a run: {e}")))
     }
 
     fn write_block(&mut self, block: &Block<'_>) -> Result<(), Error> {
-        self.pending.push_block(block);
-        Ok(())
+        self.pending.push_block(block).map_err(|e| Error::Internal(format!("encoding a run: {e}")))
     }
 
     fn flush(&mut self) -> Result<(), Error> {
-        if self.pending.is_empty() {
+        if self.pending.rows() == 0 {
             return Ok(());
         }
-        let batch = self.pending.take_batch()?;
         let w = self.writer.as_mut().ok_or_else(|| Error::Internal("write after finish".into()))?;
-        let path = partial(&self.path);
-        w.write(&batch).map_err(|e| Error::Write { path: path.clone(), why: format!("parquet write: {e}") })?;
         // One row group per run keeps the writer's memory bounded by one run.
-        w.flush().map_err(|e| Error::Write { path, why: format!("parquet flush: {e}") })
+        w.write_group(&mut self.pending).map_err(|e| Error::Write { path: partial(&self.path), why: format!("parquet write: {e}") })
     }
 
     fn finish(&mut self) -> Result<(), Error> {
@@ -323,7 +162,7 @@ impl ParquetSink {
         self.flush()?;
         let Some(w) = self.writer.take() else { return Ok(false) };
         let tmp = partial(&self.path);
-        let file = w.into_inner().map_err(|e| Error::Write { path: tmp.clone(), why: format!("parquet close: {e}") })?;
+        let file = w.finish().map_err(|e| Error::Write { path: tmp.clone(), why: format!("parquet close: {e}") })?;
         file.sync_all().map_err(|e| Error::Io { path: tmp.clone(), error: e })?;
         Ok(true)
     }

@@ -407,8 +407,14 @@ rows = duckdb.sql(f"""
 bits = lambda v: struct.unpack('<I', struct.pack('<f', v))[0]
 print(json.dumps([list(r[:11]) + [bits(r[11])] + list(r[12:]) for r in rows]))
 "#;
+    python_cells(code, dataset, "duckdb")
+}
+
+/// The rows `code` (Python, given `dataset` as its argument) prints as JSON, sorted; `package`
+/// names what it imports, for the message when it fails.
+fn python_cells(code: &str, dataset: &Path, package: &str) -> Vec<Cells> {
     let py = Command::new("python3").args(["-c", code]).arg(dataset).output().expect("python3 runs");
-    assert!(py.status.success(), "duckdb (pip install -r scripts/requirements-test.txt): {}", String::from_utf8_lossy(&py.stderr));
+    assert!(py.status.success(), "{package} (pip install -r scripts/requirements-test.txt): {}", String::from_utf8_lossy(&py.stderr));
     let mut rows: Vec<Cells> = serde_json::from_slice(&py.stdout).unwrap();
     rows.sort();
     rows
@@ -428,19 +434,17 @@ for f in sorted(glob.glob(f"{sys.argv[1]}/**/*.parquet", recursive=True)):
         out.append([r[c] for c in ["run_id", "compile", "step", "graph", "pass", "pass_idx", "site", "op", "role", "stat", "idx", "value", "numel", "shape", "flops"]])
 print(json.dumps(out))
 "#;
-    let py = Command::new("python3").args(["-c", code]).arg(dataset).output().expect("python3 runs");
-    assert!(py.status.success(), "pyarrow (pip install -r scripts/requirements-test.txt): {}", String::from_utf8_lossy(&py.stderr));
-    let mut rows: Vec<Cells> = serde_json::from_slice(&py.stdout).unwrap();
-    rows.sort();
-    rows
+    python_cells(code, dataset, "pyarrow")
 }
 
 /// The columnar path (`Sink::write_block`, what the recorder uses) and the row path
 /// (`Sink::write`) of the Parquet dataset sink write the same table, and that table is the rows
 /// `Block::rows` defines: every column of every row read back by DuckDB (an independent
 /// Parquet reader; it decodes the DELTA_BINARY_PACKED and BYTE_STREAM_SPLIT columns the sink
-/// writes) and by opscope's reader. Blocks with NaN elements (not rows), empty and all-NaN
-/// blocks, unknown numel/flops, extreme and subnormal floats, several runs and parts.
+/// writes) and pyarrow, and by opscope's reader. Blocks with NaN elements (not rows), empty and
+/// all-NaN blocks, unknown numel/flops (a run where both are empty in every row), extreme and
+/// subnormal floats, several runs and parts, dictionaries of 1 to 66 000 strings (keys of 0 to
+/// 17 bits in opscope's own key-column encoder).
 #[test]
 fn the_columnar_sink_writes_every_row_of_its_blocks_and_duckdb_reads_them_back() {
     use opscope::recording::{Block, DatasetSink, PartLimits, Sink};

@@ -512,3 +512,50 @@ fn exact_repeat_is_the_same_elemsig_and_sumsq_in_every_run() {
     holed.extend(without(across(3, 0.0, 1.0, 4.0, &[0.5, 1.0, 2.0]), "elemsig", &[1]));
     assert_eq!(kinds(&holed), vec!["stationary"]);
 }
+
+#[test]
+fn mean_row_energy_is_over_the_runs_whose_rows_line_up_in_either_load() {
+    // One site in a prefill compile ([1,4,2]: row i is token i), a compile of batch 2 with the
+    // same sequence length ([2,4,2]: rows 0..3 are the same tokens of sequence 0, rows 4..7 of
+    // sequence 1) and a decode compile ([1,1,2]: row 0 is the new token). Per-row means over the
+    // first two: rows 0..3 (1+3+5)/3 .. (4+6+8)/3 = 3, 4, 5, 6; rows 4..7 the batch-2 run's 9.
+    // The decode runs' energy (100) must not enter row 0.
+    let run = |compile: u32, step: u64, shape: &str, energy: &[f32]| {
+        let mut r = run_rows("mm", "lhs", shape, step, &[("count", 2.0 * energy.len() as f32)], &[("pos_sumsq", energy)]);
+        r.iter_mut().for_each(|x| x.compile = compile);
+        r
+    };
+    let prefill = [run(1, 0, "[1,4,2]", &[1.0, 2.0, 3.0, 4.0]), run(1, 1, "[1,4,2]", &[3.0, 4.0, 5.0, 6.0])].concat();
+    let batch2 = run(3, 0, "[2,4,2]", &[5.0, 6.0, 7.0, 8.0, 9.0, 9.0, 9.0, 9.0]);
+    let decode: Vec<Row> = (0..3).flat_map(|step| run(2, step, "[1,1,2]", &[100.0])).collect();
+    let want = vec![3.0, 4.0, 5.0, 6.0, 9.0, 9.0, 9.0, 9.0];
+    let key = ("mm".to_string(), "lhs".to_string(), 0);
+    let dir = tempfile::tempdir().unwrap();
+    // Prefill rows first in the file, and decode rows first (the series' shape is its first
+    // run's in (compile, step) order either way).
+    for (name, rows) in [("prefill_first", [prefill.clone(), decode.clone(), batch2.clone()].concat()), ("decode_first", [decode.clone(), batch2.clone(), prefill.clone()].concat())] {
+        let full = series_from_rows(&rows);
+        assert_eq!(full[&key].mean_row_energy(), Some(want.clone()), "{name}: full load");
+        assert_eq!(full[&key].runs_of_other_rows(), 3, "{name}");
+        let path = dir.path().join(format!("{name}.csv"));
+        let mut sink = opscope::recording::open(&path).unwrap();
+        // One flush a run, as the recorder writes them.
+        for chunk in rows.chunk_by(|a, b| (a.compile, a.step) == (b.compile, b.step)) {
+            sink.write(chunk).unwrap();
+            sink.flush().unwrap();
+        }
+        sink.finish().unwrap();
+        let compact = opscope::mine::load_compact(&path).unwrap();
+        assert_eq!(compact[&key].shape, "[1,4,2]", "{name}");
+        assert_eq!(compact[&key].mean_row_energy(), Some(want.clone()), "{name}: compact load");
+    }
+    // A series of decode runs only has their rows.
+    assert_eq!(series_from_rows(&decode)[&key].mean_row_energy(), Some(vec![100.0]));
+    // Rank 2: a flattened [4,2] and a [1,2] (or [8,2]) cannot be told from a change of batch;
+    // only equal shapes line up.
+    use opscope::mine::row_layout;
+    assert_eq!(row_layout(&[2, 4, 2]), row_layout(&[1, 4, 2]));
+    assert_ne!(row_layout(&[1, 1, 2]), row_layout(&[1, 4, 2]));
+    assert_ne!(row_layout(&[4, 2]), row_layout(&[8, 2]));
+    assert_ne!(row_layout(&[4, 2]), row_layout(&[1, 4, 2]));
+}

@@ -228,10 +228,12 @@ pub struct Series {
     /// (0 = the first to appear). A recording lists each run's sketches in graph order, so this
     /// is the order in which the sites executed (later compiles' new sites come after).
     pub order: usize,
-    /// Per row, the running [`Over`] of `pos_sumsq`: what a compact load ([`load_compact`])
-    /// keeps of the per-row energies for [`Series::mean_row_energy`] (empty after a full load,
-    /// which keeps the vectors).
-    row_energy: Vec<Over>,
+    /// Per [`row_layout`], per row, the running [`Over`] of `pos_sumsq`: what a compact load
+    /// ([`load_compact`]) keeps of the per-row energies for [`Series::mean_row_energy`] (empty
+    /// after a full load, which keeps the vectors). Apart by layout: row `i` of a decoder's
+    /// prefill `[B, S, C]` is token `i` of the first sequence, of its decode step `[B, 1, C]`
+    /// the new token of sequence `i`.
+    row_energy: Vec<(Vec<usize>, Vec<Over>)>,
     /// Per channel, the running [`Over`] of `chan_maxabs`: what a compact load keeps for
     /// [`Series::chan_maxabs_mean`] and [`Series::chan_maxabs_max`].
     chan_acc: Vec<Over>,
@@ -288,29 +290,46 @@ impl Series {
         self.flops = first.flops;
     }
 
-    /// Per index of `stat`'s vector, its [`Over`] the runs: `kept` (what a compact load
-    /// accumulated), else accumulated here from the runs' vectors in (compile, step) order.
-    /// Empty when no run holds the vector.
-    fn over<'a>(&self, stat: Stat, kept: &'a [Over]) -> std::borrow::Cow<'a, [Over]> {
+    /// Per index of `stat`'s vector, its [`Over`] the runs `take` selects: `kept` (what a
+    /// compact load accumulated), else accumulated here from the runs' vectors in (compile,
+    /// step) order. Empty when no such run holds the vector.
+    fn over<'a>(&self, stat: Stat, kept: &'a [Over], take: impl Fn(&StepStats) -> bool) -> std::borrow::Cow<'a, [Over]> {
         if !kept.is_empty() {
             return std::borrow::Cow::Borrowed(kept);
         }
         let mut acc = Vec::new();
-        for v in self.runs.iter().filter_map(|r| r.vector(stat)) {
+        for v in self.runs.iter().filter(|r| take(r)).filter_map(|r| r.vector(stat)) {
             accumulate(&mut acc, v);
         }
         std::borrow::Cow::Owned(acc)
     }
 
     /// Per row of the tensor, the mean over runs of its energy (`pos_sumsq`, the sum of x^2 over
-    /// the row), over the runs where it is finite (NaN for a row with none: a padding row in
-    /// every run); `None` when no run recorded `pos_sumsq`. The same after a full load
-    /// (the values [`weighted_vector`] gives with weight 1) and a compact one (running sums kept
-    /// as each run's rows end), up to the order of the f64 additions when a recording's runs
-    /// arrive out of (compile, step) order.
+    /// the row), over the runs whose rows are the series' rows ([`row_layout`]: the series'
+    /// shape, [`Series::shape`], up to its batch) where it is finite (NaN for a row with none: a
+    /// padding row in every run); `None` when no such run recorded `pos_sumsq`. Other runs are
+    /// left out: a row index means another token there (a decoder's decode steps `[B, 1, C]`
+    /// beside its prefill `[B, S, C]`). The same after a full load (the values
+    /// [`weighted_vector`] gives with weight 1) and a compact one (running sums kept per row
+    /// layout as each run's rows end), up to the order of the f64 additions when a recording's
+    /// runs arrive out of (compile, step) order.
     pub fn mean_row_energy(&self) -> Option<Vec<f64>> {
-        let o = self.over(tensor::POS_SUMSQ, &self.row_energy);
+        let layout = row_layout(&super::tensor::parse_shape(&self.shape));
+        let kept = self.row_energy.iter().find(|(d, _)| *d == layout).map_or(&[][..], |(_, o)| o.as_slice());
+        if kept.is_empty() && !self.row_energy.is_empty() {
+            return None; // a compact load kept other layouts' sums only
+        }
+        let dims = super::tensor::parse_shape(&self.shape);
+        let o = self.over(tensor::POS_SUMSQ, kept, |r| row_layout(r.dims(&dims)) == layout);
         (!o.is_empty()).then(|| o.iter().map(Over::mean).collect())
+    }
+
+    /// Runs whose rows are not the series' rows ([`row_layout`]; a decoder's decode steps beside
+    /// its prefill): left out of [`Series::mean_row_energy`].
+    pub fn runs_of_other_rows(&self) -> usize {
+        let dims = super::tensor::parse_shape(&self.shape);
+        let layout = row_layout(&dims);
+        self.runs.iter().filter(|r| row_layout(r.dims(&dims)) != layout).count()
     }
 
     /// True if some run recorded a non-empty `chan_maxabs`.
@@ -322,15 +341,27 @@ impl Series {
     /// for a channel with none); `None` without `chan_maxabs`. Either load gives it (see
     /// [`Series::mean_row_energy`] for the order of the additions).
     pub fn chan_maxabs_mean(&self) -> Option<Vec<f64>> {
-        let o = self.over(tensor::CHAN_MAXABS, &self.chan_acc);
+        let o = self.over(tensor::CHAN_MAXABS, &self.chan_acc, |_| true);
         (!o.is_empty()).then(|| o.iter().map(Over::mean).collect())
     }
 
     /// Per channel, the largest finite `chan_maxabs` over runs (NaN for a channel with none);
     /// `None` without `chan_maxabs`. Either load gives it, exactly.
     pub fn chan_maxabs_max(&self) -> Option<Vec<f64>> {
-        let o = self.over(tensor::CHAN_MAXABS, &self.chan_acc);
+        let o = self.over(tensor::CHAN_MAXABS, &self.chan_acc, |_| true);
         (!o.is_empty()).then(|| o.iter().map(|a| a.max).collect())
+    }
+}
+
+/// What a row index of a tensor of shape `dims` stands for, as a key: runs with one key have
+/// the same rows. Rank 3 and up (`[B, S, .., C]`): row `b * S.. + s` is token `s` of sequence
+/// `b` whatever the batch, so the first dim is left out (a last, partial batch lines up with
+/// the full ones). Rank 2 and below: the whole shape (a flattened `[B * S, C]` prefill and a
+/// `[B, C]` decode step cannot be told from a change of batch, so only equal shapes line up).
+pub fn row_layout(dims: &[usize]) -> Vec<usize> {
+    match dims {
+        [_, rest @ ..] if dims.len() >= 3 => std::iter::once(0).chain(rest.iter().copied()).collect(),
+        _ => dims.to_vec(),
     }
 }
 
@@ -461,14 +492,22 @@ impl Builder {
         let s = &mut self.series[si].1;
         if self.compact {
             // Running sums for `Series::mean_row_energy` and the `chan_maxabs` mean and max.
+            let series = super::tensor::parse_shape(&s.shape);
+            let shape = s.runs[ri].dims(&series).to_vec();
             if let Some(v) = s.runs[ri].vector(tensor::POS_SUMSQ) {
-                accumulate(&mut s.row_energy, v);
+                let layout = row_layout(&shape);
+                let at = match s.row_energy.iter().position(|(d, _)| *d == layout) {
+                    Some(at) => at,
+                    None => {
+                        s.row_energy.push((layout, Vec::new()));
+                        s.row_energy.len() - 1
+                    }
+                };
+                accumulate(&mut s.row_energy[at].1, v);
             }
             if let Some(v) = s.runs[ri].vector(tensor::CHAN_MAXABS) {
                 accumulate(&mut s.chan_acc, v);
             }
-            let series = super::tensor::parse_shape(&s.shape);
-            let shape = s.runs[ri].dims(&series).to_vec();
             s.runs[ri].compact(&shape);
         }
         s.runs[ri].ended = true;

@@ -84,6 +84,9 @@ pub struct SeriesData {
     pub shape: String,
     /// Runs (executions) the series was recorded in.
     pub runs: usize,
+    /// Runs whose rows are not those of `shape` (`opscope::mine::row_layout`; a decoder's decode
+    /// steps beside its prefill): left out of `pos_sumsq_mean`.
+    pub runs_other_rows: usize,
     /// max |x| over all runs: max over runs of max(|min|, |max|).
     pub absmax: Option<f64>,
     /// sqrt(sum over runs of sumsq / sum over runs of count): the rms of every finite element
@@ -103,8 +106,10 @@ pub struct SeriesData {
     pub hist: Option<HistData>,
     /// Per-channel max|x| over runs.
     pub chan_maxabs: Option<ChannelData>,
-    /// Per-row energy (sum x² per row, `R` values): mean over the runs that recorded the row,
-    /// NaN (null in JSON) where no run did (padding rows); as plotted.
+    /// Per-row energy (sum x² per row, `R` values): mean over the runs whose rows are those of
+    /// `shape` (`opscope::mine::row_layout`: up to the batch) that recorded the row, NaN (null in
+    /// JSON) where no run did (padding rows); as plotted. Other runs (a decoder's decode steps)
+    /// are left out.
     pub pos_sumsq_mean: Option<Pooled>,
     /// Probe vectors ([`PROBE_VECTORS`]) averaged over the recording, by statistic name.
     pub probes: BTreeMap<String, Vec<f64>>,
@@ -205,6 +210,7 @@ pub fn summarize(key: &SeriesKey, s: &Series, rank: usize, short: &str) -> Serie
         op: s.op.clone(),
         shape: s.shape.clone(),
         runs: s.runs.len(),
+        runs_other_rows: s.runs_of_other_rows(),
         absmax,
         rms: (count > 0.0).then(|| (sumsq / count).sqrt()),
         kurtosis: median(s.runs.iter().filter_map(|r| r.scalar(tensor::KURTOSIS)).collect()),

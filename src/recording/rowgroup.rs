@@ -31,7 +31,8 @@ use parquet::column::writer::{get_column_writer, get_typed_column_writer, Column
 use parquet::data_type::DataType;
 use parquet::data_type::{FloatType, Int64Type};
 use parquet::errors::ParquetError;
-use parquet::file::metadata::ColumnChunkMetaData;
+use parquet::file::metadata::{ColumnChunkMetaData, ColumnIndexBuilder, OffsetIndexBuilder};
+use parquet::file::page_index::column_index::ColumnIndexMetaData;
 use parquet::file::properties::WriterPropertiesPtr;
 use parquet::file::statistics::Statistics;
 use parquet::file::writer::{SerializedFileWriter, SerializedPageWriter, TrackedWrite};
@@ -270,6 +271,19 @@ trait Key: Clone + Eq + Hash {
     fn plain(&self, out: &mut Vec<u8>);
     /// Column statistics from the distinct values (none for text: see `writer_properties`).
     fn statistics(dict: &[Self], nulls: u64) -> Option<Statistics>;
+    /// The least and greatest value in the column's sort order as PLAIN bytes, for the page
+    /// index (Parquet format, `PageIndex.md`); none for text, as its statistics.
+    fn bounds(dict: &[Self]) -> Option<(Vec<u8>, Vec<u8>)>;
+}
+
+/// The PLAIN bytes of the least and greatest of `dict` (integers in their unsigned order).
+fn int_bounds<T: Key + Ord>(dict: &[T]) -> Option<(Vec<u8>, Vec<u8>)> {
+    let bytes = |v: &T| {
+        let mut out = Vec::new();
+        v.plain(&mut out);
+        out
+    };
+    Some((bytes(dict.iter().min()?), bytes(dict.iter().max()?)))
 }
 
 impl Key for Arc<str> {
@@ -278,6 +292,9 @@ impl Key for Arc<str> {
         out.extend_from_slice(self.as_bytes());
     }
     fn statistics(_: &[Self], _: u64) -> Option<Statistics> {
+        None
+    }
+    fn bounds(_: &[Self]) -> Option<(Vec<u8>, Vec<u8>)> {
         None
     }
 }
@@ -292,6 +309,9 @@ impl Key for u32 {
         let (lo, hi) = (dict.iter().min().copied(), dict.iter().max().copied());
         Some(Statistics::int32(lo.map(|v| v as i32), hi.map(|v| v as i32), None, Some(nulls), false))
     }
+    fn bounds(dict: &[Self]) -> Option<(Vec<u8>, Vec<u8>)> {
+        int_bounds(dict)
+    }
 }
 
 impl Key for u64 {
@@ -301,6 +321,9 @@ impl Key for u64 {
     fn statistics(dict: &[Self], nulls: u64) -> Option<Statistics> {
         let (lo, hi) = (dict.iter().min().copied(), dict.iter().max().copied());
         Some(Statistics::int64(lo.map(|v| v as i64), hi.map(|v| v as i64), None, Some(nulls), false))
+    }
+    fn bounds(dict: &[Self]) -> Option<(Vec<u8>, Vec<u8>)> {
+        int_bounds(dict)
     }
 }
 
@@ -397,10 +420,26 @@ impl<T: Key> RunColumn<T> {
             statistics: None,
         };
         spec.push(pages.write_page(CompressedPage::new(page, n))?);
-        let (dict_offset, data_offset) = match spec.as_slice() {
-            [d, p] => (Some(d.offset as i64), p.offset as i64),
-            [p] => (None, p.offset as i64),
+        let (dict_offset, data) = match spec.as_slice() {
+            [d, p] => (Some(d.offset as i64), p),
+            [p] => (None, p),
             _ => unreachable!("one or two pages"),
+        };
+        let data_offset = data.offset as i64;
+        // The page index, as the crate writes it for its own chunks: the offset index (where
+        // the one data page is, from row 0) for every column, the column index (the page's
+        // bounds and null count) where the chunk has statistics. Readers that require a page
+        // index (`PageIndexPolicy::Required`) refuse a file without it.
+        let mut offsets = OffsetIndexBuilder::new();
+        offsets.append_offset_and_size(data_offset, data.bytes_written as i32);
+        offsets.append_row_count(rows as i64);
+        let column_index = if T::statistics(&self.dict, nulls).is_some() {
+            let mut b = ColumnIndexBuilder::new(descr.physical_type());
+            let (lo, hi) = T::bounds(&self.dict).unwrap_or_default();
+            b.append(self.dict.is_empty(), lo, hi, nulls as i64, None);
+            Some(b.build()?)
+        } else {
+            None::<ColumnIndexMetaData>
         };
         let size: u64 = spec.iter().map(|s| s.bytes_written).sum();
         let encodings = [Encoding::PLAIN, Encoding::RLE].into_iter().chain((encoding == Encoding::RLE_DICTIONARY).then_some(encoding));
@@ -420,8 +459,8 @@ impl<T: Key> RunColumn<T> {
             rows_written: rows as u64,
             metadata: meta.build()?,
             bloom_filter: None,
-            column_index: None,
-            offset_index: None,
+            column_index,
+            offset_index: Some(offsets.build()),
         };
         *self = RunColumn::default();
         Ok((Bytes::from(sink.into_inner()?), close))

@@ -1546,6 +1546,19 @@ fn record(a: RecordArgs) -> Result<()> {
         std::process::exit(130);
     }
     if summary.sites().is_empty() {
+        // Sites were tapped (the manifests list them) but no run wrote a row: a `sample` stage
+        // skipped every run of this job.
+        let tapped: usize = opscope::recording::read_sidecar(&a.out)?.map_or(0, |s| s.graphs.iter().map(|g| g.sites.len()).sum());
+        let sampled = pipeline.instances().iter().any(|i| i.pass.name() == "sample");
+        if tapped > 0 && sampled {
+            anyhow::bail!(
+                "nothing was recorded: the pipeline '{pipeline}' tapped {tapped} site(s) but wrote no run: its `sample` stage \
+                 records one run in `every` and skipped all {} run(s) of this job (the header-only recording is at {}); \
+                 record more text or lower `every`",
+                job.sentences().div_ceil(batch.max(1)),
+                a.out.display()
+            );
+        }
         anyhow::bail!(
             "nothing was recorded: the pipeline '{pipeline}' matched no site in {} (the header-only \
              recording is at {}; run with --pipeline matmul to see every site's name)",

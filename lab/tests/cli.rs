@@ -431,3 +431,19 @@ fn an_actuation_on_part_of_a_merged_op_is_refused() {
     let side = std::fs::read_to_string(dir.path().join("merged.csv.manifest.json")).unwrap();
     assert!(side.contains("fake-quant lhs int8") && side.contains("layer.0/attention/self/query/MatMul+"), "no actuation of the merged site");
 }
+
+/// A recording with no row says why: a `sample` stage that skipped every run of the job (the
+/// sites were tapped: the manifests list them), not "matched no site"; a pipeline that matches
+/// no site is refused before it runs.
+#[test]
+fn an_empty_recording_says_whether_sampling_or_site_matching_left_it_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let sampled = record_with(&dir.path().join("s.parquet"), &["--limit", "8", "--pipeline", "matmul,sample{every=1000}"]);
+    let err = String::from_utf8_lossy(&sampled.stderr);
+    assert_eq!(sampled.status.code(), Some(1), "{err}");
+    assert!(err.contains("tapped 24 site(s) but wrote no run") && err.contains("skipped all 1 run(s)"), "{err}");
+    let unmatched = record_with(&dir.path().join("u.parquet"), &["--limit", "8", "--pipeline", "matmul{sites=[no_such_site*]}"]);
+    let err = String::from_utf8_lossy(&unmatched.stderr);
+    assert!(!unmatched.status.success(), "{err}");
+    assert!(err.contains("found no site") && err.contains("closest sites"), "{err}");
+}

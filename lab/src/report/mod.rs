@@ -174,7 +174,7 @@ fn plots(d: &SeriesData) -> Result<Vec<Markup>, Error> {
         let gaps = p.values.iter().filter(|x| !x.is_finite()).count();
         if let Some(svg) = plot::lines("row", "sum x²", &[points(p)], true, None)? {
             let caption = html! {
-                "Per-row energy (sum of x² over a row), mean over the runs that recorded the row, " (p.len) " rows of " (d.shape) "."
+                "Per-row energy (sum of x² over a row), mean over the runs that recorded the row (of " (d.runs - d.runs_other_rows) " run(s) whose rows are these tokens), " (p.len) " rows of " (d.shape) "."
                 @if d.runs_other_rows > 0 { " The " (d.runs_other_rows) " run(s) whose rows are other tokens (another sequence length, a decoder's decode steps) are left out." }
                 @if gaps > 0 { " Rows recorded in no run (padding) are gaps (" (gaps) " point(s))." }
                 @if p.step > 1 { " Max-pooled: each point is the largest of " (p.step) " rows." }

@@ -276,16 +276,6 @@ trait Key: Clone + Eq + Hash {
     fn bounds(dict: &[Self]) -> Option<(Vec<u8>, Vec<u8>)>;
 }
 
-/// The PLAIN bytes of the least and greatest of `dict` (integers in their unsigned order).
-fn int_bounds<T: Key + Ord>(dict: &[T]) -> Option<(Vec<u8>, Vec<u8>)> {
-    let bytes = |v: &T| {
-        let mut out = Vec::new();
-        v.plain(&mut out);
-        out
-    };
-    Some((bytes(dict.iter().min()?), bytes(dict.iter().max()?)))
-}
-
 impl Key for Arc<str> {
     fn plain(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&(self.len() as u32).to_le_bytes());
@@ -299,33 +289,30 @@ impl Key for Arc<str> {
     }
 }
 
-impl Key for u32 {
-    fn plain(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes());
-    }
-    fn statistics(dict: &[Self], nulls: u64) -> Option<Statistics> {
-        // UINT_32 is stored as INT32 bits and ordered unsigned (Parquet logical types): min and
-        // max are taken as u32, written as their bits, without the deprecated signed fields.
-        let (lo, hi) = (dict.iter().min().copied(), dict.iter().max().copied());
-        Some(Statistics::int32(lo.map(|v| v as i32), hi.map(|v| v as i32), None, Some(nulls), false))
-    }
-    fn bounds(dict: &[Self]) -> Option<(Vec<u8>, Vec<u8>)> {
-        int_bounds(dict)
-    }
+/// `Key` for an unsigned integer column stored as its signed physical type (`$stats`, `$signed`):
+/// UINT_32 as INT32 bits, UINT_64 as INT64 bits, ordered unsigned (Parquet logical types), so
+/// min and max are taken unsigned and written as their bits, without the deprecated signed
+/// statistics fields.
+macro_rules! unsigned_key {
+    ($t:ty, $stats:ident, $signed:ty) => {
+        impl Key for $t {
+            fn plain(&self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn statistics(dict: &[Self], nulls: u64) -> Option<Statistics> {
+                let (lo, hi) = (dict.iter().min().copied(), dict.iter().max().copied());
+                Some(Statistics::$stats(lo.map(|v| v as $signed), hi.map(|v| v as $signed), None, Some(nulls), false))
+            }
+            fn bounds(dict: &[Self]) -> Option<(Vec<u8>, Vec<u8>)> {
+                let (lo, hi) = (dict.iter().min()?, dict.iter().max()?);
+                Some((lo.to_le_bytes().to_vec(), hi.to_le_bytes().to_vec()))
+            }
+        }
+    };
 }
 
-impl Key for u64 {
-    fn plain(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes());
-    }
-    fn statistics(dict: &[Self], nulls: u64) -> Option<Statistics> {
-        let (lo, hi) = (dict.iter().min().copied(), dict.iter().max().copied());
-        Some(Statistics::int64(lo.map(|v| v as i64), hi.map(|v| v as i64), None, Some(nulls), false))
-    }
-    fn bounds(dict: &[Self]) -> Option<(Vec<u8>, Vec<u8>)> {
-        int_bounds(dict)
-    }
-}
+unsigned_key!(u32, int32, i32);
+unsigned_key!(u64, int64, i64);
 
 /// Key of a null run.
 const NULL: u32 = u32::MAX;
@@ -377,8 +364,9 @@ impl<T: Key> RunColumn<T> {
         let k = v.map_or(NULL, |v| self.key(v));
         self.push_key(k, n);
     }
+}
 
-    /// The column chunk of the gathered rows (`rows` of them), and the column emptied.
+impl<T: Key> Chunk for RunColumn<T> {
     fn chunk(&mut self, descr: ColumnDescPtr, rows: usize) -> Result<(Bytes, ColumnCloseResult), ParquetError> {
         let optional = descr.max_def_level() > 0;
         let nulls: u64 = self.runs.iter().filter(|r| r.0 == NULL).map(|r| r.1 as u64).sum();
@@ -539,11 +527,6 @@ impl Keys {
 
 /// A key column's chunk, whatever its value type.
 trait Chunk {
+    /// The column chunk of the gathered rows (`rows` of them), and the column emptied.
     fn chunk(&mut self, descr: ColumnDescPtr, rows: usize) -> Result<(Bytes, ColumnCloseResult), ParquetError>;
-}
-
-impl<T: Key> Chunk for RunColumn<T> {
-    fn chunk(&mut self, descr: ColumnDescPtr, rows: usize) -> Result<(Bytes, ColumnCloseResult), ParquetError> {
-        RunColumn::chunk(self, descr, rows)
-    }
 }

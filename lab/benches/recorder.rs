@@ -12,6 +12,9 @@
 //! again only when it changes, so a run records fewer rows than its outputs hold). Heap: peak
 //! bytes allocated above the start, for N and 4N runs (bounded: the same).
 //!
+//! The same sketches scaled by 1e-10 and by 1e25 are recorded too (100 runs each): the writer's
+//! cost must not depend on the values' magnitude.
+//!
 //! Goal (issue 13): >= 20 M values/s, <= 4 bytes per value on disk, memory bounded in N.
 //! `cargo bench -p opscope-lab --bench recorder` (needs scripts/fetch-assets.sh's assets).
 
@@ -71,11 +74,14 @@ fn main() {
         .collect();
     let per_run: usize = runs[0].iter().map(Vec::len).sum();
     println!("MiniLM-L3 {batch}x{seq}, `matmul` full set: {} sites' outputs, {per_run} values per run", extra);
-    println!("{:>6} | {:>10} {:>12} | {:>9} | {:>12} | {:>9}", "runs", "rows", "M rows/s", "B/row", "peak heap MB", "seconds");
+    println!("{:>6} {:>6} | {:>10} {:>12} | {:>9} | {:>12} | {:>9}", "scale", "runs", "rows", "M rows/s", "B/row", "peak heap MB", "seconds");
 
     let dir = tempfile::tempdir().unwrap();
-    for n in [100usize, 400] {
-        let out = dir.path().join(format!("rec{n}.parquet"));
+    // The real sketches, then the same scaled by 1e-10 and 1e25 (values of other magnitudes:
+    // the encoder and Snappy must cost the same; subnormal and huge values included).
+    for (scale, n) in [(1.0f32, 100usize), (1.0, 400), (1e-10, 100), (1e25, 100)] {
+        let runs: Vec<Vec<Vec<f32>>> = runs.iter().map(|r| r.iter().map(|v| v.iter().map(|x| x * scale).collect()).collect()).collect();
+        let out = dir.path().join(format!("rec{n}_{scale:e}.parquet"));
         let sink = opscope::recording::open(&out).expect("parquet sink");
         let rec = Recorder::new(sink, format!("bench-{n}"));
         let m = rec.register(manifest.clone());
@@ -92,7 +98,8 @@ fn main() {
         opscope::recording::read_rows(&out, |_| rows += 1).expect("read back");
         let bytes = dir_bytes(&out);
         println!(
-            "{:>6} | {:>10} {:>12.1} | {:>9.2} | {:>12.1} | {:>9.2}",
+            "{:>6.0e} {:>6} | {:>10} {:>12.1} | {:>9.2} | {:>12.1} | {:>9.2}",
+            scale,
             n,
             rows,
             rows as f64 / secs / 1e6,

@@ -1173,6 +1173,7 @@ fn sweep(a: SweepArgs) -> Result<()> {
     let text = if a.confirm { format!("{},{}", a.pipeline, opscope_lab::sweep::CONFIRM_CAPTURE) } else { a.pipeline.clone() };
     let pipeline = Pipeline::parse(&text)?;
     opscope_lab::output::check(&a.out, &[], Output::Recording, a.force)?;
+    let _claim = opscope_lab::output::claim(&a.out, Output::Recording)?;
     let sink = opscope::recording::open(&a.out)?;
     let seeds: Vec<u64> = (0..a.seeds).collect();
     let memory = opscope::MemorySink::default();
@@ -1266,6 +1267,7 @@ fn interrupted_rows(out: &std::path::Path) -> String {
 fn interrupt_on_ctrl_c() -> Result<()> {
     ctrlc::set_handler(|| {
         if INTERRUPTED.swap(true, Ordering::SeqCst) {
+            opscope_lab::output::release_claims();
             std::process::exit(130);
         }
         eprintln!("\nopscope: interrupting after the batch in progress (Ctrl-C again to stop at once)");
@@ -1315,6 +1317,7 @@ fn record_npz(a: &RecordArgs, pipeline: &Pipeline, npz: &std::path::Path) -> Res
     job.run(pipeline, a.stage, opscope::open_sink(&a.out)?)?;
     if INTERRUPTED.load(Ordering::SeqCst) {
         eprintln!("opscope: interrupted: the rows recorded so far are in {}", interrupted_rows(&a.out));
+        opscope_lab::output::release_claims();
         std::process::exit(130);
     }
     println!("recorded {} batches of {} with '{pipeline}' to {}", job.batches(), npz.display(), written_to(&a.out));
@@ -1388,6 +1391,7 @@ fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> R
     res?;
     if INTERRUPTED.load(Ordering::SeqCst) {
         eprintln!("opscope: interrupted: the rows recorded so far are in {}.partial", a.out.display());
+        opscope_lab::output::release_claims();
         std::process::exit(130);
     }
     emit(&summary.table())?;
@@ -1473,6 +1477,8 @@ fn record(a: RecordArgs) -> Result<()> {
     }
     let kind = if a.append { Output::RecordingAppend } else { Output::Recording };
     opscope_lab::output::check(&a.out, &c.inputs(), kind, a.force)?;
+    // Held until this recording ends: a second `record` into the same new path is refused.
+    let _claim = opscope_lab::output::claim(&a.out, kind)?;
     check_device(a.device)?;
     if a.device != rlx_runtime::Device::Cpu && (c.inputs.is_some() || c.gguf.is_some()) {
         anyhow::bail!("--device {} applies to ONNX models (--onnx); --inputs and --gguf run on the CPU", a.device.as_arg());
@@ -1543,6 +1549,7 @@ fn record(a: RecordArgs) -> Result<()> {
             job.sentences(),
             interrupted_rows(&a.out)
         );
+        opscope_lab::output::release_claims();
         std::process::exit(130);
     }
     if summary.sites().is_empty() {

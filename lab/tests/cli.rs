@@ -165,6 +165,7 @@ fn ctrl_c_during_record_leaves_a_readable_partial_recording() {
     assert_eq!(res.status.code(), Some(130), "{err}");
     assert!(err.contains("interrupted after") && err.contains("rec.csv.gz.partial"), "{err}");
     assert!(!out.exists(), "never renamed into place");
+    assert!(!dir.path().join("rec.csv.gz.writing").exists(), "the interrupted recorder released its claim on the path");
     let mined = opscope().arg("mine").arg(&partial).output().unwrap();
     assert!(mined.status.success(), "{}", String::from_utf8_lossy(&mined.stderr));
     let series = opscope::mine::load(&partial).unwrap();
@@ -446,4 +447,58 @@ fn an_empty_recording_says_whether_sampling_or_site_matching_left_it_empty() {
     let err = String::from_utf8_lossy(&unmatched.stderr);
     assert!(!unmatched.status.success(), "{err}");
     assert!(err.contains("found no site") && err.contains("closest sites"), "{err}");
+}
+
+/// Two `record` runs started together into one new dataset: exactly one records, whichever
+/// claims the path first; the other is refused (naming the writer and `--append`) and adds no
+/// partition. Before the claim both passed the output check (neither had written a part yet) and
+/// both recorded into the dataset, to be mined as one recording. A lock left by a process that is
+/// gone is taken over; one held by a live process refuses the path and is left in place.
+#[test]
+fn two_new_recordings_into_one_path_refuse_the_second() {
+    let a = opscope_lab::model::MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("rec.parquet");
+    let spawn = || {
+        opscope()
+            .arg("record")
+            .args(a.cli_args())
+            .args(["--limit", "4", "--out"])
+            .arg(&out)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (x, y) = (spawn(), spawn());
+    let results = [x.wait_with_output().unwrap(), y.wait_with_output().unwrap()];
+    let ok: Vec<bool> = results.iter().map(|r| r.status.success()).collect();
+    let errs: Vec<String> = results.iter().map(|r| String::from_utf8_lossy(&r.stderr).to_string()).collect();
+    assert_eq!(ok.iter().filter(|&&o| o).count(), 1, "exactly one of two concurrent new recordings records: {errs:?}");
+    let refused = &errs[ok.iter().position(|&o| !o).unwrap()];
+    assert!(refused.contains("--append") && !refused.contains("panicked"), "{refused}");
+    assert_eq!(opscope::recording::partitions(&out).unwrap().len(), 1, "one recording in the dataset");
+    let lock = opscope_lab::output::claim_path(&out);
+    assert!(!lock.exists(), "the writer removed its lock when it finished");
+
+    // A live writer's lock (this test process's own pid, this host) refuses a new path and stays.
+    let fresh = dir.path().join("fresh.parquet");
+    std::fs::create_dir(&fresh).unwrap();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_string();
+    let lock = opscope_lab::output::claim_path(&fresh);
+    std::fs::write(&lock, format!("pid={} host={host}\n", std::process::id())).unwrap();
+    let r = record_with(&fresh, &["--limit", "2"]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(!r.status.success() && err.contains(&format!("process {}", std::process::id())) && err.contains("delete the lock file"), "{err}");
+    assert!(lock.exists() && opscope::recording::partitions(&fresh).unwrap().is_empty());
+
+    // A lock whose process is gone (a finished child's pid): taken over, recorded, removed.
+    let mut gone = Command::new("true").spawn().unwrap();
+    let pid = gone.id();
+    gone.wait().unwrap();
+    std::fs::write(&lock, format!("pid={pid} host={host}\n")).unwrap();
+    let r = record_with(&fresh, &["--limit", "2"]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(!lock.exists());
+    assert_eq!(opscope::recording::partitions(&fresh).unwrap().len(), 1);
 }

@@ -51,7 +51,7 @@ fn a_missing_directory_is_a_clear_error() {
 struct FailingSink;
 
 impl Sink for FailingSink {
-    fn manifest(&mut self, _: &Manifest) -> Result<(), Error> {
+    fn manifest(&mut self, _: &std::sync::Arc<Manifest>) -> Result<(), Error> {
         Ok(())
     }
     fn write(&mut self, _: &[Row]) -> Result<(), Error> {

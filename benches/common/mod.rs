@@ -34,7 +34,7 @@ pub fn weight(d: usize, l: usize) -> Vec<f32> {
 pub struct DropSink;
 
 impl opscope::Sink for DropSink {
-    fn manifest(&mut self, _: &opscope::Manifest) -> Result<(), opscope::Error> {
+    fn manifest(&mut self, _: &std::sync::Arc<opscope::Manifest>) -> Result<(), opscope::Error> {
         Ok(())
     }
     fn write(&mut self, _: &[opscope::Row]) -> Result<(), opscope::Error> {

@@ -135,7 +135,7 @@ pub fn common_prefix<'a>(names: &[&'a str]) -> &'a str {
 }
 
 impl Sink for SummarySink {
-    fn manifest(&mut self, _m: &Manifest) -> Result<(), Error> {
+    fn manifest(&mut self, _m: &std::sync::Arc<Manifest>) -> Result<(), Error> {
         Ok(())
     }
 

@@ -363,7 +363,7 @@ pub fn ab(mut a: impl FnMut() -> Result<()>, mut b: impl FnMut() -> Result<()>, 
 struct Discard;
 
 impl opscope::Sink for Discard {
-    fn manifest(&mut self, _: &opscope::Manifest) -> Result<(), opscope::Error> {
+    fn manifest(&mut self, _: &std::sync::Arc<opscope::Manifest>) -> Result<(), opscope::Error> {
         Ok(())
     }
     fn write(&mut self, rows: &[opscope::Row]) -> Result<(), opscope::Error> {

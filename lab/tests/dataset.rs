@@ -492,7 +492,7 @@ fn the_columnar_sink_writes_every_row_of_its_blocks_and_duckdb_reads_them_back()
                 "sites": [], "outputs": [], "skipped": []
             }))
             .unwrap();
-            sink.manifest(&m).unwrap();
+            sink.manifest(&std::sync::Arc::new(m.clone())).unwrap();
         }
         let mut expected = Vec::new();
         for (step, blocks) in runs.iter().enumerate() {

@@ -56,7 +56,7 @@ impl Out {
 pub struct CsvSink {
     path: PathBuf,
     writer: Option<csv::Writer<Out>>,
-    manifests: Vec<Manifest>,
+    manifests: Vec<std::sync::Arc<Manifest>>,
     /// Nothing written since the last successful flush (the recorder flushes after each run),
     /// so the file ends on a whole run: recorded in the sidecar of an abandoned recording.
     ends_on_run: bool,
@@ -122,7 +122,7 @@ impl Sink for CsvSink {
     fn capture_dir(&self) -> Option<std::path::PathBuf> {
         Some(super::sink::capture_dir_of(&self.path))
     }
-    fn manifest(&mut self, manifest: &Manifest) -> Result<(), Error> {
+    fn manifest(&mut self, manifest: &std::sync::Arc<Manifest>) -> Result<(), Error> {
         self.manifests.push(manifest.clone());
         Ok(())
     }

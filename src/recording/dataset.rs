@@ -107,7 +107,7 @@ pub struct DatasetSink {
     open: Option<OpenPart>,
     /// The open run's rows (one row group, encoded as they come: see `rowgroup`).
     pending: RowGroup,
-    manifests: Vec<Manifest>,
+    manifests: Vec<std::sync::Arc<Manifest>>,
     sidecar_written: Option<usize>,
     done: bool,
 }
@@ -256,7 +256,7 @@ impl Sink for DatasetSink {
         }
         Ok(())
     }
-    fn manifest(&mut self, manifest: &Manifest) -> Result<(), Error> {
+    fn manifest(&mut self, manifest: &std::sync::Arc<Manifest>) -> Result<(), Error> {
         self.manifests.push(manifest.clone());
         Ok(())
     }
@@ -430,7 +430,7 @@ pub(super) fn read_sidecar(root: &Path) -> Result<Option<Sidecar>, Error> {
                     let mut m = m.clone();
                     // Recordings made before compiles were numbered per recording carry the tag.
                     if m.compile != 0 {
-                        m.compile += offset;
+                        std::sync::Arc::make_mut(&mut m).compile += offset;
                     }
                     graphs.push(m);
                 }

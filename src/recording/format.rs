@@ -184,8 +184,9 @@ pub const FORMAT: u32 = 1;
 pub struct Sidecar {
     /// Recording format version.
     pub format: u32,
-    /// One manifest per tapped compile.
-    pub graphs: Vec<Manifest>,
+    /// One manifest per tapped compile (shared with the recorder that wrote them: a sink keeps
+    /// the recorder's manifests, not copies).
+    pub graphs: Vec<std::sync::Arc<Manifest>>,
     /// Written true only beside a `.partial` CSV recording its sink closed right after a run's
     /// rows were flushed (an interrupt, or an error between runs): its last run is whole, and a
     /// reader keeps it. Absent (false) otherwise: a reader of a `.partial` CSV recording leaves
@@ -278,12 +279,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
 /// Write the manifest sidecar of the recording at `recording` (atomically).
 ///
 /// Errors: the sidecar cannot be written.
-pub fn write_sidecar(recording: &Path, graphs: Vec<Manifest>) -> Result<(), Error> {
+pub fn write_sidecar(recording: &Path, graphs: Vec<std::sync::Arc<Manifest>>) -> Result<(), Error> {
     write_sidecar_ending(recording, graphs, false)
 }
 
 /// [`write_sidecar`] with [`Sidecar::ends_on_run`].
-pub(super) fn write_sidecar_ending(recording: &Path, graphs: Vec<Manifest>, ends_on_run: bool) -> Result<(), Error> {
+pub(super) fn write_sidecar_ending(recording: &Path, graphs: Vec<std::sync::Arc<Manifest>>, ends_on_run: bool) -> Result<(), Error> {
     let json = serde_json::to_vec_pretty(&Sidecar { format: FORMAT, graphs, ends_on_run })
         .map_err(|e| Error::Internal(format!("manifest JSON: {e}")))?;
     write_atomic(&sidecar_path(recording), &json)

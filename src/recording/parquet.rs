@@ -54,7 +54,7 @@ pub struct ParquetSink {
     path: PathBuf,
     writer: Option<ParquetFile>,
     pending: RowGroup,
-    manifests: Vec<Manifest>,
+    manifests: Vec<std::sync::Arc<Manifest>>,
 }
 
 impl ParquetSink {
@@ -116,7 +116,7 @@ pub(super) fn writer_properties() -> WriterProperties {
 }
 
 impl Sink for ParquetSink {
-    fn manifest(&mut self, manifest: &Manifest) -> Result<(), Error> {
+    fn manifest(&mut self, manifest: &std::sync::Arc<Manifest>) -> Result<(), Error> {
         self.manifests.push(manifest.clone());
         Ok(())
     }

@@ -22,7 +22,7 @@ pub trait Sink: Send {
         Ok(())
     }
     /// A tapped graph was compiled; its manifest describes the rows that will follow.
-    fn manifest(&mut self, manifest: &Manifest) -> Result<(), Error>;
+    fn manifest(&mut self, manifest: &std::sync::Arc<Manifest>) -> Result<(), Error>;
     /// Rows of (part of) one run.
     fn write(&mut self, rows: &[Row]) -> Result<(), Error>;
     /// The rows of one statistic of one tensor, in columnar form (the recorder's path; one
@@ -73,11 +73,11 @@ impl MemorySink {
 }
 
 impl Sink for MemorySink {
-    fn manifest(&mut self, manifest: &Manifest) -> Result<(), Error> {
+    fn manifest(&mut self, manifest: &std::sync::Arc<Manifest>) -> Result<(), Error> {
         self.manifests
             .lock()
             .map_err(|_| Error::Internal("poisoned".into()))?
-            .push(manifest.clone());
+            .push(Manifest::clone(manifest));
         Ok(())
     }
     fn write(&mut self, rows: &[Row]) -> Result<(), Error> {
@@ -99,7 +99,7 @@ impl Sink for Tee {
     fn recording_id(&mut self, id: &str) -> Result<(), Error> {
         self.0.iter_mut().try_for_each(|s| s.recording_id(id))
     }
-    fn manifest(&mut self, manifest: &Manifest) -> Result<(), Error> {
+    fn manifest(&mut self, manifest: &std::sync::Arc<Manifest>) -> Result<(), Error> {
         self.0.iter_mut().try_for_each(|s| s.manifest(manifest))
     }
     fn write(&mut self, rows: &[Row]) -> Result<(), Error> {

@@ -463,15 +463,21 @@ fn the_columnar_sink_writes_every_row_of_its_blocks_and_duckdb_reads_them_back()
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(13);
     let specials = [f32::INFINITY, f32::NEG_INFINITY, f32::MIN_POSITIVE / 8.0, -0.0, 1e38, f32::NAN];
     let mut runs: Vec<Vec<(usize, usize, usize, usize, Vec<f32>, Option<u64>, Option<u64>)>> = Vec::new();
-    for run in 0..7 {
+    for run in 0..8 {
         let mut blocks = Vec::new();
         let count = match run {
             3 => 300,
             5 => 66_000,
+            // Run 7: 140 000 rows, more than a row group holds (`GROUP_ROWS`): two row groups.
+            7 => 200,
             _ => rng.gen_range(1..40),
         };
         for b in 0..count {
-            let n = if run == 5 { 1 } else { [0usize, 1, 3, 64, 700][rng.gen_range(0..5)] };
+            let n = match run {
+                5 => 1,
+                7 => 700,
+                _ => [0usize, 1, 3, 64, 700][rng.gen_range(0..5)],
+            };
             let values: Vec<f32> = (0..n)
                 .map(|_| if rng.gen_bool(0.1) { specials[rng.gen_range(0..specials.len())] } else { rng.gen_range(-3.0f32..3.0) * 10f32.powi(rng.gen_range(-30..30)) })
                 .collect();
@@ -529,8 +535,14 @@ fn the_columnar_sink_writes_every_row_of_its_blocks_and_duckdb_reads_them_back()
     assert_eq!(write(&by_rows, false), expected);
     assert!(expected.len() > 70_000, "{}", expected.len());
     assert!(expected.iter().any(|c| c.11 == f32::INFINITY.to_bits()) && expected.iter().any(|c| c.12.is_none()) && expected.iter().any(|c| c.14.is_none()));
-    assert_eq!(closed_parts(&by_blocks).len(), 3, "7 runs at 3 runs per part");
     for out in [&by_blocks, &by_rows] {
+        assert_eq!(closed_parts(out).len(), 3, "8 runs at 3 runs per part (a run of two row groups is one run)");
+        let groups: usize = closed_parts(out)
+            .iter()
+            .map(|p| parquet::file::reader::FileReader::metadata(&parquet::file::serialized_reader::SerializedFileReader::new(std::fs::File::open(p).unwrap()).unwrap()).num_row_groups())
+            .sum();
+        assert!(opscope::recording::GROUP_ROWS < 140_000);
+        assert_eq!(groups, 9, "one row group a run, and two for the run of 140 000 rows");
         assert_eq!(duckdb_cells(out), expected, "{}", out.display());
         assert_eq!(pyarrow_cells(out), expected, "{}", out.display());
         // opscope's own reader: the key columns and values it decodes, in any order.

@@ -24,7 +24,7 @@ use std::path::Path;
 
 pub use self::csv::CsvSink;
 #[cfg(feature = "parquet")]
-pub use self::dataset::{partitions, DatasetSink, PartLimits, Partition, ENV_PART_BYTES, ENV_PART_RUNS, PARTITION_SIDECAR};
+pub use self::dataset::{partitions, DatasetSink, PartLimits, Partition, ENV_PART_BYTES, ENV_PART_RUNS, PARTITION_SIDECAR, GROUP_ROWS};
 #[cfg(feature = "parquet")]
 pub use self::parquet::{schema, ParquetSink};
 pub use crate::error::RecordingError;

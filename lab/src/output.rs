@@ -146,12 +146,15 @@ pub fn claim_path(out: &Path) -> std::path::PathBuf {
     }
 }
 
-/// A process's claim on a recording path for a new recording (see [`claim`]): the lock file is
-/// removed when the claim is dropped, and with it a dataset directory the claim created if it is
-/// still empty (a recording that failed before its first part leaves nothing behind).
+/// A process's claim on a recording path for a new recording (see [`claim`]): an exclusive
+/// `flock` on the lock file, held while the claim lives. Dropping it removes the lock file (while
+/// still locked) and a dataset directory the claim created if it is still empty (a recording that
+/// failed before its first part leaves nothing behind).
 #[derive(Debug)]
 pub struct Claim {
     lock: std::path::PathBuf,
+    /// The open lock file: closing it releases the `flock`.
+    file: Option<std::fs::File>,
     made_root: Option<std::path::PathBuf>,
 }
 
@@ -159,8 +162,8 @@ pub struct Claim {
 static HELD: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
 
 /// Remove the lock files of every claim this process holds: for an exit that skips destructors
-/// (`std::process::exit` after Ctrl-C), so the path is free at once rather than only after the
-/// next writer finds the lock stale.
+/// (`std::process::exit` after Ctrl-C), so no lock file is left beside the recording. (The
+/// `flock` itself ends with the process whatever the exit.)
 pub fn release_claims() {
     for lock in HELD.lock().map(|mut h| std::mem::take(&mut *h)).unwrap_or_default() {
         let _ = std::fs::remove_file(lock);
@@ -172,99 +175,106 @@ impl Drop for Claim {
         if let Ok(mut h) = HELD.lock() {
             h.retain(|p| p != &self.lock);
         }
+        // Unlink before unlocking: a process that opened this file before the unlink gets the
+        // lock only after, finds the path no longer names its file, and starts again.
         let _ = std::fs::remove_file(&self.lock);
+        drop(self.file.take());
         if let Some(root) = &self.made_root {
             let _ = std::fs::remove_dir(root); // only succeeds while it is empty
         }
     }
 }
 
-/// This machine's name (the lock file says where its writer runs; a writer's liveness can only
-/// be checked on its own host).
+/// This machine's name, for the lock file's text (who holds it, named in the refusal).
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default()
 }
 
-/// True if process `pid` exists on this machine (`kill(pid, 0)`: success, or EPERM for another
-/// user's process).
-fn alive(pid: i32) -> bool {
-    if pid <= 0 {
-        return false;
-    }
-    // SAFETY: signal 0 sends nothing; it only checks that the process exists.
-    let r = unsafe { libc::kill(pid, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
-
-/// Claim `out` for a new recording (`kind` [`Output::Recording`], after [`check`] passed): create
-/// its lock file ([`claim_path`]) exclusively (`O_EXCL`), then check again, under the claim, that
-/// a dataset holds no recording yet. Without it, two `record` runs started together into one new
-/// dataset both passed [`check`] (neither had written a part yet) and both recorded, to be mined
-/// together as one; two into one CSV path wrote the same `.partial` file. A lock file left by a
-/// process that died (`kill -9`, power loss) on this host is taken over; one from another host is
-/// not (its writer cannot be checked from here). [`Output::RecordingAppend`] takes no claim:
-/// writers that add partitions beside each other are what a dataset is for.
+/// Claim `out` for a new recording (`kind` [`Output::Recording`], after [`check`] passed): take an
+/// exclusive, non-blocking `flock` on its lock file ([`claim_path`]), then check again, under the
+/// claim, that a dataset holds no recording yet. Without it, two `record` runs started together
+/// into one new dataset both passed [`check`] (neither had written a part yet) and both recorded,
+/// to be mined together as one; two into one CSV path wrote the same `.partial` file. The kernel
+/// releases a `flock` when its process ends however it ends (`kill -9`, a crash), so a lock file
+/// a dead writer left is simply locked again: no pid is trusted. After locking, the path must
+/// still name the locked file (a writer that finished unlinks it while holding the lock; a process
+/// that had opened the old file retries). [`Output::RecordingAppend`] takes no claim: writers that
+/// add partitions beside each other are what a dataset is for.
 ///
-/// Errors: another live process holds the claim (the error names its pid and host, and the fixes:
-/// wait, `--append`, another path, or deleting a stale lock file); the dataset gained a recording
-/// between [`check`] and the claim; the lock file cannot be created.
+/// Errors: another process holds the lock (the error names the pid and host its lock file gives,
+/// and the fixes: wait, `--append`, another path); the dataset gained a recording between
+/// [`check`] and the claim; the lock file cannot be created or locked.
 pub fn claim(out: &Path, kind: Output) -> Result<Option<Claim>> {
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::io::AsRawFd;
     if kind != Output::Recording {
         return Ok(None);
     }
     let dataset = opscope::recording::is_dataset_path(out);
-    let mut made_root = None;
-    if dataset && !out.exists() {
-        std::fs::create_dir(out).map_err(|e| anyhow::anyhow!("{}: cannot create the dataset directory: {e}", out.display()))?;
-        made_root = Some(out.to_path_buf());
-    }
     let lock = claim_path(out);
-    let host = host_name();
-    let me = format!("pid={} host={host}\n", std::process::id());
-    let mut taken_over = false;
-    loop {
-        match std::fs::OpenOptions::new().write(true).create_new(true).open(&lock) {
-            Ok(mut f) => {
-                use std::io::Write;
-                f.write_all(me.as_bytes()).and_then(|_| f.sync_all()).map_err(|e| anyhow::anyhow!("{}: {e}", lock.display()))?;
-                break;
+    let mut made_root = None;
+    for _ in 0..100 {
+        if dataset && !out.exists() {
+            match std::fs::create_dir(out) {
+                Ok(()) => made_root = Some(out.to_path_buf()),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {} // another writer made it
+                Err(e) => bail!("{}: cannot create the dataset directory: {e}", out.display()),
             }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                let held = std::fs::read_to_string(&lock).unwrap_or_default();
-                let field = |k: &str| held.split_whitespace().find_map(|w| w.strip_prefix(k)).unwrap_or("").to_string();
-                let (pid, their_host) = (field("pid="), field("host="));
-                let stale = their_host == host && !alive(pid.parse().unwrap_or(0));
-                if stale && !taken_over {
-                    // The writer died without removing it: its recording (if any) is as it
-                    // left it; this one takes the path over.
-                    let _ = std::fs::remove_file(&lock);
-                    taken_over = true;
-                    continue;
-                }
-                let who = if pid.is_empty() { "another process".to_string() } else { format!("process {pid} on host '{their_host}'") };
-                bail!(
-                    "{}: {who} is writing a new recording there now (lock file {}): wait for it to finish, pass --append to \
-                     record beside it (Parquet datasets), or pick another path; if no such process runs, delete the lock file",
-                    out.display(),
-                    lock.display()
-                );
-            }
-            Err(e) => bail!("{}: cannot create the lock file {}: {e}", out.display(), lock.display()),
         }
-    }
-    if let Ok(mut h) = HELD.lock() {
-        h.push(lock.clone());
-    }
-    let claim = Claim { lock, made_root };
-    if dataset {
-        let held = opscope::recording::partitions(out)?.len();
-        if held > 0 {
+        let mut file = match std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&lock) {
+            Ok(f) => f,
+            // A failed writer removed the (empty) dataset directory in between: make it again.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && dataset => continue,
+            Err(e) => bail!("{}: cannot create the lock file {}: {e}", out.display(), lock.display()),
+        };
+        // SAFETY: flock on a file descriptor this function owns; no memory is involved.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                bail!("{}: cannot lock {}: {e}", out.display(), lock.display());
+            }
+            let mut held = String::new();
+            let _ = file.read_to_string(&mut held);
+            let field = |k: &str| held.split_whitespace().find_map(|w| w.strip_prefix(k)).unwrap_or("").to_string();
+            let (pid, host) = (field("pid="), field("host="));
+            let who = if pid.is_empty() { "another process".to_string() } else { format!("process {pid} on host '{host}'") };
             bail!(
-                "{} is a Parquet dataset that already holds {held} recording(s) (written while this one started): pass --append \
-                 to add this one beside them (they are mined together), or pick another path",
-                out.display()
+                "{}: {who} is writing a new recording there now (it holds {}): wait for it to finish, pass --append to \
+                 record beside it (Parquet datasets), or pick another path",
+                out.display(),
+                lock.display()
             );
         }
+        // Locked: is the path still this file? (Its holder may have unlinked it after we opened it.)
+        let same = match (file.metadata(), std::fs::metadata(&lock)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        };
+        if !same {
+            continue;
+        }
+        let me = format!("pid={} host={}\n", std::process::id(), host_name());
+        file.set_len(0)
+            .and_then(|_| file.rewind())
+            .and_then(|_| file.write_all(me.as_bytes()))
+            .and_then(|_| file.sync_all())
+            .map_err(|e| anyhow::anyhow!("{}: {e}", lock.display()))?;
+        if let Ok(mut h) = HELD.lock() {
+            h.push(lock.clone());
+        }
+        let claim = Claim { lock, file: Some(file), made_root };
+        if dataset {
+            let held = opscope::recording::partitions(out)?.len();
+            if held > 0 {
+                bail!(
+                    "{} is a Parquet dataset that already holds {held} recording(s) (written while this one started): pass --append \
+                     to add this one beside them (they are mined together), or pick another path",
+                    out.display()
+                );
+            }
+        }
+        return Ok(Some(claim));
     }
-    Ok(Some(claim))
+    bail!("{}: could not take the lock {} (it was replaced 100 times while trying): try again", out.display(), lock.display())
 }

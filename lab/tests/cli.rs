@@ -452,8 +452,8 @@ fn an_empty_recording_says_whether_sampling_or_site_matching_left_it_empty() {
 /// Two `record` runs started together into one new dataset: exactly one records, whichever
 /// claims the path first; the other is refused (naming the writer and `--append`) and adds no
 /// partition. Before the claim both passed the output check (neither had written a part yet) and
-/// both recorded into the dataset, to be mined as one recording. A lock left by a process that is
-/// gone is taken over; one held by a live process refuses the path and is left in place.
+/// both recorded into the dataset, to be mined as one recording. A lock file whose holder is gone
+/// is locked again; one a live process holds refuses the path and is left in place.
 #[test]
 fn two_new_recordings_into_one_path_refuse_the_second() {
     let a = opscope_lab::model::MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}"));
@@ -481,22 +481,23 @@ fn two_new_recordings_into_one_path_refuse_the_second() {
     let lock = opscope_lab::output::claim_path(&out);
     assert!(!lock.exists(), "the writer removed its lock when it finished");
 
-    // A live writer's lock (this test process's own pid, this host) refuses a new path and stays.
+    // A live writer's lock (held here with flock, as a running `record` holds it) refuses a new
+    // path; the holder's lock file is left alone.
+    use std::os::unix::io::AsRawFd;
     let fresh = dir.path().join("fresh.parquet");
     std::fs::create_dir(&fresh).unwrap();
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_string();
     let lock = opscope_lab::output::claim_path(&fresh);
-    std::fs::write(&lock, format!("pid={} host={host}\n", std::process::id())).unwrap();
+    std::fs::write(&lock, "pid=4242 host=elsewhere\n").unwrap();
+    let held = std::fs::File::open(&lock).unwrap();
+    assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
     let r = record_with(&fresh, &["--limit", "2"]);
     let err = String::from_utf8_lossy(&r.stderr);
-    assert!(!r.status.success() && err.contains(&format!("process {}", std::process::id())) && err.contains("delete the lock file"), "{err}");
+    assert!(!r.status.success() && err.contains("process 4242 on host 'elsewhere'") && err.contains("--append"), "{err}");
     assert!(lock.exists() && opscope::recording::partitions(&fresh).unwrap().is_empty());
 
-    // A lock whose process is gone (a finished child's pid): taken over, recorded, removed.
-    let mut gone = Command::new("true").spawn().unwrap();
-    let pid = gone.id();
-    gone.wait().unwrap();
-    std::fs::write(&lock, format!("pid={pid} host={host}\n")).unwrap();
+    // The same lock file once its holder is gone (the kernel drops a flock with its process, as
+    // after `kill -9`): locked again, recorded, removed.
+    drop(held);
     let r = record_with(&fresh, &["--limit", "2"]);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     assert!(!lock.exists());

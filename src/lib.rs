@@ -39,6 +39,7 @@
 
 pub mod activate;
 pub mod analysis;
+mod bytes;
 pub mod capture;
 pub mod error;
 pub mod linalg;

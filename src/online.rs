@@ -179,11 +179,7 @@ static GLOBAL: Mutex<Option<OnlineState>> = Mutex::new(None);
 /// Called by the sketch kernel for a tensor whose spec names an online key: one local
 /// [`SiteState`] for the tensor, merged into the process-wide state under a short lock.
 pub(crate) fn observe(key: &str, values: &[f32]) {
-    let bytes: &[u8] = unsafe {
-        // SAFETY: f32 has no padding or invalid bit patterns; the slice covers exactly
-        // `values`' memory, read-only, for the duration of the borrow.
-        std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
-    };
+    let bytes = crate::bytes::f32_bytes(values);
     let mut local = SiteState::default();
     local.add(values, xxhash_rust::xxh3::xxh3_64(bytes));
     if let Ok(mut g) = GLOBAL.lock() {

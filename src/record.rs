@@ -138,8 +138,7 @@ fn writer(mut sink: Box<dyn Sink>, run_id: Arc<str>, rx: Receiver<Msg>) -> Resul
                 let mut changed = |k: usize, v: &[f32]| {
                     // Bitwise: a sketch holding NaN (a statistic not defined or not computed)
                     // is unchanged when its bits are (NaN != NaN would record it every run).
-                    let bits: Vec<u8> = v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect();
-                    let h = twox_hash::XxHash3_128::oneshot(&bits);
+                    let h = twox_hash::XxHash3_128::oneshot(crate::bytes::f32_bytes(v));
                     weights.insert((manifest.tag, k), h) != Some(h)
                 };
                 decode_each(&run_id, &names, step, &manifest, &outputs, &mut changed, |block| sink.write_block(block))

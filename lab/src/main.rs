@@ -796,7 +796,7 @@ fn report(a: ReportArgs) -> Result<()> {
     });
     let mut notes = opscope::mine::no_data(&a.recording, &series)?;
     notes.push(opscope::mine::NOT_OBSERVABLE.to_string());
-    let manifests = opscope::recording::read_sidecar(&a.recording)?.map(|s| s.graphs.iter().map(|m| opscope::Manifest::clone(m)).collect::<Vec<_>>()).unwrap_or_default();
+    let manifests = opscope::recording::read_sidecar(&a.recording)?.map(|s| s.graphs).unwrap_or_default();
     let cost = match (&a.cost, &a.onnx) {
         (Some(path), _) => {
             let bytes = std::fs::read(path).with_context(|| format!("reading --cost {}", path.display()))?;

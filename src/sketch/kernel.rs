@@ -1223,11 +1223,7 @@ fn compute_masked_body(data: &[f32], dims: &[usize], spec: &SketchSpec, mask: Op
             tensor::POSINF_COUNT => dst[0] = acc.posinf as f32,
             tensor::NEGINF_COUNT => dst[0] = acc.neginf as f32,
             tensor::HASH => {
-                let bytes: &[u8] = unsafe {
-                    // SAFETY: f32 has no padding or invalid bit patterns; the slice covers
-                    // exactly `data`'s memory, read-only, for the duration of the borrow.
-                    std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data))
-                };
+                let bytes = crate::bytes::f32_bytes(data);
                 let h = xxhash_rust::xxh3::xxh3_64(bytes);
                 for (i, d) in dst.iter_mut().enumerate() {
                     *d = ((h >> (16 * i)) & 0xffff) as f32;

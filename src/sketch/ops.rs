@@ -294,11 +294,7 @@ fn memo_compute(x: &[f32], dims: &[usize], spec: &Arc<SketchSpec>, out: &mut [f3
         }
     }
     HASHED.fetch_add(1, Relaxed);
-    let bytes: &[u8] = unsafe {
-        // SAFETY: f32 has no padding or invalid bit patterns; the slice covers exactly the
-        // same memory as `x`, read-only, for the duration of the borrow.
-        std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), std::mem::size_of_val(x))
-    };
+    let bytes = crate::bytes::f32_bytes(x);
     let untagged = SketchSpec { tag: 0, node: 0, ..SketchSpec::clone(spec) };
     // XXH3-128 (twox-hash: AVX2 where the CPU has it, measured 1.8x the SSE2 build on a
     // 256 KB weight in cache).

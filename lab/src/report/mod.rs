@@ -34,9 +34,9 @@ pub use plot::{num, pool, segments, MAX_COLUMNS, MAX_POINTS};
 pub struct Input<'a> {
     /// Page title (the recording's path, say).
     pub title: &'a str,
-    /// The recording's manifests, one per tapped compile (`recording::read_sidecar(..).graphs`,
-    /// or `MemorySink::manifests`); empty when there is no sidecar.
-    pub manifests: &'a [Manifest],
+    /// The recording's manifests, one per tapped compile (`recording::read_sidecar(..).graphs`;
+    /// from a `MemorySink`, its manifests each in an `Arc`); empty when there is no sidecar.
+    pub manifests: &'a [std::sync::Arc<Manifest>],
     /// The recording's series ([`opscope::mine::load_compact`] or [`opscope::mine::load`]).
     pub series: &'a BTreeMap<SeriesKey, Series>,
     /// Verdicts ([`opscope::mine::mine`]), highest payoff first.
@@ -68,7 +68,7 @@ struct Embedded<'a> {
 /// that lists it (compiles in recording order), then by first appearance in the recording
 /// ([`Series::order`]; the Q/K/V projections RLX fuses share a node). Series no manifest lists
 /// come last, by first appearance.
-fn execution_order<'a>(series: &'a BTreeMap<SeriesKey, Series>, manifests: &[Manifest]) -> Vec<(&'a SeriesKey, &'a Series)> {
+fn execution_order<'a>(series: &'a BTreeMap<SeriesKey, Series>, manifests: &[std::sync::Arc<Manifest>]) -> Vec<(&'a SeriesKey, &'a Series)> {
     let mut node: BTreeMap<(&str, u32), (usize, u32)> = BTreeMap::new();
     for (ci, m) in manifests.iter().enumerate() {
         for s in &m.sites {

@@ -401,3 +401,57 @@ mod parquet_round_trip {
         }
     }
 }
+
+/// The single-file Parquet sink writes a run larger than `GROUP_ROWS` rows as several row
+/// groups (so the pages it holds stay bounded), and every row still reads back, in order, through
+/// the parquet crate directly: a run of 150 000 rows (blocks of 10 000 values, by the block and
+/// the row path) then a run of 3 rows make three row groups: 140 000 rows (the block that
+/// reached `GROUP_ROWS`), the run's last 10 000, and the small run's 3.
+#[cfg(feature = "parquet")]
+#[test]
+fn a_large_run_is_split_into_row_groups_and_reads_back_whole() {
+    use std::sync::Arc;
+    // A row group is written once a run's rows reach GROUP_ROWS (at a block's end).
+    assert!(opscope::recording::GROUP_ROWS > 130_000 && opscope::recording::GROUP_ROWS <= 140_000);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.parquet");
+    let mut sink = opscope::recording::ParquetSink::create(&path).unwrap();
+    let s = |x: &str| Arc::<str>::from(x);
+    let (run_id, graph, pass, site, op, role, stat, shape) = (s("r"), s("g"), s("matmul"), s("matmul.0"), s("MatMul"), s("out"), s("elemsig"), s("[10000]"));
+    let mut want = Vec::new();
+    for (step, blocks, len) in [(0u64, 15usize, 10_000usize), (1, 1, 3)] {
+        for k in 0..blocks {
+            let values: Vec<f32> = (0..len).map(|i| (step * 1_000_000 + (k * len + i) as u64) as f32 * 0.5).collect();
+            let b = opscope::recording::Block {
+                run_id: &run_id,
+                compile: 1,
+                step,
+                graph: &graph,
+                pass: &pass,
+                pass_idx: 0,
+                site: &site,
+                op: &op,
+                role: &role,
+                stat: &stat,
+                numel: Some(len as u64),
+                shape: &shape,
+                flops: None,
+                values: &values,
+            };
+            let rows: Vec<Row> = b.rows().collect();
+            if k % 2 == 0 { sink.write_block(&b).unwrap() } else { sink.write(&rows).unwrap() }
+            want.extend(rows);
+        }
+        sink.flush().unwrap();
+    }
+    sink.finish().unwrap();
+    let meta = parquet::file::reader::FileReader::metadata(&parquet::file::serialized_reader::SerializedFileReader::new(std::fs::File::open(&path).unwrap()).unwrap())
+        .row_groups()
+        .iter()
+        .map(|g| g.num_rows())
+        .collect::<Vec<_>>();
+    assert_eq!(meta, vec![140_000, 10_000, 3], "two row groups for the large run, one for the small");
+    let got = parquet_rows_independently(&path);
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "every row reads back as written, in order");
+}

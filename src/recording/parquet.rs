@@ -1,5 +1,5 @@
 //! Parquet recordings (`arrow` + `parquet` crates, cargo feature `parquet`): the same tidy
-//! table as the CSV sink, one row group per run, strings dictionary-encoded (by
+//! table as the CSV sink, one row group per run (split every [`GROUP_ROWS`] rows), strings dictionary-encoded (by
 //! [`super::rowgroup`]), values Snappy-compressed.
 //! Columnar and typed, so a miner reads values without parsing text. The reader also takes
 //! Parquet files that pandas or polars wrote back (plain or dictionary strings, any codec the
@@ -19,6 +19,7 @@ use parquet::schema::types::ColumnPath;
 use crate::error::Error;
 use crate::manifest::Manifest;
 
+use super::dataset::GROUP_ROWS;
 use super::format::{check_path, partial_path as partial, write_sidecar, Block, ColumnType, Row, COLUMNS};
 use super::rowgroup::{ParquetFile, RowGroup};
 use super::read::RowRef;
@@ -48,7 +49,8 @@ pub fn schema() -> SchemaRef {
 }
 
 /// A Parquet recording plus the JSON manifest sidecar, with the CSV sink's lifecycle: rows go
-/// to `<path>.partial` (one row group per run, written at each flush), `finish` closes the
+/// to `<path>.partial` (one row group per run, written at each flush, and every [`GROUP_ROWS`]
+/// rows of a larger run, so the encoded pages held stay bounded), `finish` closes the
 /// file, syncs and renames it; a sink dropped unfinished leaves `.partial`.
 pub struct ParquetSink {
     path: PathBuf,
@@ -123,11 +125,13 @@ impl Sink for ParquetSink {
 
     fn write(&mut self, rows: &[Row]) -> Result<(), Error> {
         let res = rows.iter().try_for_each(|r| self.pending.push_row(r));
-        res.map_err(|e| Error::Internal(format!("encoding a run: {e}")))
+        res.map_err(|e| Error::Internal(format!("encoding a run: {e}")))?;
+        self.spill()
     }
 
     fn write_block(&mut self, block: &Block<'_>) -> Result<(), Error> {
-        self.pending.push_block(block).map_err(|e| Error::Internal(format!("encoding a run: {e}")))
+        self.pending.push_block(block).map_err(|e| Error::Internal(format!("encoding a run: {e}")))?;
+        self.spill()
     }
 
     fn flush(&mut self) -> Result<(), Error> {
@@ -135,7 +139,7 @@ impl Sink for ParquetSink {
             return Ok(());
         }
         let w = self.writer.as_mut().ok_or_else(|| Error::Internal("write after finish".into()))?;
-        // One row group per run keeps the writer's memory bounded by one run.
+        // One row group per run, or per GROUP_ROWS rows of it (`spill`).
         w.write_group(&mut self.pending).map_err(|e| Error::Write { path: partial(&self.path), why: format!("parquet write: {e}") })
     }
 
@@ -157,6 +161,15 @@ impl Sink for ParquetSink {
 }
 
 impl ParquetSink {
+    /// A run's rows so far reached [`GROUP_ROWS`]: write them as a row group now (as the
+    /// dataset sink does), so the pages held in memory stay bounded whatever a run holds.
+    fn spill(&mut self) -> Result<(), Error> {
+        if self.pending.rows() >= GROUP_ROWS {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
     /// Write the pending rows and the footer, sync `<path>.partial`. False if already closed.
     fn close(&mut self) -> Result<bool, Error> {
         self.flush()?;

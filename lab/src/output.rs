@@ -63,8 +63,34 @@ fn is_ours(path: &Path, kind: Output) -> bool {
     }
 }
 
+/// Why `out` belongs to a recording and no command may write it (`None` when it does not): a
+/// recording's manifest sidecar (`<recording>.manifest.json`, a partition's `_manifest.json`),
+/// a sweep's ground truth (`<recording>.truth.json`), or any file inside a Parquet dataset
+/// directory (a path component ending in `.parquet` that is a directory, or a `recording=<id>`
+/// partition). A recording written into its own dataset is the sink's business, not this check's.
+fn part_of_a_recording(out: &Path, kind: Output) -> Option<String> {
+    let name = out.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+    if kind != Output::Recording && kind != Output::RecordingAppend {
+        if name == opscope::recording::PARTITION_SIDECAR || name.ends_with(".manifest.json") {
+            return Some("this is a recording's manifest sidecar".into());
+        }
+        if name.ends_with(".truth.json") {
+            return Some("this is a sweep's ground truth (opscope sweep writes it beside its recording)".into());
+        }
+    }
+    let parent = out.parent()?;
+    for dir in parent.ancestors().filter(|d| !d.as_os_str().is_empty()) {
+        let n = dir.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+        if n.starts_with("recording=") || (n.ends_with(".parquet") && dir.is_dir()) {
+            return Some(format!("it is inside the Parquet dataset {}", if n.starts_with("recording=") { dir.parent().unwrap_or(dir).display() } else { dir.display() }));
+        }
+    }
+    None
+}
+
 /// Check that `out` may be written: its name fits `kind`, it is none of `inputs`, and an
-/// existing file there is what `kind` writes — unless `force`.
+/// existing file there is what `kind` writes — unless `force`; and never a part of a recording
+/// (its sidecar, its truth file, a file inside its dataset directory), even with `force`.
 ///
 /// Errors: name each problem and the fix (another path, or `--force`).
 pub fn check(out: &Path, inputs: &[&Path], kind: Output, force: bool) -> Result<()> {
@@ -94,6 +120,9 @@ pub fn check(out: &Path, inputs: &[&Path], kind: Output, force: bool) -> Result<
         );
     }
     opscope::recording::check_path(out)?;
+    if let Some(why) = part_of_a_recording(out, kind) {
+        bail!("{}: {why}; writing there would make the recording unreadable: pick another path (--force does not allow it)", out.display());
+    }
     if out.is_dir() {
         // A dataset directory: recordings already in it would be mined with this one.
         let held = opscope::recording::partitions(out)?.len();

@@ -449,11 +449,21 @@ fn calibration_errors_name_the_problem_and_the_fix() {
     for (args, want) in [
         (vec!["--method", "minmax", "--out", "t.txt"], "writes .json (ONNX Runtime calibration table) or .cache"),
         (vec!["--method", "entropy", "--percentile", "99", "--out", "t.json"], "--percentile applies to --method percentile only"),
-        (vec!["--method", "minmax", "--out", "r.csv.manifest.json"], "is also an input"),
+        (vec!["--method", "minmax", "--out", "r.csv.manifest.json"], "recording's manifest sidecar"),
+        // Never a part of a recording, even with --force (a dataset's partition sidecar is
+        // no input of a CSV calibration, and was overwritten before this check).
+        (vec!["--method", "minmax", "--force", "--out", "d.parquet/recording=x/_manifest.json"], "recording's manifest sidecar"),
+        (vec!["--method", "minmax", "--force", "--out", "d.parquet/recording=x/t.json"], "inside the Parquet dataset"),
+        (vec!["--method", "minmax", "--force", "--out", "s.parquet.truth.json"], "sweep's ground truth"),
     ] {
+        std::fs::create_dir_all(dir.path().join("d.parquet/recording=x")).unwrap();
+        let sidecar = dir.path().join("d.parquet/recording=x/_manifest.json");
+        std::fs::write(&sidecar, "{\"format\": 1}").unwrap();
         let out = opscope_cli().current_dir(dir.path()).arg("calibrate").arg(&rec).args(&args).output().unwrap();
         assert!(!out.status.success());
         let err = String::from_utf8(out.stderr).unwrap();
         assert!(err.contains(want), "{err}");
+        assert_eq!(std::fs::read_to_string(&sidecar).unwrap(), "{\"format\": 1}", "the sidecar is left alone");
+        assert!(!dir.path().join("d.parquet/recording=x/t.json").exists());
     }
 }

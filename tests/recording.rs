@@ -455,3 +455,51 @@ fn a_large_run_is_split_into_row_groups_and_reads_back_whole() {
     assert_eq!(got.len(), want.len());
     assert!(got == want, "every row reads back as written, in order");
 }
+
+/// A file holding the rows of two recordings (two CSV recordings concatenated; two recorders'
+/// rows written into one Parquet file) is refused by name, with both run_ids and the fix: mined
+/// as one file, the second recording's runs, keyed by the same (compile, step), replaced the
+/// first's without a word (found by a helper: `mine` of the two gave the second's numbers alone).
+#[test]
+fn a_file_holding_two_recordings_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.csv"), dir.path().join("b.csv"));
+    run_into(Box::new(CsvSink::create(&a).unwrap())).unwrap();
+    run_into(Box::new(CsvSink::create(&b).unwrap())).unwrap();
+    let rows = |p: &std::path::Path| {
+        let mut n = 0usize;
+        opscope::recording::read_rows(p, |_| n += 1).map(|()| n)
+    };
+    let (na, nb) = (rows(&a).unwrap(), rows(&b).unwrap());
+    assert_eq!(na, nb);
+    let (ta, tb) = (std::fs::read_to_string(&a).unwrap(), std::fs::read_to_string(&b).unwrap());
+    let both = dir.path().join("both.csv");
+    std::fs::write(&both, format!("{ta}{}", tb.split_once('\n').unwrap().1)).unwrap();
+    let run_id = |t: &str| t.lines().nth(1).unwrap().split(',').next().unwrap().to_string();
+    let (ra, rb) = (run_id(&ta), run_id(&tb));
+    assert_ne!(ra, rb);
+    let err = rows(&both).unwrap_err().to_string();
+    assert!(err.contains("more than one recording") && err.contains(&ra) && err.contains(&rb) && err.contains("--append"), "{err}");
+    let err = opscope::mine::load_compact(&both).unwrap_err().to_string();
+    assert!(err.contains("more than one recording"), "{err}");
+
+    #[cfg(feature = "parquet")]
+    {
+        let (ma, mb) = (opscope::MemorySink::default(), opscope::MemorySink::default());
+        run_into(Box::new(ma.clone())).unwrap();
+        run_into(Box::new(mb.clone())).unwrap();
+        let path = dir.path().join("both.parquet");
+        let mut sink = opscope::recording::ParquetSink::create(&path).unwrap();
+        sink.write(&ma.rows()).unwrap();
+        sink.flush().unwrap();
+        sink.write(&mb.rows()).unwrap();
+        sink.finish().unwrap();
+        let err = rows(&path).unwrap_err().to_string();
+        assert!(err.contains("more than one recording"), "{err}");
+        let one = dir.path().join("one.parquet");
+        let mut sink = opscope::recording::ParquetSink::create(&one).unwrap();
+        sink.write(&ma.rows()).unwrap();
+        sink.finish().unwrap();
+        assert_eq!(rows(&one).unwrap(), ma.rows().len());
+    }
+}

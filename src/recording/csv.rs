@@ -294,6 +294,8 @@ fn read_records(path: &Path, gz: bool, limit: Option<u64>, f: &mut dyn FnMut(Row
     let ix = |name: &str| at[column_index(name).expect("a recording column")];
     let (site, role, pass, op, shape) = (ix("site"), ix("role"), ix("pass_idx"), ix("op"), ix("shape"));
     let (flops, compile, step, stat, idx, value) = (ix("flops"), ix("compile"), ix("step"), ix("stat"), ix("idx"), ix("value"));
+    let run_id = ix("run_id");
+    let mut first_run: Option<Vec<u8>> = None;
     let mut rec = csv::ByteRecord::new();
     let mut line = 1u64;
     loop {
@@ -311,6 +313,13 @@ fn read_records(path: &Path, gz: bool, limit: Option<u64>, f: &mut dyn FnMut(Row
         let bad = |what: &str| malformed(Some(line), format!("bad {what}"));
         let text = |i: usize| std::str::from_utf8(&rec[i]).map_err(|_| bad("UTF-8"));
         let num = |i: usize, what: &str| text(i)?.parse::<u64>().map_err(|_| bad(what));
+        match &first_run {
+            Some(r) if r.as_slice() != &rec[run_id] => {
+                return Err(super::read::two_recordings(path, &String::from_utf8_lossy(r), &String::from_utf8_lossy(&rec[run_id])));
+            }
+            Some(_) => {}
+            None => first_run = Some(rec[run_id].to_vec()),
+        }
         let fl = text(flops)?;
         f(RowRef {
             site: text(site)?,

@@ -276,6 +276,7 @@ pub(super) fn read(path: &Path, origin: Origin, f: &mut dyn FnMut(RowRef<'_>)) -
     let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
         .and_then(|b| b.with_batch_size(1 << 16).build())
         .map_err(|e| bad(format!("not a readable Parquet recording: {e}")))?;
+    let mut first_run: Option<String> = None;
     for batch in reader {
         let batch = batch.map_err(|e| bad(format!("reading: {e}")))?;
         let column = |name: &str| batch.column_by_name(name).ok_or_else(|| bad(format!("no '{name}' column: not an opscope recording")));
@@ -322,7 +323,14 @@ pub(super) fn read(path: &Path, origin: Origin, f: &mut dyn FnMut(RowRef<'_>)) -
         let (pass, compile) = (pass.as_primitive::<UInt32Type>(), compile.as_primitive::<UInt32Type>());
         let (step, idx, flops) = (step.as_primitive::<UInt64Type>(), idx.as_primitive::<UInt64Type>(), flops.as_primitive::<UInt64Type>());
         let value = value.as_primitive::<Float32Type>();
+        let run_id = text("run_id")?;
         for i in 0..batch.num_rows() {
+            let run = run_id.get(i);
+            match &first_run {
+                Some(r) if r != run => return Err(super::read::two_recordings(path, r, run)),
+                Some(_) => {}
+                None => first_run = Some(run.to_string()),
+            }
             f(RowRef {
                 site: site.get(i),
                 role: role.get(i),

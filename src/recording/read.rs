@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use crate::error::Error;
+use super::RecordingError;
 
 /// One row of a recording as read, fields borrowed from the reader (no allocation per row).
 /// The key columns and the value; `run_id`, `graph`, `pass` and `numel` are not needed to mine
@@ -61,4 +62,21 @@ pub fn read_rows(path: &Path, mut f: impl FnMut(RowRef<'_>)) -> Result<(), Error
         return Err(super::no_parquet(path));
     }
     super::csv::read(path, base.ends_with(".gz"), name.ends_with(".partial"), &mut f)
+}
+
+/// The error for a file that holds the rows of two recordings (`run_id`s `a` and `b`), such as
+/// two CSV recordings concatenated or two recorders' rows written into one Parquet file: runs are
+/// keyed by (compile, step) within a recording, so mined as one, one recording's runs would
+/// silently replace the other's.
+pub(super) fn two_recordings(path: &Path, a: &str, b: &str) -> Error {
+    RecordingError {
+        path: path.to_path_buf(),
+        line: None,
+        reason: format!(
+            "holds the rows of more than one recording (run_id '{a}' and '{b}'): mined as one file, their runs would collide on \
+             (compile, step) and one would replace the other; mine each recording's file alone, or record with --append into \
+             a Parquet dataset (one partition per recording, mined together)"
+        ),
+    }
+    .into()
 }

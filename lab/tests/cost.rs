@@ -6,6 +6,8 @@
 //!   each timed through RLX, moves bytes faster than the bandwidth measured in the same process
 //!   at its working set;
 //! - the JSON report of a small fixture graph is pinned (insta);
+//! - a differential timing that other work made non-positive takes more rounds, and fails
+//!   clearly only after the last one;
 //! - an empty graph and an unbound symbolic dim are clear errors.
 //!
 //! Needs the assets of `scripts/fetch-assets.sh` and the Python packages of
@@ -15,7 +17,9 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use opscope::analysis::cost::{Bound, GraphCost, Machine};
-use opscope_lab::cost::{deployed_cost, probe_machine, time_per_op, CostReport, CurvePoint, MachineProbe, ProbeOptions};
+use opscope_lab::cost::{
+    best_difference, deployed_cost, probe_machine, time_per_op, CostReport, CurvePoint, MachineProbe, ProbeOptions, LONG, MAX_ROUNDS, SHORT,
+};
 use opscope_lab::model::{MiniLmAssets, OnnxEncoder};
 use rlx_ir::{DType, Dim, Graph, Shape};
 
@@ -210,6 +214,52 @@ fn no_op_beats_the_bandwidth_of_the_level_its_working_set_fits_in() {
     // Every compute node of the deployed graph was checked (MiniLM-L3: 18 GEMMs among them).
     assert!(checked >= 40, "{checked} of {} nodes checked", times.sites.len());
     eprintln!("{} of {checked} nodes move bytes faster than DRAM allows (cache-resident): {over_dram:?}", over_dram.len());
+}
+
+#[test]
+fn a_non_positive_difference_takes_more_rounds_and_then_fails_clearly() {
+    let per = (LONG - SHORT) as f64;
+    // Round 1: every short run disturbed (10 s), so min(long) - min(short) < 0; round 2 brings an
+    // undisturbed short run (2 s): (9 - 2) / (LONG - SHORT) from all the runs of both rounds.
+    let script = [(10.0, 9.0), (10.0, 9.5), (10.0, 9.0), (2.0, 9.0), (10.0, 9.0), (3.0, 9.2)];
+    let mut i = 0;
+    let t = best_difference(3, || {
+        i += 1;
+        script[i - 1]
+    })
+    .unwrap();
+    assert_eq!(i, 6, "two rounds of 3 pairs, then it stops");
+    assert_eq!(t.short, script.iter().map(|p| p.0).collect::<Vec<_>>());
+    assert_eq!(t.long, script.iter().map(|p| p.1).collect::<Vec<_>>());
+    assert_eq!(t.per_op, (9.0 - 2.0) / per);
+
+    // A positive first round takes no more runs.
+    let mut i = 0;
+    let t = best_difference(2, || {
+        i += 1;
+        (1.0, 1.0 + i as f64)
+    })
+    .unwrap();
+    assert_eq!((i, t.per_op), (2, (2.0 - 1.0) / per));
+
+    // Never positive: an error after MAX_ROUNDS rounds that names the runs and the fix.
+    let mut i = 0;
+    let e = best_difference(3, || {
+        i += 1;
+        (5.0, 5.0)
+    })
+    .unwrap_err()
+    .to_string();
+    assert_eq!(i, 3 * MAX_ROUNDS);
+    assert!(e.contains(&format!("after {} runs of each chain", 3 * MAX_ROUNDS)) && e.contains("--probe-mib"), "{e}");
+    // reps 0 is one pair a round.
+    let mut i = 0;
+    assert!(best_difference(0, || {
+        i += 1;
+        (5.0, 4.0)
+    })
+    .is_err());
+    assert_eq!(i, MAX_ROUNDS);
 }
 
 /// A small transformer block: Q/K/V projections of one input (RLX merges them), scores,

@@ -166,7 +166,7 @@ mod backend {
     use std::cell::Cell;
 
     use super::env_state;
-    use crate::activate::tap_graph;
+    use crate::activate::{planned, take_fused, tap_graph};
     use crate::sketch::{self, epoch};
     use crate::params::{self, Derivation};
     use crate::manifest::Manifest;
@@ -229,13 +229,13 @@ mod backend {
             graph: rlx_ir::Graph,
             device: Device,
             options: &CompileOptions,
-        ) -> (rlx_ir::Graph, Option<(Arc<Manifest>, Arc<Recorder>)>) {
+        ) -> (rlx_ir::Graph, Option<(Arc<Manifest>, Arc<Recorder>)>, bool) {
             match env_state() {
                 Some(Ok(st)) => {
                     // The backend is given the caller's options and device: fuse exactly as
                     // the compile will, and lower the sketches where the device has no kernel.
-                    let (g, m) = tap_graph(&st.pipeline, &st.recorder, graph, st.stage, device, options);
-                    (g, m.map(|m| (m, st.recorder.clone())))
+                    let t = tap_graph(&st.pipeline, &st.recorder, graph, st.stage, device, options);
+                    (t.graph, t.manifest.map(|m| (m, st.recorder.clone())), t.fused)
                 }
                 Some(Err(msg)) => {
                     // A bad RLX_OPSCOPE stops the program at its first compile, with the
@@ -243,7 +243,7 @@ mod backend {
                     eprintln!("{msg}");
                     std::process::exit(2);
                 }
-                None => (graph, None),
+                None => (graph, None, false),
             }
         }
     }
@@ -274,21 +274,26 @@ mod backend {
             device: Device,
             options: &CompileOptions,
         ) -> Result<Box<dyn ExecutableGraph>, rlx_ir::hir::LowerError> {
+            // A graph a scope's tap fused and tapped in this compile: planned as it is, not
+            // fused again (`crate::activate::planned`).
+            let scope_fused = module.as_graph().is_some_and(|g| take_fused(g, device, options));
             // Off: the wrapped backend's own compile of the caller's module, and its executable
             // (wrapped only to bind derived params a scope's rewrite declared).
             if env_state().is_none() {
                 let derived = module.as_graph().map(params::derived_in).unwrap_or_default();
                 let weights = module.as_graph().is_some_and(sketch::has_weight_sketch);
+                let module = if scope_fused { planned(module.into_graph()?, device, options) } else { module };
                 return Ok(Self::wrap(self.inner().compile_module(module, device, options)?, None, derived, weights));
             }
             let Some(graph) = module.as_graph().cloned() else {
                 return self.inner().compile_module(module, device, options);
             };
             debug_assert_eq!(device, self.device());
-            let (graph, tapped) = self.tap(graph, device, options);
+            let (graph, tapped, fused) = self.tap(graph, device, options);
             let derived = params::derived_in(&graph);
             let weights = sketch::has_weight_sketch(&graph);
-            let exec = self.inner().compile_module(rlx_ir::GraphModule::from_graph(graph), device, options)?;
+            let module = if fused || scope_fused { planned(graph, device, options) } else { rlx_ir::GraphModule::from_graph(graph) };
+            let exec = self.inner().compile_module(module, device, options)?;
             Ok(Self::wrap(exec, tapped, derived, weights))
         }
 

@@ -12,7 +12,7 @@ use crate::pipeline::Pipeline;
 use crate::record::{new_run_id, Recorder};
 use crate::recording::Sink;
 
-use super::{tap_graph, Stage};
+use super::{mark_fused, tap_graph, Stage};
 
 struct ScopeTap {
     pipeline: Pipeline,
@@ -27,9 +27,11 @@ impl GraphTap for ScopeTap {
         // (`CompileOptions::new()`, `RLX_*` overrides applied), which is what
         // `Session::compile` and `compile_with(CompileOptions::default())` use.
         let options = rlx_runtime::CompileOptions::new();
-        let (g, m) = tap_graph(&self.pipeline, &self.recorder, graph, self.stage, self.device, &options);
-        let n = m.map_or(0, |m| m.appended());
-        (g, n)
+        let t = tap_graph(&self.pipeline, &self.recorder, graph, self.stage, self.device, &options);
+        // The backend wrapper compiles a graph fused here without fusing it again, if the
+        // compile's own options fuse as these do.
+        mark_fused(&t.graph, t.fused, self.device, &options);
+        (t.graph, t.manifest.map_or(0, |m| m.appended()))
     }
 
     fn on_outputs(&self, extra: Vec<(Vec<u8>, DType)>) {

@@ -1,0 +1,103 @@
+//! A deployed-stage tap fuses the caller's graph once: the tap fuses it to find the program that
+//! runs, appends its sketches, and opscope's CPU backend wrapper plans that graph without running
+//! RLX's fusion pipeline over it again (`opscope::activate::compiles_fused_once`). Checked here:
+//! - a `matmul` tap in a scope takes that path (the count moves by one per compile), the
+//!   caller's outputs are bit-identical to the untapped run's, and every recorded row equals,
+//!   bit for bit, the row the same tap records when the compile fuses twice (a compile whose
+//!   options differ from the tap's in a setting the fusion pipeline reads and this graph does
+//!   not use, so the wrapper declines the plan);
+//! - a `source`-stage tap and an actuation are fused by RLX as any graph is (the count stays).
+//!
+//! One test function: the count is process-wide, and tests of one binary run on parallel
+//! threads.
+
+mod common;
+use common::*;
+use opscope::activate::{compiles_fused_once, Stage};
+use opscope::{MemorySink, Pipeline, Scope};
+use rlx_ir::op::{Activation, BinaryOp};
+use rlx_ir::{DType, Graph, Shape};
+use rlx_runtime::{CompileOptions, Device, Session};
+
+/// x[B,S,D] -> (matmul [D,D] + bias -> gelu) x L: RLX's CPU fusion makes each layer one
+/// `FusedMatMulBiasAct`, so the fused program differs from the source graph.
+fn mlp(b: usize, s: usize, d: usize, layers: usize) -> Graph {
+    let mut g = Graph::new("mlp");
+    let sh = Shape::new(&[b, s, d], DType::F32);
+    let mut h = g.input("x", sh.clone());
+    for l in 0..layers {
+        let w = g.param(format!("w{l}"), Shape::new(&[d, d], DType::F32));
+        let bias = g.param(format!("b{l}"), Shape::new(&[d], DType::F32));
+        let m = g.matmul(h, w, sh.clone());
+        let a = g.binary(BinaryOp::Add, m, bias, sh.clone());
+        h = g.activation(Activation::Gelu, a, sh.clone());
+    }
+    g.set_outputs(vec![h]);
+    g
+}
+
+/// Compile `g` with `options` inside a scope of `pipeline` at `stage`, bind its params, run it
+/// on each input: the outputs, the rows recorded, and how many compiles were fused once.
+fn record(pipeline: &str, stage: Stage, options: &CompileOptions, g: &Graph, params: &[(String, Vec<f32>)], xs: &[Vec<f32>]) -> (Vec<Vec<f32>>, Vec<opscope::Row>, u64) {
+    let p = Pipeline::parse(pipeline).unwrap();
+    let sink = MemorySink::default();
+    let before = compiles_fused_once();
+    let (outs, summary) = Scope::new(&p, Box::new(sink.clone())).stage(stage).run(|| {
+        let mut c = Session::new(Device::Cpu).compile_with(g.clone(), options);
+        for (n, v) in params {
+            c.set_param(n, v);
+        }
+        xs.iter().flat_map(|x| c.run(&[("x", x)])).collect::<Vec<_>>()
+    });
+    let summary = summary.unwrap();
+    assert!(summary.warnings.is_empty(), "{:?}", summary.warnings);
+    (outs, sink.rows(), compiles_fused_once() - before)
+}
+
+/// (site, role, stat, idx, step, value bits) of every row, in recording order.
+fn keyed(rows: &[opscope::Row]) -> Vec<(String, String, String, u64, u64, u32)> {
+    rows.iter().map(|r| (r.site.to_string(), r.role.to_string(), r.stat.to_string(), r.idx, r.step, r.value.to_bits())).collect()
+}
+
+#[test]
+fn a_deployed_tap_is_fused_once_and_records_what_a_second_fusion_records() {
+    let (b, s, d, layers) = (2, 5, 16, 3);
+    let g = mlp(b, s, d, layers);
+    let params: Vec<(String, Vec<f32>)> = (0..layers)
+        .flat_map(|l| {
+            let w = randn(d * d, 10 + l as u64).iter().map(|v| v / (d as f32).sqrt()).collect();
+            [(format!("w{l}"), w), (format!("b{l}"), randn(d, 20 + l as u64))]
+        })
+        .collect();
+    let xs: Vec<Vec<f32>> = (0..3).map(|i| randn(b * s * d, 30 + i)).collect();
+    let pr: Vec<(&str, &[f32])> = params.iter().map(|(n, v)| (n.as_str(), v.as_slice())).collect();
+    let plain: Vec<Vec<f32>> = xs.iter().flat_map(|x| run_plain(&g, &pr, &[("x", x)])).collect();
+
+    // `Session::compile_with(CompileOptions::new())` fuses as the scope's tap does: fused once.
+    let (outs, once, n) = record("matmul", Stage::Deployed, &CompileOptions::new(), &g, &params, &xs);
+    assert_eq!(n, 1, "the tapped compile was fused once");
+    assert_eq!(bits(&outs), bits(&plain), "the caller's outputs are bit-identical");
+    let sites: std::collections::BTreeSet<String> = once.iter().map(|r| r.site.to_string()).collect();
+    assert_eq!(sites.len(), layers, "one matmul site a layer: {sites:?}");
+
+    // A setting the fusion pipeline reads (and this graph, with no convolution, does not use):
+    // the wrapper cannot vouch that the tap's fusion is the compile's, so RLX fuses again.
+    let mut twice = CompileOptions::new();
+    twice.disable_conv_bias_act_fusion = true;
+    let (outs2, fused_twice, n2) = record("matmul", Stage::Deployed, &twice, &g, &params, &xs);
+    assert_eq!(n2, 0, "options that fuse otherwise than the tap's: fused twice");
+    assert_eq!(bits(&outs2), bits(&plain));
+    assert_eq!(keyed(&once), keyed(&fused_twice), "every row, bit for bit");
+    assert!(once.len() > 100, "{} rows", once.len());
+
+    // The source stage taps the graph before fusion: RLX must fuse it.
+    let (outs3, rows3, n3) = record("matmul", Stage::Source, &CompileOptions::new(), &g, &params, &xs);
+    assert_eq!(n3, 0, "a source-stage tap is fused by RLX");
+    assert!(!rows3.is_empty());
+    assert_eq!(outs3.len(), plain.len());
+
+    // An actuation changes the program: RLX fuses what it made.
+    let (_, rows4, n4) = record("fakequant,matmul", Stage::Deployed, &CompileOptions::new(), &g, &params, &xs);
+    assert_eq!(n4, 0, "an actuated graph is fused by RLX");
+    assert!(!rows4.is_empty());
+}

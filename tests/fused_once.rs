@@ -6,7 +6,8 @@
 //!   bit for bit, the row the same tap records when the compile fuses twice (a compile whose
 //!   options differ from the tap's in a setting the fusion pipeline reads and this graph does
 //!   not use, so the wrapper declines the plan);
-//! - a `source`-stage tap and an actuation are fused by RLX as any graph is (the count stays).
+//! - a `source`-stage tap, a graph with a symbolic dim and an actuation are fused by RLX as any
+//!   graph is (the count stays).
 //!
 //! One test function: the count is process-wide, and tests of one binary run on parallel
 //! threads.
@@ -16,7 +17,7 @@ use common::*;
 use opscope::activate::{compiles_fused_once, Stage};
 use opscope::{MemorySink, Pipeline, Scope};
 use rlx_ir::op::{Activation, BinaryOp};
-use rlx_ir::{DType, Graph, Shape};
+use rlx_ir::{DType, Dim, Graph, Shape};
 use rlx_runtime::{CompileOptions, Device, Session};
 
 /// x[B,S,D] -> (matmul [D,D] + bias -> gelu) x L: RLX's CPU fusion makes each layer one
@@ -95,6 +96,20 @@ fn a_deployed_tap_is_fused_once_and_records_what_a_second_fusion_records() {
     assert_eq!(n3, 0, "a source-stage tap is fused by RLX");
     assert!(!rows3.is_empty());
     assert_eq!(outs3.len(), plain.len());
+
+    // A symbolic batch: `Session::compile` defers the compile to the first run, which binds the
+    // dims and must fuse the bound graph (RLX decides some fusions by shape).
+    let mut sg = Graph::new("symbolic");
+    let x = sg.input("x", Shape::from_dims(&[Dim::Dynamic(0), Dim::Static(d)], DType::F32));
+    let w = sg.param("w0", Shape::new(&[d, d], DType::F32));
+    let y = sg.matmul(x, w, Shape::from_dims(&[Dim::Dynamic(0), Dim::Static(d)], DType::F32));
+    sg.set_outputs(vec![y]);
+    let w0 = vec![params[0].clone()];
+    let (outs5, rows5, n5) = record("matmul", Stage::Deployed, &CompileOptions::new(), &sg, &w0, &xs);
+    assert_eq!(n5, 0, "a graph with a symbolic dim is fused by RLX when its dims are bound");
+    assert!(!rows5.is_empty());
+    let plain5: Vec<Vec<f32>> = xs.iter().flat_map(|x| run_plain(&sg, &[("w0", &params[0].1)], &[("x", x)])).collect();
+    assert_eq!(bits(&outs5), bits(&plain5));
 
     // An actuation changes the program: RLX fuses what it made.
     let (_, rows4, n4) = record("fakequant,matmul", Stage::Deployed, &CompileOptions::new(), &g, &params, &xs);

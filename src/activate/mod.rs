@@ -241,9 +241,12 @@ thread_local! {
 }
 
 /// Called by a scope's tap for each graph it returns: remember it when it is `fused` (fused
-/// with `options` for `device`), else forget any earlier one.
+/// with `options` for `device`), else forget any earlier one. A graph with a symbolic dim is
+/// not remembered: `Session::compile` defers its compile to the first run, where RLX binds the
+/// dims and compiles the bound graph, which it must fuse (RLX's fusion decides some fusions by
+/// shape, such as the attention block's `RLX_FUSE_ATTN_THRESHOLD`).
 pub(crate) fn mark_fused(graph: &Graph, fused: bool, device: rlx_runtime::Device, options: &rlx_runtime::CompileOptions) {
-    let mark = fused.then(|| FusedMark {
+    let mark = (fused && !rlx_ir::dynamic::has_dynamic_dims(graph)).then(|| FusedMark {
         device,
         name: graph.name.clone(),
         nodes: graph.len(),

@@ -6,8 +6,10 @@
 //!   bit for bit, the row the same tap records when the compile fuses twice (a compile whose
 //!   options differ from the tap's in a setting the fusion pipeline reads and this graph does
 //!   not use, so the wrapper declines the plan);
-//! - a `source`-stage tap, a graph with a symbolic dim and an actuation are fused by RLX as any
-//!   graph is (the count stays).
+//! - a `source`-stage tap, a graph with a symbolic dim, a compile asking for RLX's fusion
+//!   diagnostics (`assert_fusion_clean` panics on the tapped compile as on the untapped one) and
+//!   an actuation are fused by RLX as any graph is (the count stays);
+//! - a mark whose compile panicked (caught) is forgotten when the scope ends.
 //!
 //! One test function: the count is process-wide, and tests of one binary run on parallel
 //! threads.
@@ -110,6 +112,43 @@ fn a_deployed_tap_is_fused_once_and_records_what_a_second_fusion_records() {
     assert!(!rows5.is_empty());
     let plain5: Vec<Vec<f32>> = xs.iter().flat_map(|x| run_plain(&sg, &[("w0", &params[0].1)], &[("x", x)])).collect();
     assert_eq!(bits(&outs5), bits(&plain5));
+
+    // A compile asking for RLX's fusion diagnostics is fused again, so that they run on it: the
+    // fusion contract of `assert_fusion_clean` panics on the tapped compile as on the untapped
+    // one (the chain MLP's matmul -> relu leaves fusions RLX reports as missed).
+    let (chain, _) = chain_mlp(4, 16, 2);
+    let mut strict = CompileOptions::new();
+    strict.assert_fusion_clean = true;
+    let compile_strict = |g: &Graph| {
+        let g = g.clone();
+        let strict = strict.clone();
+        std::panic::catch_unwind(move || drop(Session::new(Device::Cpu).compile_with(g, &strict))).is_err()
+    };
+    let before = compiles_fused_once();
+    let plain_panics = compile_strict(&chain);
+    let p = Pipeline::parse("matmul").unwrap();
+    let (tapped_panics, _) = Scope::new(&p, Box::new(MemorySink::default())).run(|| compile_strict(&chain));
+    assert_eq!(tapped_panics, plain_panics, "the tapped compile keeps the untapped one's fusion contract");
+    assert!(plain_panics, "the fixture must miss a fusion for this check to mean anything");
+    let mut report = CompileOptions::new();
+    report.fusion_report = true;
+    let (_, _, n_report) = record("matmul", Stage::Deployed, &report, &g, &params, &xs);
+    assert_eq!((n_report, compiles_fused_once() - before), (0, 0), "fusion diagnostics: fused again");
+
+    // A graph marked fused whose compile panicked (and the panic was caught) is forgotten when
+    // the scope ends: a compile after the scope of the same tapped graph is fused by RLX.
+    let (tapped_g, _) = opscope::activate::rewrite(&p, &g, Stage::Deployed, &CompileOptions::new(), 0).unwrap();
+    let before = compiles_fused_once();
+    // RLX 0.2.19 has no f64 kernel for a custom op: the compile panics after the tap marked it.
+    let mut f64_format = CompileOptions::new();
+    f64_format.number_format = Some(rlx_ir::NumberFormat::F64);
+    let (caught, _) = Scope::new(&p, Box::new(MemorySink::default())).run(|| {
+        let g = g.clone();
+        std::panic::catch_unwind(move || drop(Session::new(Device::Cpu).compile_with(g, &f64_format))).is_err()
+    });
+    assert!(caught, "the f64 compile of a tapped graph panics in RLX 0.2.19");
+    drop(Session::new(Device::Cpu).compile(tapped_g.clone()));
+    assert_eq!(compiles_fused_once() - before, 0, "no stale mark after the scope");
 
     // An actuation changes the program: RLX fuses what it made.
     let (_, rows4, n4) = record("fakequant,matmul", Stage::Deployed, &CompileOptions::new(), &g, &params, &xs);

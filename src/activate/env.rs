@@ -166,7 +166,7 @@ mod backend {
     use std::cell::Cell;
 
     use super::env_state;
-    use crate::activate::{planned, take_fused, tap_graph};
+    use crate::activate::{for_backend, take_fused, tap_graph};
     use crate::sketch::{self, epoch};
     use crate::params::{self, Derivation};
     use crate::manifest::Manifest;
@@ -275,14 +275,14 @@ mod backend {
             options: &CompileOptions,
         ) -> Result<Box<dyn ExecutableGraph>, rlx_ir::hir::LowerError> {
             // A graph a scope's tap fused and tapped in this compile: planned as it is, not
-            // fused again (`crate::activate::planned`).
+            // fused again (`crate::activate::for_backend`).
             let scope_fused = module.as_graph().is_some_and(|g| take_fused(g, device, options));
             // Off: the wrapped backend's own compile of the caller's module, and its executable
             // (wrapped only to bind derived params a scope's rewrite declared).
             if env_state().is_none() {
                 let derived = module.as_graph().map(params::derived_in).unwrap_or_default();
                 let weights = module.as_graph().is_some_and(sketch::has_weight_sketch);
-                let module = if scope_fused { planned(module.into_graph()?, device, options) } else { module };
+                let module = if scope_fused { for_backend(module.into_graph()?, true, device, options) } else { module };
                 return Ok(Self::wrap(self.inner().compile_module(module, device, options)?, None, derived, weights));
             }
             let Some(graph) = module.as_graph().cloned() else {
@@ -292,8 +292,7 @@ mod backend {
             let (graph, tapped, fused) = self.tap(graph, device, options);
             let derived = params::derived_in(&graph);
             let weights = sketch::has_weight_sketch(&graph);
-            let module = if fused || scope_fused { planned(graph, device, options) } else { rlx_ir::GraphModule::from_graph(graph) };
-            let exec = self.inner().compile_module(module, device, options)?;
+            let exec = self.inner().compile_module(for_backend(graph, fused || scope_fused, device, options), device, options)?;
             Ok(Self::wrap(exec, tapped, derived, weights))
         }
 

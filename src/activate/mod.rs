@@ -130,7 +130,7 @@ pub(crate) struct Tapped {
     pub manifest: Option<Arc<Manifest>>,
     /// `graph` is RLX's fused program for the compile's device and options with only native
     /// tap ops added (no actuation, no lowered sketch, no helper node): the backend can plan it
-    /// as it is ([`planned`]) instead of running the fusion pipeline over it a second time.
+    /// as it is ([`for_backend`]) instead of running the fusion pipeline over it a second time.
     pub fused: bool,
 }
 
@@ -177,7 +177,7 @@ pub(crate) fn tap_graph(
     }
 }
 
-/// Compiles whose tapped graph reached the backend planned ([`planned`]), fused once, since the
+/// Compiles whose tapped graph reached the backend planned ([`for_backend`]), fused once, since the
 /// process started.
 static PLANNED: AtomicU64 = AtomicU64::new(0);
 
@@ -185,20 +185,32 @@ static PLANNED: AtomicU64 = AtomicU64::new(0);
 /// find the program that runs, appends its sketches, and the backend plans that graph without
 /// running RLX's fusion pipeline over it again. A compile that does not qualify (a
 /// [`Stage::Source`] tap, an actuation, a lowered sketch or a helper node such as the
-/// attention mask's cast, a scope compiling with options that fuse otherwise than
-/// `CompileOptions::new()`, a backend other than opscope's CPU wrapper) is fused a second
-/// time, as RLX compiles any graph. Counted since the process started, for tests and the
+/// attention mask's cast, a symbolic dim, a scope compiling with options that fuse otherwise
+/// than `CompileOptions::new()`, options asking for RLX's fusion diagnostics, a backend other
+/// than opscope's CPU wrapper) is fused a second time, as RLX compiles any graph. Counted since the process started, for tests and the
 /// compile benchmark.
 pub fn compiles_fused_once() -> u64 {
     PLANNED.load(Ordering::Relaxed)
 }
 
-/// The module to hand a backend for a graph [`tap_graph`] marked `fused`: the graph with the
-/// buffer plan RLX's compile pipeline for `device` and `options` gives it after fusion
-/// (`CompilePipeline::plan_lir`, what `compile_module` does after `optimize`), so that the
-/// backend compiles it without fusing again (RLX's `compile_module` takes an LIR module as
-/// planned). `RLX_FUSION_REPORT=1` prints RLX's scan of the graph, as its own compile would.
-pub(crate) fn planned(graph: Graph, device: rlx_runtime::Device, options: &rlx_runtime::CompileOptions) -> rlx_ir::GraphModule {
+/// True if a compile with `options` asks for the diagnostics RLX's fusion pipeline gives (the
+/// fusion contract of `assert_fusion_clean`, which panics on a missed fusion; the before and
+/// after report of `fusion_report`; `lint_numerics`): such a compile is fused again, so that
+/// they run on it as on the untapped compile.
+fn wants_fusion_diagnostics(options: &rlx_runtime::CompileOptions) -> bool {
+    options.assert_fusion_clean || options.fusion_report || options.lint_numerics
+}
+
+/// The module to hand a backend for `graph`: when [`tap_graph`] marked it `fused` and the
+/// compile does not ask for fusion diagnostics, the graph with the buffer plan RLX's compile
+/// pipeline for `device` and `options` gives it after fusion (`CompilePipeline::plan_lir`, what
+/// `compile_module` does after `optimize`), so that the backend compiles it without fusing again
+/// (RLX's `compile_module` takes an LIR module as planned; `RLX_FUSION_REPORT=1` prints RLX's
+/// scan of the graph, as its own compile would); else the graph, for RLX to fuse.
+pub(crate) fn for_backend(graph: Graph, fused: bool, device: rlx_runtime::Device, options: &rlx_runtime::CompileOptions) -> rlx_ir::GraphModule {
+    if !fused || wants_fusion_diagnostics(options) {
+        return rlx_ir::GraphModule::from_graph(graph);
+    }
     let lir = rlx_runtime::stages::pipeline_for(device, options).plan_lir(rlx_ir::MirModule::from_graph(graph));
     if rlx_ir::env::flag("RLX_FUSION_REPORT") {
         rlx_runtime::stages::maybe_log_fusion(&rlx_fusion::FusionReport::scan(lir.as_graph()));
@@ -254,6 +266,13 @@ pub(crate) fn mark_fused(graph: &Graph, fused: bool, device: rlx_runtime::Device
         fusion: fusion_key(options),
     });
     FUSED.with(|f| *f.borrow_mut() = mark);
+}
+
+/// Forget this thread's mark: called when a scope ends (normally or by a panic), so that a
+/// graph whose compile never reached the wrapper (it panicked, and the panic was caught) is not
+/// planned by a compile after the scope.
+pub(crate) fn forget_fused() {
+    FUSED.with(|f| f.borrow_mut().take());
 }
 
 /// Called by the backend wrapper at each compile: true if `graph` is the one this thread's scope

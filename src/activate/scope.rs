@@ -126,7 +126,16 @@ impl<'a> Scope<'a> {
             stage: self.stage,
             device: self.device,
         });
+        // Whatever way `f` ends, a graph the tap marked fused that no compile took is forgotten.
+        struct Forget;
+        impl Drop for Forget {
+            fn drop(&mut self) {
+                super::forget_fused();
+            }
+        }
+        let forget = Forget;
         let value = taps::with_tap(tap, f);
+        drop(forget);
         let (compiles, appending, runs) = recorder.counts();
         let interrupted = self.interrupt.is_some_and(|f| f.load(Ordering::SeqCst));
         let res = if interrupted { recorder.abandon() } else { recorder.finish() };

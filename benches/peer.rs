@@ -129,9 +129,9 @@ fn row(layers: usize, scale: f32, rounds: usize, dir: &Path) {
 
 /// Compile cost of each tool at depth `layers`: median over `rounds` interleaved triples
 /// (untapped; opscope's compile in a scope, its tap pass included; rlx-opscope's
-/// `inject_matmul_stats` plus its compile), after one warm-up triple. Returns the ratios of
-/// medians to untapped (opscope, rlx-opscope).
-fn compile_ratios(layers: usize, rounds: usize) -> (f64, f64) {
+/// `inject_matmul_stats` plus its compile), after one warm-up triple. Returns the untapped
+/// median (seconds) and the ratios of medians to it (opscope, rlx-opscope).
+fn compile_ratios(layers: usize, rounds: usize) -> (f64, f64, f64) {
     let w: Vec<Vec<f32>> = (0..layers).map(|l| common::weight(D, l)).collect();
     let graph = common::chain(M, D, layers);
     let full = Pipeline::parse("matmul").unwrap();
@@ -165,7 +165,7 @@ fn compile_ratios(layers: usize, rounds: usize) -> (f64, f64) {
         }
     }
     let (ma, mb, mc) = (median(a).as_secs_f64(), median(b).as_secs_f64(), median(c).as_secs_f64());
-    (mb / ma, mc / ma)
+    (ma, mb / ma, mc / ma)
 }
 
 fn main() {
@@ -191,9 +191,9 @@ fn main() {
     // A multiple of 3: each tool goes first, second and third equally often.
     let rounds = if quick { 3 } else { 9 };
     println!("\ncompile, ratio of medians to untapped over {rounds} interleaved rounds (the order rotating), each tool's rewrite included:");
-    println!("{:>4} | {:>8} | {:>11}", "L", "opscope", "rlx-opscope");
+    println!("{:>4} | {:>10} | {:>8} | {:>11}", "L", "untapped", "opscope", "rlx-opscope");
     for &layers in depths {
-        let (o, p) = compile_ratios(layers, rounds);
-        println!("{layers:>4} | {o:>7.2}x | {p:>10.2}x");
+        let (untapped, o, p) = compile_ratios(layers, rounds);
+        println!("{layers:>4} | {:>8.2}ms | {o:>7.2}x | {p:>10.2}x", untapped * 1e3);
     }
 }

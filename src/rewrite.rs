@@ -10,6 +10,14 @@ use crate::analysis::{shape_text, site_names, static_dims};
 use crate::manifest::{Actuation, Manifest, Role, Site, Skipped, TapOutput, TapUse};
 use crate::sketch::{is_sketch_op, SketchSpec, Stat, KEEP_OP, SKETCH2_OP, SKETCH3_OP, SKETCH_OP};
 
+/// Name of the F32 cast of the graph input `attention_mask` that a tap adds
+/// ([`Rewrite::row_mask`]).
+pub const MASK_CAST: &str = "opscope/attention_mask/f32";
+
+/// Name prefix of a tap's `[B, S, C]` view of a flattened `[B * S, C]` activation (the node id
+/// of the activation follows).
+pub const SEQ_VIEW: &str = "opscope/seq_view/";
+
 /// A graph being rewritten by a pipeline, and the manifest of what was done to it.
 pub struct Rewrite {
     graph: Graph,
@@ -605,11 +613,11 @@ impl Rewrite {
         let cast = g
             .nodes()
             .iter()
-            .find(|n| n.inputs == [id] && n.op == (Op::Cast { to: DType::F32 }) && n.name.as_deref() == Some("opscope/attention_mask/f32"))
+            .find(|n| n.inputs == [id] && n.op == (Op::Cast { to: DType::F32 }) && n.name.as_deref() == Some(MASK_CAST))
             .map(|n| n.id);
         Some(cast.unwrap_or_else(|| {
             let c = self.graph.add_node(Op::Cast { to: DType::F32 }, vec![id], shape);
-            self.graph.node_mut(c).name = Some("opscope/attention_mask/f32".into());
+            self.graph.node_mut(c).name = Some(MASK_CAST.into());
             c
         }))
     }

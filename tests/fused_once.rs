@@ -9,7 +9,9 @@
 //! - a `source`-stage tap, a graph with a symbolic dim, a compile asking for RLX's fusion
 //!   diagnostics (`assert_fusion_clean` panics on the tapped compile as on the untapped one) and
 //!   an actuation are fused by RLX as any graph is (the count stays);
-//! - a mark whose compile panicked (caught) is forgotten when the scope ends.
+//! - a mark whose compile panicked (caught) is forgotten when the scope ends;
+//! - a tap that adds the attention mask's F32 cast and a `[B, S, C]` view of a flattened
+//!   activation is fused once too, and records the same rows as fused twice.
 //!
 //! One test function: the count is process-wide, and tests of one binary run on parallel
 //! threads.
@@ -55,6 +57,12 @@ fn record(pipeline: &str, stage: Stage, options: &CompileOptions, g: &Graph, par
     let summary = summary.unwrap();
     assert!(summary.warnings.is_empty(), "{:?}", summary.warnings);
     (outs, sink.rows(), compiles_fused_once() - before)
+}
+
+/// The bytes of f32 values, for `run_typed`.
+fn bytemuck_f32(v: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and any byte pattern of it is readable as u8.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
 /// (site, role, stat, idx, step, value bits) of every row, in recording order.
@@ -149,6 +157,48 @@ fn a_deployed_tap_is_fused_once_and_records_what_a_second_fusion_records() {
     assert!(caught, "the f64 compile of a tapped graph panics in RLX 0.2.19");
     drop(Session::new(Device::Cpu).compile(tapped_g.clone()));
     assert_eq!(compiles_fused_once() - before, 0, "no stale mark after the scope");
+
+    // A model with an `attention_mask` input (the Hugging Face name; I64 as exported) and a
+    // flattened [B*S, D] activation: the matmul tap adds the mask's F32 cast and a [B, S, D]
+    // view of the activation, both standard ops the CPU runs as they are. Fused once, and every
+    // row the same as fused twice.
+    let mut mg = Graph::new("masked");
+    let x = mg.input("x", Shape::new(&[b * s, d], DType::F32));
+    let mask = mg.input("attention_mask", Shape::new(&[b, s], DType::I64));
+    let w = mg.param("w0", Shape::new(&[d, d], DType::F32));
+    let y = mg.matmul(x, w, Shape::new(&[b * s, d], DType::F32));
+    let m = mg.add_node(rlx_ir::Op::Cast { to: DType::F32 }, vec![mask], Shape::new(&[b, s], DType::F32));
+    let m = mg.reshape(m, vec![(b * s) as i64, 1], Shape::new(&[b * s, 1], DType::F32));
+    let z = mg.binary(BinaryOp::Mul, y, m, Shape::new(&[b * s, d], DType::F32));
+    mg.set_outputs(vec![z]);
+    let mask_v: Vec<i64> = (0..b * s).map(|i| i64::from(i % s < 3)).collect();
+    let masked = |options: &CompileOptions| {
+        let p = Pipeline::parse("matmul").unwrap();
+        let sink = MemorySink::default();
+        let before = compiles_fused_once();
+        let (outs, summary) = Scope::new(&p, Box::new(sink.clone())).run(|| {
+            let mut c = Session::new(Device::Cpu).compile_with(mg.clone(), options);
+            c.set_param("w0", &params[0].1);
+            xs.iter()
+                .flat_map(|x| {
+                    let mask_bytes: Vec<u8> = mask_v.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    c.run_typed(&[("x", bytemuck_f32(x), DType::F32), ("attention_mask", &mask_bytes, DType::I64)])
+                })
+                .collect::<Vec<_>>()
+        });
+        assert!(summary.unwrap().warnings.is_empty());
+        (outs, sink, compiles_fused_once() - before)
+    };
+    let (tapped_mg, _) = opscope::activate::rewrite(&Pipeline::parse("matmul").unwrap(), &mg, Stage::Deployed, &CompileOptions::new(), 0).unwrap();
+    let named = |prefix: &str| tapped_mg.nodes().iter().filter(|n| n.name.as_deref().is_some_and(|x| x.starts_with(prefix))).count();
+    assert_eq!((named(opscope::rewrite::MASK_CAST), named(opscope::rewrite::SEQ_VIEW)), (1, 2), "the mask's cast, a view of lhs and of out");
+    let (o_once, s_once, n_once) = masked(&CompileOptions::new());
+    let (o_twice, s_twice, n_twice) = masked(&twice);
+    let m0 = &s_once.manifests()[0];
+    assert!(m0.padding.is_some(), "the tap found the mask: {m0:?}");
+    assert_eq!((n_once, n_twice), (1, 0), "a tap with the mask's cast and the sequence view is fused once");
+    assert_eq!(o_once, o_twice);
+    assert_eq!(keyed(&s_once.rows()), keyed(&s_twice.rows()), "every row, bit for bit");
 
     // An actuation changes the program: RLX fuses what it made.
     let (_, rows4, n4) = record("fakequant,matmul", Stage::Deployed, &CompileOptions::new(), &g, &params, &xs);

@@ -258,7 +258,7 @@ fn sequence_view(rw: &mut Rewrite, tensor: NodeId, mask: NodeId) -> Option<(Node
     let dims = [m[0], m[1], d[1]];
     let shape = rlx_ir::Shape::new(&dims, rw.graph().node(tensor).shape.dtype());
     let view = rw.graph_append().reshape(tensor, dims.iter().map(|&x| x as i64).collect(), shape);
-    rw.graph_append().node_mut(view).name = Some(format!("opscope/seq_view/{}", tensor.0));
+    rw.graph_append().node_mut(view).name = Some(format!("{}{}", crate::rewrite::SEQ_VIEW, tensor.0));
     Some((view, dims))
 }
 

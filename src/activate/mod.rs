@@ -117,10 +117,20 @@ fn rewrite_counted(
     }
 }
 
-/// True for an op a tap appends natively: a sketch, `keep` or a sampling gate. RLX's fusion and
-/// legalization copy these custom ops unchanged (none declares a decomposition).
-fn is_native_tap_op(op: &Op) -> bool {
-    matches!(op, Op::Custom { name, .. } if is_sketch_op(name) || name == KEEP_OP || name.starts_with(GATE_PREFIX))
+/// True for a node a tap appends for the native kernel: a sketch, `keep` or a sampling gate
+/// (custom ops RLX's fusion and legalization copy unchanged: none declares a decomposition), or
+/// one of the taps' two helpers, standard ops the CPU backend runs as they are: the attention
+/// mask's F32 cast (`Rewrite::row_mask`) and the matmul tap's `[B, S, C]` view of a flattened
+/// activation. `tests/fused_once.rs` checks that a graph with both records the same rows fused
+/// once as fused twice.
+fn is_native_tap_node(n: &rlx_ir::Node) -> bool {
+    let name = n.name.as_deref().unwrap_or("");
+    match &n.op {
+        Op::Custom { name, .. } => is_sketch_op(name) || name == KEEP_OP || name.starts_with(GATE_PREFIX),
+        Op::Cast { to: rlx_ir::DType::F32 } => name == crate::rewrite::MASK_CAST,
+        Op::Reshape { .. } => name.starts_with(crate::rewrite::SEQ_VIEW),
+        _ => false,
+    }
 }
 
 /// What [`tap_graph`] hands to the compile.
@@ -129,8 +139,8 @@ pub(crate) struct Tapped {
     pub graph: Graph,
     /// The manifest of its appended outputs; `None` when nothing was appended.
     pub manifest: Option<Arc<Manifest>>,
-    /// `graph` is RLX's fused program for the compile's device and options with only native
-    /// tap ops added (no actuation, no lowered sketch, no helper node): the backend can plan it
+    /// `graph` is RLX's fused program for the compile's device and options with only the nodes
+    /// of native taps added (no actuation, no lowered sketch): the backend can plan it
     /// as it is ([`for_backend`]) instead of running the fusion pipeline over it a second time.
     pub fused: bool,
 }
@@ -159,7 +169,7 @@ pub(crate) fn tap_graph(
             if appended {
                 // Only native tap ops added to the fused graph: every other node is one of it.
                 let fused = !actuated
-                    && fused_nodes.is_some_and(|n| tapped.nodes().iter().filter(|x| !is_native_tap_op(&x.op)).count() == n);
+                    && fused_nodes.is_some_and(|n| tapped.nodes().iter().filter(|x| !is_native_tap_node(x)).count() == n);
                 Tapped { graph: tapped, manifest: Some(m), fused }
             } else if actuated {
                 // An actuation changed the program and nothing was appended: compile the

@@ -2,7 +2,7 @@
 //! pipeline to find the program that runs and appends its sketches there; RLX would then run its
 //! fusion pipeline over the tapped graph a second time (a third of a tapped compile's extra time
 //! on the chain MLP at L=64, by `perf`). When the tapped graph is RLX's fused program with only
-//! native tap ops added ([`super::Tapped::fused`]), opscope's backend wrapper hands RLX the graph
+//! the nodes of native taps added ([`super::Tapped::fused`]), opscope's backend wrapper hands RLX the graph
 //! planned instead ([`for_backend`]). The environment mode knows this in the wrapper itself; a
 //! scope's tap runs in RLX's compile tap, before the wrapper, and leaves a per-thread mark
 //! ([`mark_fused`]) that the wrapper takes at the next compile ([`take_fused`]).
@@ -19,11 +19,11 @@ static PLANNED: AtomicU64 = AtomicU64::new(0);
 /// How many tapped compiles reached the backend fused once: the tap fuses the caller's graph to
 /// find the program that runs, appends its sketches, and the backend plans that graph without
 /// running RLX's fusion pipeline over it again. A compile that does not qualify (a
-/// [`super::Stage::Source`] tap, an actuation, a lowered sketch or a helper node such as the
-/// attention mask's cast, a symbolic dim, a scope compiling with options that fuse otherwise
-/// than `CompileOptions::new()`, options asking for RLX's fusion diagnostics, a backend other
-/// than opscope's CPU wrapper) is fused a second time, as RLX compiles any graph. Counted since
-/// the process started, for tests and the compile benchmark.
+/// [`super::Stage::Source`] tap, an actuation, a lowered sketch, a symbolic dim, a scope
+/// compiling with options that fuse otherwise than `CompileOptions::new()`, options asking for
+/// RLX's fusion diagnostics, a backend other than opscope's CPU wrapper) is fused a second
+/// time, as RLX compiles any graph. Counted since the process started, for tests and the
+/// compile benchmark.
 pub fn compiles_fused_once() -> u64 {
     PLANNED.load(Ordering::Relaxed)
 }

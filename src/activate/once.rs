@@ -2,10 +2,10 @@
 //! pipeline to find the program that runs and appends its sketches there; RLX would then run its
 //! fusion pipeline over the tapped graph a second time (a third of a tapped compile's extra time
 //! on the chain MLP at L=64, by `perf`). When the tapped graph is RLX's fused program with only
-//! the nodes of native taps added ([`super::Tapped::fused`]), opscope's backend wrapper hands RLX the graph
-//! planned instead ([`for_backend`]). The environment mode knows this in the wrapper itself; a
-//! scope's tap runs in RLX's compile tap, before the wrapper, and leaves a per-thread mark
-//! ([`mark_fused`]) that the wrapper takes at the next compile ([`take_fused`]).
+//! the nodes of native taps added ([`super::Tapped::fused`]), opscope's backend wrapper hands RLX
+//! the graph planned instead ([`for_backend`]). The environment mode knows this in the wrapper
+//! itself; a scope's tap runs in RLX's compile tap, before the wrapper, and leaves a per-thread
+//! mark ([`mark_fused`]) that the wrapper takes at the next compile ([`take_fused`]).
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -59,12 +59,6 @@ fn record(pipeline: &str, stage: Stage, options: &CompileOptions, g: &Graph, par
     (outs, sink.rows(), compiles_fused_once() - before)
 }
 
-/// The bytes of f32 values, for `run_typed`.
-fn bytemuck_f32(v: &[f32]) -> &[u8] {
-    // SAFETY: f32 has no padding and any byte pattern of it is readable as u8.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
-}
-
 /// (site, role, stat, idx, step, value bits) of every row, in recording order.
 fn keyed(rows: &[opscope::Row]) -> Vec<(String, String, String, u64, u64, u32)> {
     rows.iter().map(|r| (r.site.to_string(), r.role.to_string(), r.stat.to_string(), r.idx, r.step, r.value.to_bits())).collect()
@@ -181,8 +175,9 @@ fn a_deployed_tap_is_fused_once_and_records_what_a_second_fusion_records() {
             c.set_param("w0", &params[0].1);
             xs.iter()
                 .flat_map(|x| {
+                    let x_bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
                     let mask_bytes: Vec<u8> = mask_v.iter().flat_map(|v| v.to_le_bytes()).collect();
-                    c.run_typed(&[("x", bytemuck_f32(x), DType::F32), ("attention_mask", &mask_bytes, DType::I64)])
+                    c.run_typed(&[("x", &x_bytes, DType::F32), ("attention_mask", &mask_bytes, DType::I64)])
                 })
                 .collect::<Vec<_>>()
         });

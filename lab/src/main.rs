@@ -928,6 +928,12 @@ struct MineArgs {
     /// share, and each verdict says which basis it used.
     #[arg(long)]
     time_shares: Option<PathBuf>,
+    /// Read at most N runs per series (a uniform sample, the same runs for every series): memory
+    /// bounded whatever the run count. Run counts, min/max and per-channel maxima stay exact;
+    /// medians and trends are estimated from the sample (see the README, "Mining in bounded
+    /// memory"). Default: every run.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(opscope::mine::MIN_STEPS as i64..))]
+    max_runs: Option<u32>,
 }
 
 fn probe(a: ProbeArgs) -> Result<()> {
@@ -965,7 +971,11 @@ fn probe(a: ProbeArgs) -> Result<()> {
 
 fn mine(a: MineArgs) -> Result<()> {
     // Per-row vectors reduced as each run's rows end: the same verdicts, a fifth of the memory per run.
-    let series = opscope::mine::load_compact(&a.recording)?;
+    let series = match a.max_runs {
+        Some(n) => opscope::mine::load_sampled(&a.recording, n as usize)?,
+        None => opscope::mine::load_compact(&a.recording)?,
+    };
+    let sampled = series.values().filter(|s| s.is_sampled()).count();
     if series.is_empty() {
         anyhow::bail!(
             "{}: the recording holds no row of a statistic opscope mines, so there is nothing to mine (a recording \
@@ -990,9 +1000,18 @@ fn mine(a: MineArgs) -> Result<()> {
         if let (Some(path), Some(untimed)) = (&a.time_shares, &untimed) {
             doc["payoff_basis"] = serde_json::json!({ "time_shares": path, "untimed_sites": untimed });
         }
+        if let Some(n) = a.max_runs {
+            doc["sampled"] = serde_json::json!({ "max_runs": n, "series_sampled": sampled });
+        }
         return emit(&(serde_json::to_string_pretty(&doc).context("JSON")? + "\n"));
     }
     let mut text = String::new();
+    if let (Some(n), true) = (a.max_runs, sampled > 0) {
+        text.push_str(&format!(
+            "{sampled} series hold more than {n} runs: their verdicts are read from a sample of {n} runs (the same runs for \
+             every series); run counts, min/max and per-channel maxima are over every run\n"
+        ));
+    }
     if let (Some(path), Some(untimed)) = (&a.time_shares, &untimed) {
         text.push_str(&format!("payoff = measured time share (from {}) x the kernel's fraction", path.display()));
         if untimed.is_empty() {

@@ -198,26 +198,33 @@ pub struct SeriesSummary {
     pub shape: String,
     /// Recorded runs: distinct (recording, compile, step).
     pub runs: usize,
-    /// Smallest `min` over the runs (null if not recorded).
+    /// Runs the verdicts were read from when `opscope mine --max-runs` sampled this series
+    /// (absent when every run was read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runs_sampled: Option<usize>,
+    /// Smallest `min` over the runs (null if not recorded); over every run, sampled or not.
     pub min: Option<f64>,
-    /// Largest `max` over the runs (null if not recorded).
+    /// Largest `max` over the runs (null if not recorded); over every run, sampled or not.
     pub max: Option<f64>,
 }
 
 /// [`SeriesSummary`] of every series, in key order (site, role, pass).
 pub fn series_summary(series: &BTreeMap<SeriesKey, Series>) -> Vec<SeriesSummary> {
-    use opscope::sketch::tensor::{MAX, MIN};
     series
         .iter()
-        .map(|((site, role, pass_idx), s)| SeriesSummary {
-            site: site.clone(),
-            role: role.clone(),
-            pass_idx: *pass_idx,
-            op: s.op.clone(),
-            shape: s.shape.clone(),
-            runs: s.runs.len(),
-            min: s.runs.iter().filter_map(|r| r.scalar(MIN)).reduce(f64::min),
-            max: s.runs.iter().filter_map(|r| r.scalar(MAX)).reduce(f64::max),
+        .map(|((site, role, pass_idx), s)| {
+            let (min, max) = s.range();
+            SeriesSummary {
+                site: site.clone(),
+                role: role.clone(),
+                pass_idx: *pass_idx,
+                op: s.op.clone(),
+                shape: s.shape.clone(),
+                runs: s.runs_seen(),
+                runs_sampled: s.is_sampled().then_some(s.runs.len()),
+                min,
+                max,
+            }
         })
         .collect()
 }

@@ -503,3 +503,45 @@ fn two_new_recordings_into_one_path_refuse_the_second() {
     assert!(!lock.exists());
     assert_eq!(opscope::recording::partitions(&fresh).unwrap().len(), 1);
 }
+
+/// `opscope mine --max-runs N`: a series with more runs is mined from N of them and says so
+/// (JSON and text), its run count and extremes stay those of every run; a sample too small for
+/// the across-run rules is refused before the recording is read.
+#[test]
+fn mine_max_runs_samples_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("rec.csv");
+    let run = record_with(&rec, &["--limit", "24", "--batch", "2", "--pipeline", "matmul{sites=[layer.0/output/dense/MatMul]}"]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let json = |extra: &[&str]| -> serde_json::Value {
+        let out = opscope().arg("mine").arg("--json").args(extra).arg(&rec).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let (all, sampled) = (json(&[]), json(&["--max-runs", "5"]));
+    assert!(all.get("sampled").is_none());
+    assert_eq!(sampled["sampled"]["max_runs"], 5);
+    let series = |doc: &serde_json::Value| doc["series"].as_array().unwrap().clone();
+    let (a, s) = (series(&all), series(&sampled));
+    assert_eq!(a.len(), s.len());
+    let mut seen_sampled = 0;
+    for (a, s) in a.iter().zip(&s) {
+        // Every run's count and extremes, sampled or not.
+        for k in ["site", "role", "runs", "min", "max"] {
+            assert_eq!(a[k], s[k], "{k}: {a} / {s}");
+        }
+        assert!(a.get("runs_sampled").is_none());
+        if a["runs"] == 12 && a["role"] != "rhs" {
+            assert_eq!(s["runs_sampled"], 5, "{s}");
+            seen_sampled += 1;
+        }
+    }
+    assert_eq!(seen_sampled, 2, "lhs and out hold 12 runs: {s:?}");
+    assert_eq!(sampled["sampled"]["series_sampled"], 2);
+    let text = String::from_utf8_lossy(&opscope().args(["mine", "--max-runs", "5"]).arg(&rec).output().unwrap().stdout).to_string();
+    assert!(text.contains("2 series hold more than 5 runs"), "{text}");
+    let out = opscope().args(["mine", "--max-runs", "3"]).arg(&rec).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--max-runs") && err.contains("3"), "{err}");
+}

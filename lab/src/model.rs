@@ -272,17 +272,15 @@ impl OnnxEncoder {
 
     /// Compile (through `Session::compile_with`, so taps see it) and bind the weights.
     ///
-    /// Options: ONNX Level 3 (`CompileOptions::default()`, as `rlx_onnx` uses). Not
-    /// `cache_param_invariant`: under `run_typed` (I64 token ids) RLX 0.2.19 hands a custom op
-    /// reading a hoisted value zeros (measured), so weight sketches would be lost.
+    /// Options: ONNX Level 3 ([`compile_options`]: `CompileOptions::default()`, as `rlx_onnx`
+    /// uses, without `cache_param_invariant`).
     ///
     /// Weights are bound with `opscope::params::bind`, so params an actuation derives from them
     /// (the `lowrank` factors) are computed and set too.
     ///
     /// Errors: a derived param cannot be computed, or one the graph declares was never set.
     pub fn compile(&self, session: &Session) -> Result<CompiledGraph> {
-        let options = CompileOptions::default();
-        let mut c = session.compile_with(self.graph.clone(), &options);
+        let mut c = session.compile_with(self.graph.clone(), &compile_options());
         for (name, data) in &self.params {
             opscope::params::bind(&mut c, name, data)?;
         }
@@ -310,7 +308,7 @@ impl OnnxEncoder {
             .iter()
             .map(|f| Ok((f.name.clone(), (f.bytes(enc, self.seq)?, f.dtype))))
             .collect::<Result<Vec<_>>>()?;
-        Ok(crate::parity::ParityInput { graph: self.graph.clone(), params, inputs, options: CompileOptions::default(), device: rlx_runtime::Device::Cpu })
+        Ok(crate::parity::ParityInput { graph: self.graph.clone(), params, inputs, options: compile_options(), device: rlx_runtime::Device::Cpu })
     }
 
     /// One batch's inputs as `run_typed` takes them: (name, little-endian bytes, dtype), in the
@@ -337,6 +335,29 @@ impl OnnxEncoder {
             self.feeds.iter().zip(&bytes).map(|(f, b)| (f.name.as_str(), b.as_slice(), f.dtype)).collect();
         Ok(compiled.run_typed(&inputs))
     }
+}
+
+/// The options every model job (`record`, `measure`, `time`, the GGUF decoder and `.npz` inputs)
+/// compiles its model with: `CompileOptions::default()` (RLX's defaults with the `RLX_*`
+/// environment applied) without `cache_param_invariant`, whatever `RLX_CACHE_PARAM_INVARIANT`
+/// says. Under `run_typed` (I64 token ids), RLX 0.2.19 hands an op that reads a hoisted value
+/// zeros: measured on MiniLM-L3 with `RLX_CACHE_PARAM_INVARIANT=1`, every recorded activation
+/// of layer 1 was 0 and the weight sketches came back unfilled (the recorder refused them), so
+/// the model computed on zeros. A note on stderr says the variable was ignored (once per
+/// process). `lab/tests/cli.rs` records the same rows with and without the variable.
+pub fn compile_options() -> CompileOptions {
+    static NOTED: std::sync::Once = std::sync::Once::new();
+    let mut options = CompileOptions::default();
+    if options.cache_param_invariant {
+        NOTED.call_once(|| {
+            eprintln!(
+                "opscope: note: RLX_CACHE_PARAM_INVARIANT ignored: with hoisted params RLX 0.2.19 computes a model run on \
+                 typed inputs (token ids) on zeros; the model is compiled without hoisting"
+            )
+        });
+        options.cache_param_invariant = false;
+    }
+    options
 }
 
 fn stem(path: &Path) -> String {

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use npyz::{DType as NpyDType, TypeChar};
 use rlx_ir::DType;
 use rlx_onnx_import::{build_hir_from_onnx_file, prepare_onnx_file, ImportOptions};
-use rlx_runtime::{CompileOptions, Session};
+use rlx_runtime::Session;
 
 /// One model input: its name, declared dtype, and its bytes per batch.
 struct Feed {
@@ -164,7 +164,7 @@ impl NpzJob {
         let session = Session::new(rlx_runtime::Device::Cpu);
         let scope = opscope::Scope::new(pipeline, sink).stage(stage).interrupt_flag(&crate::model::INTERRUPTED);
         let (_, recorded) = scope.run(|| {
-            let mut c = session.compile_with(self.graph.clone(), &CompileOptions::default());
+            let mut c = session.compile_with(self.graph.clone(), &crate::model::compile_options());
             for (name, data) in &self.params {
                 c.set_param(name, data);
             }

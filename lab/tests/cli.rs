@@ -545,3 +545,37 @@ fn mine_max_runs_samples_and_says_so() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--max-runs") && err.contains("3"), "{err}");
 }
+
+/// `RLX_CACHE_PARAM_INVARIANT=1` (RLX hoisting param-invariant work into a run-once prepare
+/// graph) made MiniLM compute on zeros under `run_typed` (every recorded activation of layer 1
+/// was 0, the weight sketches came back unfilled and the recorder refused the run): the model
+/// jobs compile without hoisting (`model::compile_options`), say so, and record the same rows as
+/// without the variable. Fails without that.
+#[test]
+fn record_with_rlx_hoisting_param_invariant_work_records_the_same_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = |hoist: bool| {
+        let rec = dir.path().join(format!("h{hoist}.csv"));
+        let a = opscope_lab::model::MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}"));
+        let mut cmd = opscope();
+        cmd.arg("record").args(a.cli_args()).args(["--limit", "8", "--pipeline", "matmul{sites=[layer.0/*]}", "--out"]).arg(&rec);
+        if hoist {
+            cmd.env("RLX_CACHE_PARAM_INVARIANT", "1");
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "hoist={hoist}: {}", String::from_utf8_lossy(&out.stderr));
+        let noted = String::from_utf8_lossy(&out.stderr).contains("RLX_CACHE_PARAM_INVARIANT ignored");
+        assert_eq!(noted, hoist, "the note on stderr when the variable is set");
+        let mut rows: Vec<(String, String, u64, String, u64, u32)> = csv::Reader::from_path(&rec)
+            .unwrap()
+            .deserialize::<opscope::Row>()
+            .map(|r| r.unwrap())
+            .map(|r| (r.site.to_string(), r.role.to_string(), r.step, r.stat.to_string(), r.idx, r.value.to_bits()))
+            .collect();
+        rows.sort();
+        rows
+    };
+    let (plain, hoisted) = (rows(false), rows(true));
+    assert!(plain.iter().any(|r| r.1 == "rhs"), "weights are sketched");
+    assert_eq!(plain, hoisted);
+}

@@ -27,7 +27,7 @@ use rlx_gguf::{GgmlType, GgufFile, MetaValue};
 use rlx_ir::op::{Activation, BinaryOp, MaskKind, RopeStyle};
 use rlx_ir::quant::QuantScheme;
 use rlx_ir::{DType, Graph, NodeId, Op, Shape};
-use rlx_runtime::{CompileOptions, CompiledGraph, Session};
+use rlx_runtime::{CompiledGraph, Session};
 
 /// Hyperparameters of a Llama model, from the GGUF metadata (`llama.*` keys).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -325,7 +325,7 @@ impl LlamaModel {
 
     /// Compile `graph` (through `Session::compile_with`, so taps see it) and bind the weights.
     pub fn compile(&self, session: &Session, graph: &Graph) -> CompiledGraph {
-        let mut c = session.compile_with(graph.clone(), &CompileOptions::default());
+        let mut c = session.compile_with(graph.clone(), &crate::model::compile_options());
         self.bind(&mut c, graph);
         c
     }

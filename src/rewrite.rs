@@ -8,7 +8,7 @@ use rlx_ir::{DType, Graph, NodeId, Op, Shape};
 pub use crate::analysis::{backend_elided, family, op_name, residual_blocks, ResidualBlock};
 use crate::analysis::{shape_text, site_names, static_dims};
 use crate::manifest::{Actuation, Manifest, Role, Site, Skipped, TapOutput, TapUse};
-use crate::sketch::{is_sketch_op, SketchSpec, Stat, KEEP_OP, SKETCH2_OP, SKETCH3_OP, SKETCH_OP};
+use crate::sketch::{is_sketch_op, SketchSpec, Stat, SKETCH2_OP, SKETCH3_OP, SKETCH_OP};
 
 /// Name of the F32 cast of the graph input `attention_mask` that a tap adds
 /// ([`Rewrite::row_mask`]).
@@ -26,8 +26,6 @@ pub struct Rewrite {
     by_param: HashMap<(String, String), String>,
     /// Per original node: reachable from a graph input or a nondeterministic op.
     dynamic: Vec<bool>,
-    /// A run-time tensor read by `keep` nodes so that weight sketches can be hoisted.
-    anchor: Option<NodeId>,
     /// (position in the pipeline, name) of the pass running now.
     current: (usize, &'static str),
     /// Per tapped tensor: the sketches already appended for it (attribute bytes, with the ids of
@@ -86,7 +84,6 @@ impl Rewrite {
             names: HashMap::new(),
             by_param: HashMap::new(),
             dynamic: Vec::new(),
-            anchor: None,
             current: (0, ""),
             dedupe: HashMap::new(),
             restructured: false,
@@ -106,13 +103,6 @@ impl Rewrite {
                 || n.inputs.iter().any(|i| dynamic[i.0 as usize]);
         }
         rw.dynamic = dynamic;
-        // The first run-time F32 tensor (measured on MiniLM: an I64 anchor such as `input_ids`
-        // left the hoisted value unfilled).
-        rw.anchor = graph
-            .nodes()
-            .iter()
-            .find(|n| rw.dynamic[n.id.0 as usize] && n.shape.dtype() == rlx_ir::DType::F32)
-            .map(|n| n.id);
         let (names, by_param) = site_names(graph, source);
         rw.names = names;
         rw.by_param = by_param;
@@ -396,12 +386,13 @@ impl Rewrite {
                 // the decoded spec is cached so that inference does not parse it back.
                 crate::sketch::seed_spec(&spec_attrs, &spec);
                 let out_shape = Shape::new(&[spec.len().unwrap_or(1)], DType::F32);
-                let mut id = self.graph.custom_op_packed(op, spec_attrs, inputs.to_vec(), out_shape);
+                // A weight's sketch is a graph output itself. Under RLX's `cache_param_invariant`
+                // it is hoisted into the run-once prepare graph and its value reaches the output
+                // under `run` (`tests/outputs_unchanged.rs`); under `run_typed` RLX 0.2.19 returns
+                // it unfilled and the recorder refuses the run (the same test). A `keep` copy
+                // reading a run-time tensor, added here until 2026-12-03, changed neither.
+                let id = self.graph.custom_op_packed(op, spec_attrs, inputs.to_vec(), out_shape);
                 self.graph.node_mut(id).name = Some(name.clone());
-                if let (true, Some(anchor)) = (invariant, self.anchor) {
-                    id = self.graph.custom_op(KEEP_OP, Vec::new(), vec![id, anchor]);
-                    self.graph.node_mut(id).name = Some(format!("{name}/keep"));
-                }
                 self.graph.outputs.push(id);
             }
             Some(self.graph.outputs.len() - 1)
@@ -639,7 +630,7 @@ impl Rewrite {
         self.graph
             .users(node)
             .into_iter()
-            .filter(|u| !matches!(&self.graph.node(*u).op, Op::Custom { name, .. } if is_sketch_op(name) || name == KEEP_OP))
+            .filter(|u| !matches!(&self.graph.node(*u).op, Op::Custom { name, .. } if is_sketch_op(name)))
             .collect()
     }
 

@@ -141,7 +141,7 @@ fn dequant_matmul_activation_and_output_are_sketched() {
 #[test]
 fn weight_sketches_survive_param_hoisting_and_are_recorded_once() {
     // With cache_param_invariant, RLX hoists weight-only work into a run-once prepare graph;
-    // the weight's sketch goes with it and still reaches the recording (through `keep`).
+    // the weight's sketch goes with it and, under `run`, still reaches the recording.
     let g = matmul_2d(3, 5, 4);
     let w = randn(20, 1);
     let x = randn(15, 2);
@@ -161,4 +161,16 @@ fn weight_sketches_survive_param_hoisting_and_are_recorded_once() {
     assert!(rows.iter().filter(|r| &*r.role == "rhs").all(|r| r.step == 0), "a weight is recorded at step 0 only");
     assert!(rows.iter().any(|r| &*r.role == "lhs" && r.step == 2), "activations are recorded every run");
     assert!(sink.manifests()[0].outputs.iter().any(|o| o.invariant));
+    // Under `run_typed` RLX 0.2.19 returns the hoisted sketch unfilled (zeros): the recording
+    // fails, naming the tag, rather than record zeros for the weight.
+    let xb: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let err = opscope::scope(&p, Box::new(opscope::MemorySink::default()), || {
+        let opts = rlx_runtime::CompileOptions::default().with_cache_param_invariant(true);
+        let mut c = Session::new(Device::Cpu).compile_with(g.clone(), &opts);
+        c.set_param("w", &w);
+        c.run_typed(&[("x", &xb, rlx_ir::DType::F32)])
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("tag 0"), "{err}");
 }

@@ -16,7 +16,7 @@ use crate::error::Error;
 use crate::manifest::Manifest;
 use crate::pipeline::Pipeline;
 use crate::record::Recorder;
-use crate::sketch::{is_sketch_op, sample::GATE_PREFIX, KEEP_OP};
+use crate::sketch::{is_sketch_op, sample::GATE_PREFIX};
 
 pub use once::compiles_fused_once;
 pub(crate) use once::{for_backend, forget_fused, mark_fused, take_fused};
@@ -26,7 +26,7 @@ pub use scope::{scope, Scope, Summary};
 /// scope's tap and the environment mode's wrapper can both see one compile).
 fn already_tapped(g: &Graph) -> bool {
     g.nodes().iter().any(|n| {
-        matches!(&n.op, Op::Custom { name, .. } if is_sketch_op(name) || name == KEEP_OP)
+        matches!(&n.op, Op::Custom { name, .. } if is_sketch_op(name))
             || n.name.as_deref().is_some_and(|s| s.starts_with("opscope/") && s.ends_with("/lowered"))
     })
 }
@@ -117,7 +117,7 @@ fn rewrite_counted(
     }
 }
 
-/// True for a node a tap appends for the native kernel: a sketch, `keep` or a sampling gate
+/// True for a node a tap appends for the native kernel: a sketch or a sampling gate
 /// (custom ops RLX's fusion and legalization copy unchanged: none declares a decomposition), or
 /// one of the taps' two helpers, standard ops the CPU backend runs as they are: the attention
 /// mask's F32 cast (`Rewrite::row_mask`) and the matmul tap's `[B, S, C]` view of a flattened
@@ -126,7 +126,7 @@ fn rewrite_counted(
 fn is_native_tap_node(n: &rlx_ir::Node) -> bool {
     let name = n.name.as_deref().unwrap_or("");
     match &n.op {
-        Op::Custom { name, .. } => is_sketch_op(name) || name == KEEP_OP || name.starts_with(GATE_PREFIX),
+        Op::Custom { name, .. } => is_sketch_op(name) || name.starts_with(GATE_PREFIX),
         Op::Cast { to: rlx_ir::DType::F32 } => name == crate::rewrite::MASK_CAST,
         Op::Reshape { .. } => name.starts_with(crate::rewrite::SEQ_VIEW),
         _ => false,

@@ -81,8 +81,8 @@ pub fn unlowerable(spec: &SketchSpec, shape: &Shape) -> Option<String> {
 
 /// Build the lowered sketch of `x` (static shape, F32) with an optional row mask (`R` values,
 /// or `B x S` for a per-head `[B, H, S, D]` tensor; a row whose mask is 0 adds to nothing).
-/// A weight's lowered sketch needs no `keep` anchor: under `cache_param_invariant` it records
-/// the kernel's values (tested; the native op needs `keep`, see [`super::KEEP_OP`]).
+/// Under `cache_param_invariant` a weight's lowered sketch is hoisted and records the kernel's
+/// values under `run`, as the native op does (tested).
 ///
 /// Requires [`unlowerable`] to be `None`.
 pub fn lower(g: &mut Graph, x: NodeId, mask: Option<NodeId>, spec: &SketchSpec) -> Lowered {

@@ -40,13 +40,6 @@ pub use stat::{tables, tensor, Stat, StatDef, StatLen, StatTable, OPT_IN, SELECT
 /// Name of the custom RLX op that computes a sketch (`Op::Custom { name: SKETCH_OP, .. }`).
 pub const SKETCH_OP: &str = "opscope.sketch";
 
-/// Name of the custom op `keep(sketch, anchor) -> sketch`: a copy of its first input that also
-/// reads a run-time tensor. A sketch of a weight is param-invariant; routing it through `keep`
-/// lets RLX's `cache_param_invariant` hoist the sketch into the run-once prepare graph while the
-/// value still reaches the main graph's outputs (RLX 0.2.19 returns a hoisted value that is
-/// itself a graph output unfilled: measured, all zeros).
-pub const KEEP_OP: &str = "opscope.keep";
-
 /// The sketch op with two inputs (attention probabilities and their mask, a router's scores
 /// and chosen experts, a residual stream and its branch): same attributes, a registered
 /// [`Probe`] says how the inputs are read.

@@ -1,5 +1,5 @@
 //! The sketch ops as RLX custom ops: shape inference, the CPU kernels (the tensor kernel, the
-//! registered probes, `keep`), the weight memo, and their registration.
+//! registered probes), the weight memo, and their registration.
 
 use std::sync::{Arc, Once};
 
@@ -9,7 +9,7 @@ use rlx_ir::{DType, Shape};
 
 use super::kernel::{compute_into, compute_masked};
 use super::probe::{self, Probe};
-use super::{shape_text, static_dims, SketchSpec, KEEP_OP, SKETCH2_OP, SKETCH3_OP, SKETCH_OP};
+use super::{shape_text, static_dims, SketchSpec, SKETCH2_OP, SKETCH3_OP, SKETCH_OP};
 
 /// Shape inference for [`SKETCH_OP`] and the multi-input probe ops.
 struct SketchOp {
@@ -332,42 +332,6 @@ fn memo_compute(x: &[f32], dims: &[usize], spec: &Arc<SketchSpec>, out: &mut [f3
     }
 }
 
-/// Shape inference for [`KEEP_OP`]: the first input's shape.
-struct KeepOp;
-
-impl OpExtension for KeepOp {
-    fn name(&self) -> &str {
-        KEEP_OP
-    }
-    fn num_inputs(&self) -> usize {
-        2
-    }
-    fn infer_shape(&self, inputs: &[&Shape], _attrs: &[u8]) -> Shape {
-        inputs[0].clone()
-    }
-}
-
-/// CPU kernel for [`KEEP_OP`]: copy input 0.
-struct KeepKernel;
-
-impl CpuKernel for KeepKernel {
-    fn name(&self) -> &str {
-        KEEP_OP
-    }
-    fn execute(&self, inputs: &[CpuTensorRef<'_>], output: CpuTensorMut<'_>, _attrs: &[u8]) -> Result<(), String> {
-        let x = inputs
-            .first()
-            .ok_or_else(|| format!("{KEEP_OP}: no input"))?
-            .expect_f32("opscope.keep input")?;
-        let out = output.expect_f32_mut("opscope.keep output")?;
-        if out.len() != x.len() {
-            return Err(format!("{KEEP_OP}: output holds {} values, input {}", out.len(), x.len()));
-        }
-        out.copy_from_slice(x);
-        Ok(())
-    }
-}
-
 /// Register the sketch ops with RLX's op registry and their CPU kernels (idempotent). Called
 /// once, from the one place every activation path goes through before a tapped compile
 /// ([`crate::pipeline::Pipeline::apply_tagged`]): RLX panics when it builds an executable
@@ -384,8 +348,6 @@ pub fn register_kernels() {
             rlx_cpu::op_registry::register_cpu_kernel(Arc::new(SketchKernel { name: gated, gated: true }));
         }
         super::sample::register_gates();
-        rlx_ir::op_registry::register_op(Arc::new(KeepOp));
-        rlx_cpu::op_registry::register_cpu_kernel(Arc::new(KeepKernel));
     });
 }
 

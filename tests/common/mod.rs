@@ -348,12 +348,7 @@ pub fn render(g: &Graph, m: &opscope::Manifest) -> String {
     }
     for o in &m.outputs {
         let Some(k) = o.output_index else { continue };
-        let mut id = g.outputs[k];
-        if let rlx_ir::Op::Custom { name, .. } = &g.node(id).op {
-            if name == opscope::sketch::KEEP_OP {
-                id = g.node(id).inputs[0];
-            }
-        }
+        let id = g.outputs[k];
         if let rlx_ir::Op::Custom { name, attrs, .. } = &g.node(id).op {
             if opscope::sketch::is_sketch_op(name) {
                 let decoded = opscope::sketch::SketchSpec::from_attrs(attrs).unwrap_or_else(|e| panic!("%{}: {e}", id.0));

@@ -43,30 +43,39 @@ fn keys(s: &Series) -> Vec<(u32, u64)> {
 fn a_sampled_load_keeps_the_least_priority_runs_and_exact_aggregates() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rec.csv");
-    // A first compile of 2 runs of x[4,16], then 60 runs of x[8,16]: the series' shape is its
-    // first run's, which the sample below leaves out.
-    let compiles = [(4, 2), (8, 60)];
+    // One run of x[4,16], 10 of x[8,16], then 60 of x[4,16] again (three compiles, two shapes).
+    // The series' shape is its first run's, [4,16]; the sample below leaves that run out, and
+    // with it every run of compile 1.
+    let compiles = [(4, 1), (8, 10), (4, 60)];
     record(&path, &compiles);
     let full = load_compact(&path).unwrap();
     let k = 8;
     let sampled = load_sampled(&path, k).unwrap();
     assert_eq!(full.keys().collect::<Vec<_>>(), sampled.keys().collect::<Vec<_>>(), "the same series");
     let lhs: SeriesKey = ("matmul.0".into(), "lhs".into(), 0);
-    assert_eq!(full[&lhs].runs.len(), compiles.iter().map(|c| c.1).sum::<usize>(), "two compiles' runs of the activation");
+    assert_eq!(full[&lhs].runs.len(), compiles.iter().map(|c| c.1).sum::<usize>(), "three compiles' runs of the activation");
     assert_eq!(full[&lhs].shape, "[4,16]");
     assert!(sampled[&lhs].runs.iter().all(|r| r.compile != 1), "the test's premise: no run of the first compile is kept");
     let mut kept_sets = BTreeSet::new();
     for (key, f) in &full {
         let s = &sampled[key];
         assert_eq!(s.runs_seen(), f.runs.len(), "{key:?}: runs seen");
-        // The k runs of least priority, computed here from the unsampled load's runs.
-        let mut want = keys(f);
-        want.sort_by_key(|&(c, st)| run_priority(c, st));
-        want.truncate(k);
+        // Per tensor shape, the k runs of least priority, computed here from the unsampled
+        // load's runs (a stratum of at most k runs keeps them all).
+        let dims: Vec<usize> = f.shape.trim_matches(|c| c == '[' || c == ']').split(',').map(|d| d.parse().unwrap()).collect();
+        let mut strata: std::collections::BTreeMap<Vec<usize>, Vec<(u32, u64)>> = Default::default();
+        for r in &f.runs {
+            strata.entry(r.dims(&dims).to_vec()).or_default().push((r.compile, r.step));
+        }
+        let mut want: Vec<(u32, u64)> = Vec::new();
+        for (_, mut runs) in strata.clone() {
+            runs.sort_by_key(|&(c, st)| run_priority(c, st));
+            want.extend(runs.into_iter().take(k));
+        }
         want.sort();
         assert_eq!(keys(s), want, "{key:?}: the kept runs, in (compile, step) order");
-        assert_eq!(s.is_sampled(), f.runs.len() > k, "{key:?}");
-        if f.runs.len() > k {
+        assert_eq!(s.is_sampled(), strata.values().any(|v| v.len() > k), "{key:?}");
+        if s.is_sampled() {
             kept_sets.insert(keys(s));
         }
         // A kept run holds the statistics it holds unsampled.
@@ -87,7 +96,14 @@ fn a_sampled_load_keeps_the_least_priority_runs_and_exact_aggregates() {
         assert_eq!(s.chan_maxabs_max(), f.chan_maxabs_max(), "{key:?}");
         assert_eq!(s.mean_row_energy(), f.mean_row_energy(), "{key:?}");
         assert_eq!((&s.shape, s.flops), (&f.shape, f.flops), "{key:?}: the first run's shape");
+        assert_eq!(s.flops_over_runs().to_bits(), f.flops_over_runs().to_bits(), "{key:?}: FLOPs over every run");
+        for c in 1..=3 {
+            assert_eq!(s.ran_in(c), f.ran_in(c), "{key:?}: ran in compile {c}");
+        }
     }
+    assert!(sampled[&lhs].ran_in(1), "compile 1 ran, though none of its runs is kept");
+    let flops_kept: f64 = sampled[&lhs].runs.iter().map(|r| r.flops(sampled[&lhs].flops).unwrap() as f64).sum();
+    assert_ne!(flops_kept, sampled[&lhs].flops_over_runs(), "the kept runs' FLOPs are not every run's");
     // The activation and the output keep the same runs (bottom-k over one priority).
     assert_eq!(kept_sets.len(), 1, "{kept_sets:?}");
     // The weight, recorded once, keeps its run.
@@ -103,13 +119,14 @@ fn within_the_bound_a_sampled_load_mines_as_the_unsampled_one() {
     let path = dir.path().join("rec.csv");
     record(&path, &[(8, 20), (4, 6)]);
     let full = load_compact(&path).unwrap();
-    let sampled = load_sampled(&path, 26).unwrap();
+    // 20 runs of the activation's largest shape: a sample of 20 per shape holds every run.
+    let sampled = load_sampled(&path, 20).unwrap();
     assert!(sampled.values().all(|s| !s.is_sampled()));
     let json = |s: &std::collections::BTreeMap<SeriesKey, Series>| serde_json::to_string(&opscope::mine::mine(s)).unwrap();
     assert_eq!(json(&sampled), json(&full));
     assert!(!opscope::mine::mine(&full).is_empty(), "the comparison sees verdicts");
-    // One run fewer than the activation holds: sampled, and still every kept run's numbers.
-    let sampled = load_sampled(&path, 25).unwrap();
+    // One run fewer than that shape holds: sampled, the other shape's 6 runs all kept.
+    let sampled = load_sampled(&path, 19).unwrap();
     let lhs = &sampled[&("matmul.0".to_string(), "lhs".to_string(), 0)];
     assert_eq!((lhs.runs.len(), lhs.runs_seen()), (25, 26));
 }
@@ -150,6 +167,20 @@ fn a_recording_out_of_run_order_is_read_whole_and_too_small_a_sample_is_refused(
     assert!(!whole[&lhs].is_sampled());
     let json = |s: &std::collections::BTreeMap<SeriesKey, Series>| serde_json::to_string(&opscope::mine::mine(s)).unwrap();
     assert_eq!(json(&whole), json(&opscope::mine::load(&in_order).unwrap()), "the verdicts of the whole recording");
+    // A NaN in one run only, the run a sample of 4 leaves out: the health verdict stays.
+    runs.reverse();
+    let last = (0..12u64).max_by_key(|&st| run_priority(1, st)).unwrap();
+    for r in runs[last as usize].iter_mut().filter(|r| &*r.role == "lhs" && &*r.stat == "nan_count") {
+        r.value = 3.0;
+    }
+    let nan = write("nan.csv", &runs);
+    let sampled = load_sampled(&nan, 4).unwrap();
+    assert!(sampled[&lhs].runs.iter().all(|r| r.step != last), "the test's premise: the NaN run is left out");
+    let health = |s: &std::collections::BTreeMap<SeriesKey, Series>| {
+        opscope::mine::mine(s).into_iter().filter(|v| v.kind.name == "health").map(|v| (v.role, v.evidence)).collect::<Vec<_>>()
+    };
+    assert_eq!(health(&sampled), vec![("lhs".to_string(), vec![("nonfinite".to_string(), 3.0)])]);
+    assert_eq!(health(&sampled), health(&load_compact(&nan).unwrap()));
     let err = load_sampled(&in_order, 3).unwrap_err().to_string();
     assert!(err.contains("too small") && err.contains("4 runs"), "{err}");
 }

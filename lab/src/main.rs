@@ -928,10 +928,10 @@ struct MineArgs {
     /// share, and each verdict says which basis it used.
     #[arg(long)]
     time_shares: Option<PathBuf>,
-    /// Read at most N runs per series (a uniform sample, the same runs for every series): memory
-    /// bounded whatever the run count. Run counts, min/max and per-channel maxima stay exact;
-    /// medians and trends are estimated from the sample (see the README, "Mining in bounded
-    /// memory"). Default: every run.
+    /// Read at most N runs per series and tensor shape (a uniform sample by a hash of each run):
+    /// memory bounded whatever the run count. Run counts, min/max, FLOP shares, NaN/Inf counts,
+    /// the compiles that ran and per-channel maxima stay exact; medians and trends are estimated
+    /// from the sample (see the README, "Mining in bounded memory"). Default: every run.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(opscope::mine::MIN_STEPS as i64..))]
     max_runs: Option<u32>,
 }
@@ -1008,8 +1008,8 @@ fn mine(a: MineArgs) -> Result<()> {
     let mut text = String::new();
     if let (Some(n), true) = (a.max_runs, sampled > 0) {
         text.push_str(&format!(
-            "{sampled} series hold more than {n} runs: their verdicts are read from a sample of {n} runs (the same runs for \
-             every series); run counts, min/max and per-channel maxima are over every run\n"
+            "{sampled} series hold more than {n} runs of one shape: their medians and trends are read from a sample of {n} runs \
+             per shape; run counts, min/max, FLOP shares, NaN/Inf counts and per-channel maxima are over every run\n"
         ));
     }
     if let (Some(path), Some(untimed)) = (&a.time_shares, &untimed) {

@@ -539,7 +539,7 @@ fn mine_max_runs_samples_and_says_so() {
     assert_eq!(seen_sampled, 2, "lhs and out hold 12 runs: {s:?}");
     assert_eq!(sampled["sampled"]["series_sampled"], 2);
     let text = String::from_utf8_lossy(&opscope().args(["mine", "--max-runs", "5"]).arg(&rec).output().unwrap().stdout).to_string();
-    assert!(text.contains("2 series hold more than 5 runs"), "{text}");
+    assert!(text.contains("2 series hold more than 5 runs of one shape"), "{text}");
     let out = opscope().args(["mine", "--max-runs", "3"]).arg(&rec).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

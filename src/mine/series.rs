@@ -247,6 +247,17 @@ pub struct Series {
     /// The smallest `min` and largest `max` over every run read, kept or not
     /// ([`Series::range`]).
     extremes: (Option<f64>, Option<f64>),
+    /// Over every run read, kept or not: the FLOPs ([`Series::flops_over_runs`]), the NaN and
+    /// Inf counts ([`Series::nonfinite_over_runs`]), and the compiles ([`Series::ran_in`]).
+    exact: Exact,
+}
+
+/// What a load adds up over every run of a series as each run's rows end (see [`Series`]).
+#[derive(Debug, Clone, Default)]
+struct Exact {
+    flops: f64,
+    nonfinite: f64,
+    compiles: std::collections::BTreeSet<u32>,
 }
 
 /// One index of a vector statistic over runs: the sum, count and maximum of its finite values.
@@ -309,6 +320,32 @@ impl Series {
             );
         }
         self.extremes
+    }
+
+    /// The FLOPs of every run of the series (each run's own: a prefill and a decode compile
+    /// differ), after a sampled load too.
+    pub fn flops_over_runs(&self) -> f64 {
+        if self.is_sampled() {
+            return self.exact.flops;
+        }
+        self.runs.iter().map(|r| r.flops(self.flops).unwrap_or(0) as f64).sum()
+    }
+
+    /// NaN, +Inf and -Inf values over every run of the series (the `nan_count`, `posinf_count`
+    /// and `neginf_count` statistics), after a sampled load too.
+    pub fn nonfinite_over_runs(&self) -> f64 {
+        if self.is_sampled() {
+            return self.exact.nonfinite;
+        }
+        self.runs.iter().map(nonfinite).sum()
+    }
+
+    /// True if the series has a run of compile `compile`, after a sampled load too.
+    pub fn ran_in(&self, compile: u32) -> bool {
+        if self.is_sampled() {
+            return self.exact.compiles.contains(&compile);
+        }
+        self.runs.iter().any(|r| r.compile == compile)
     }
 
     /// Make the series' shape and FLOPs those of its first run in (compile, step) order, not of
@@ -434,13 +471,20 @@ pub fn run_priority(compile: u32, step: u64) -> u64 {
     twox_hash::XxHash3_64::oneshot(&b)
 }
 
-/// What a sampled load keeps per series besides its runs: the priorities of the kept runs (a
-/// max-heap, so the run to drop is on top), the last step whose rows ended per compile (a
-/// recording that does not keep each run's rows together shows as a run arriving at or before
-/// it), and the shape of the first run in (compile, step) order.
+/// NaN, +Inf and -Inf values of one run (0 where not recorded).
+fn nonfinite(r: &StepStats) -> f64 {
+    [tensor::NAN_COUNT, tensor::POSINF_COUNT, tensor::NEGINF_COUNT].iter().filter_map(|k| r.scalar(*k)).sum()
+}
+
+/// What a sampled load keeps per series besides its runs: per tensor shape of its runs (the
+/// strata: a decoder's prefill `[B, S, C]` and decode `[B, 1, C]` are sampled apart, so a shape
+/// few runs have is not left out), the priorities of the kept runs (a max-heap, so the run to
+/// drop is on top); the last step whose rows ended per compile (a recording that does not keep
+/// each run's rows together shows as a run arriving at or before it); and the shape of the
+/// first run in (compile, step) order.
 #[derive(Default)]
 struct Sample {
-    kept: std::collections::BinaryHeap<(u64, (u32, u64))>,
+    kept: std::collections::HashMap<String, std::collections::BinaryHeap<(u64, (u32, u64))>>,
     last_ended: std::collections::HashMap<u32, u64>,
     first: Option<((u32, u64), Option<Box<RunShape>>)>,
 }
@@ -457,8 +501,10 @@ struct Builder {
     stats: std::collections::HashMap<String, Option<Stat>>,
     /// Reduce each run's per-row vectors when its rows end ([`load_compact`]).
     compact: bool,
-    /// Keep at most this many runs per series ([`load_sampled`]).
+    /// Keep at most this many runs per series and run shape ([`load_sampled`]).
     max_runs: Option<usize>,
+    /// A sampled load left a run out.
+    dropped: bool,
     /// A row arrived for a run of a tensor whose rows had ended: the recording does not keep
     /// each run's rows together (re-sorted or shuffled by another tool).
     scattered: bool,
@@ -483,6 +529,7 @@ impl Builder {
                         chan_acc: Vec::new(),
                         seen: 0,
                         extremes: (None, None),
+                        exact: Exact::default(),
                     },
                     Default::default(),
                     Sample::default(),
@@ -509,13 +556,18 @@ impl Builder {
                 sample.first = Some((key, r.own.clone()));
             }
             let p = run_priority(c.compile, c.step);
-            if sample.kept.len() < cap {
-                sample.kept.push((p, key));
-            } else if sample.kept.peek().is_some_and(|&(top, _)| p < top) {
+            let kept = match sample.kept.get_mut(c.shape) {
+                Some(k) => k,
+                None => sample.kept.entry(c.shape.to_string()).or_default(),
+            };
+            if kept.len() < cap {
+                kept.push((p, key));
+            } else if kept.peek().is_some_and(|&(top, _)| p < top) {
                 // Drop the kept run of greatest priority (its rows have ended: a series' runs
                 // arrive one after another).
-                let (_, out) = sample.kept.pop().expect("a full sample");
-                sample.kept.push((p, key));
+                let (_, out) = kept.pop().expect("a full sample");
+                kept.push((p, key));
+                self.dropped = true;
                 if let Some(i) = runs.remove(&out) {
                     s.runs.swap_remove(i);
                     if let Some(moved) = s.runs.get(i) {
@@ -524,6 +576,7 @@ impl Builder {
                 }
             } else {
                 r.sampled_out = true;
+                self.dropped = true;
             }
         }
         s.runs.push(r);
@@ -592,6 +645,9 @@ impl Builder {
         if let Some(v) = r.scalar(tensor::MAX) {
             s.extremes.1 = Some(s.extremes.1.map_or(v, |m| m.max(v)));
         }
+        s.exact.flops += r.flops(s.flops).unwrap_or(0) as f64;
+        s.exact.nonfinite += nonfinite(r);
+        s.exact.compiles.insert(r.compile);
         if self.max_runs.is_some() {
             let last = sample.last_ended.entry(r.compile).or_insert(r.step);
             *last = (*last).max(r.step);
@@ -709,27 +765,34 @@ pub fn load_compact(path: &Path) -> Result<BTreeMap<SeriesKey, Series>, Error> {
     Ok(b.finish())
 }
 
-/// [`load_compact`] in memory bounded by `max_runs` runs per series, whatever the run count:
-/// each series keeps the `max_runs` runs of least [`run_priority`] (a hash of the run's compile
-/// and step), a uniform sample without replacement that is the same for every series holding
-/// the same runs (bottom-k sampling: E. Cohen and H. Kaplan, "Summarizing data using bottom-k
-/// sketches", PODC 2007). A series with at most `max_runs` runs keeps every run, and its
-/// verdicts are those of [`load_compact`].
+/// [`load_compact`] in memory bounded by `max_runs` runs per series and tensor shape, whatever
+/// the run count: among a series' runs of one shape (strata: a decoder's prefill `[B, S, C]` and
+/// decode `[B, 1, C]` runs of a site are sampled apart, so the shape few runs have is not left
+/// out) it keeps the `max_runs` of least [`run_priority`] (a hash of the run's compile and step),
+/// a uniform sample without replacement, the same for every series holding the same runs
+/// (bottom-k sampling: E. Cohen and H. Kaplan, "Summarizing data using bottom-k sketches", PODC
+/// 2007). A series with at most `max_runs` runs of each shape keeps every run, and its verdicts
+/// are those of [`load_compact`]. The priorities use the compiles as the reader numbers them: a
+/// recording mined alone and inside a dataset with other recordings before it can keep
+/// different runs.
 ///
 /// What stays exact over every run: [`Series::runs_seen`], [`Series::range`] (smallest `min`,
-/// largest `max`), the per-channel mean and maximum of `chan_maxabs` and the per-row mean
-/// energy (running sums, as in a compact load), and the series' shape (its first run's). What
-/// is estimated from the sample: the medians over runs the rules read, across-run trends, the
+/// largest `max`), [`Series::flops_over_runs`] (so the FLOP shares of payoffs),
+/// [`Series::nonfinite_over_runs`] (so the NaN/Inf health verdict), [`Series::ran_in`] (so
+/// [`no_data`]), the per-channel mean and maximum of `chan_maxabs` and the per-row mean energy
+/// (running sums, as in a compact load), and the series' shape (its first run's). What is
+/// estimated from the sample: the medians over runs the rules read, across-run trends, the
 /// exact-repeat rate (a run repeats when an earlier *kept* run has its fingerprint, so repeats
 /// are undercounted), and anything else read from [`Series::runs`]. A median over `n` sampled
 /// runs is the `q`-quantile of all runs with `|q - 0.5| <= sqrt(ln(2 / δ) / (2n))` with
 /// probability `1 - δ` (the Dvoretzky-Kiefer-Wolfowitz inequality with Massart's constant,
 /// 1990): 0.030 at n = 4096 and δ = 1e-3.
 ///
-/// Memory: at most `max_runs` runs per series, the running sums, and one priority and run
-/// key per kept run. A recording whose rows are not in opscope's order (a run of a compile
-/// arriving at or before one whose rows ended) is read again with [`load`], unsampled, with a
-/// note on stderr, as [`load_compact`] does.
+/// Memory: at most `max_runs` runs per series and shape, the running sums, one priority and run
+/// key per kept run, and the compiles per series. A recording that does not list each tensor's
+/// runs in step order per compile (a run of a compile arriving at or before one whose rows
+/// ended) is read again with [`load_compact`], unsampled (a note on stderr when runs had been
+/// left out), so never with more memory than without sampling.
 ///
 /// Errors: as [`load`]; `max_runs` below [`super::MIN_STEPS`] (the across-run rules could not
 /// run on any series) is [`Error::BadPath`].
@@ -746,12 +809,17 @@ pub fn load_sampled(path: &Path, max_runs: usize) -> Result<BTreeMap<SeriesKey, 
     let mut b = Builder { compact: true, max_runs: Some(max_runs), ..Builder::default() };
     read_rows(path, |r| b.row(r))?;
     if b.scattered {
-        eprintln!(
-            "opscope: note: {} does not keep each run's rows of a tensor together, in step order per compile (sorted or \
-             shuffled by another tool?): reading it again whole, without sampling runs (memory grows with the runs)",
-            path.display()
-        );
-        return load(path);
+        // Read again as `load_compact` reads it (which reads it whole in turn if a run's rows
+        // are apart): never more memory than without sampling, the same numbers.
+        if b.dropped {
+            eprintln!(
+                "opscope: note: {} does not list each tensor's runs in step order per compile, each run's rows \
+                 together (sorted or shuffled by another tool?): reading it again without sampling runs (memory grows \
+                 with the runs)",
+                path.display()
+            );
+        }
+        return load_compact(path);
     }
     Ok(b.finish())
 }
@@ -769,7 +837,7 @@ pub fn no_data(recording: &Path, series: &BTreeMap<SeriesKey, Series>) -> Result
         for o in &m.outputs {
             for u in &o.uses {
                 let key = (u.site.clone(), u.role.as_str().to_string(), u.pass_idx as u32);
-                let ran = series.get(&key).is_some_and(|s| s.runs.iter().any(|r| r.compile == compile));
+                let ran = series.get(&key).is_some_and(|s| s.ran_in(compile));
                 if !ran {
                     out.push(format!("{} (compile {compile}) {}/{}: no data", m.graph, u.site, u.role.as_str()));
                 }

@@ -105,17 +105,13 @@ struct Metrics {
     adj_ratio: Option<f64>,
     /// Coefficient of variation of the per-row energies.
     row_cv: Option<f64>,
-    nonfinite: f64,
     mean: Option<f64>,
     rms: Option<f64>,
 }
 
 fn metrics(run: &StepStats, shape: &[usize]) -> Metrics {
     let count = run.scalar(tensor::COUNT).unwrap_or(0.0);
-    let mut m = Metrics {
-        nonfinite: [tensor::NAN_COUNT, tensor::POSINF_COUNT, tensor::NEGINF_COUNT].iter().filter_map(|k| run.scalar(*k)).sum(),
-        ..Default::default()
-    };
+    let mut m = Metrics::default();
     if count <= 0.0 {
         return m;
     }
@@ -364,7 +360,7 @@ fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>)
     // neither dilutes nor inflates it.
     let mut site_flops: BTreeMap<(u32, &str), f64> = BTreeMap::new();
     for ((site, _, pass), s) in series {
-        let f: f64 = s.runs.iter().map(|r| r.flops(s.flops).unwrap_or(0) as f64).sum();
+        let f: f64 = s.flops_over_runs();
         let e = site_flops.entry((*pass, site.as_str())).or_default();
         *e = e.max(f);
     }
@@ -407,7 +403,8 @@ fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>)
                 fraction: payoff_fraction(kind, density.unwrap_or(1.0)),
             });
         };
-        let nonfinite: f64 = ms.iter().map(|m| m.nonfinite).sum();
+        // Over every run, also after a sampled load: one run with a NaN is a verdict.
+        let nonfinite: f64 = s.nonfinite_over_runs();
         if nonfinite > 0.0 {
             push(kinds::HEALTH, vec![("nonfinite", Some(nonfinite))], "any NaN or Inf", "health check");
         }

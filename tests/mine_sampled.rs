@@ -181,6 +181,14 @@ fn a_recording_out_of_run_order_is_read_whole_and_too_small_a_sample_is_refused(
     };
     assert_eq!(health(&sampled), vec![("lhs".to_string(), vec![("nonfinite".to_string(), 3.0)])]);
     assert_eq!(health(&sampled), health(&load_compact(&nan).unwrap()));
+    // A crafted row far beyond the tensor (2^40 values) is refused, not allocated.
+    runs[0][0].idx = 1 << 40;
+    runs[0][0].stat = "chan_maxabs".into();
+    let crafted = write("crafted.csv", &runs);
+    for err in [load_compact(&crafted).unwrap_err(), load_sampled(&crafted, 4).unwrap_err(), opscope::mine::load(&crafted).unwrap_err()] {
+        let err = err.to_string();
+        assert!(err.contains("idx 1099511627776") && err.contains("chan_maxabs") && err.contains("crafted.csv"), "{err}");
+    }
     let err = load_sampled(&in_order, 3).unwrap_err().to_string();
     assert!(err.contains("too small") && err.contains("4 runs"), "{err}");
 }

@@ -508,6 +508,24 @@ struct Builder {
     /// A row arrived for a run of a tensor whose rows had ended: the recording does not keep
     /// each run's rows together (re-sorted or shuffled by another tool).
     scattered: bool,
+    /// The first row whose `idx` no statistic of its tensor can have ([`idx_bound`]), described.
+    bad_idx: Option<String>,
+    /// The last shape text whose [`idx_bound`] was computed, and the bound.
+    bound_of: Option<(String, u64)>,
+}
+
+/// `idx` at or above which a row is checked against its tensor ([`idx_bound`]): 65536, the
+/// largest `hist_bins` a pass accepts, so no histogram row is refused.
+const IDX_CHECKED: u64 = 65536;
+
+/// The largest `idx` + 1 a row of a tensor of shape `shape` (text) can carry: a vector
+/// statistic has at most one value per element (rows, channels, heads, sampled elements) or per
+/// histogram bin ([`IDX_CHECKED`]). With a dim that is not a number, 2^28. A row above it would
+/// make the loader allocate a vector that long (a crafted `idx` of 2^40 aborted the process).
+fn idx_bound(shape: &str) -> u64 {
+    let dims: Vec<&str> = shape.trim_matches(|c| c == '[' || c == ']').split(',').map(str::trim).filter(|d| !d.is_empty()).collect();
+    let numel = dims.iter().try_fold(1u64, |n, d| d.parse::<u64>().ok().and_then(|d| n.checked_mul(d)));
+    numel.unwrap_or(1 << 28).max(IDX_CHECKED)
 }
 
 impl Builder {
@@ -599,6 +617,27 @@ impl Builder {
             }
         };
         let Some(stat) = stat else { return };
+        if r.idx >= IDX_CHECKED {
+            let bound = match &self.bound_of {
+                Some((shape, b)) if shape == r.shape => *b,
+                _ => {
+                    let b = idx_bound(r.shape);
+                    self.bound_of = Some((r.shape.to_string(), b));
+                    b
+                }
+            };
+            if r.idx >= bound {
+                self.bad_idx.get_or_insert_with(|| {
+                    format!(
+                        "a row of {}/{} (compile {}, step {}) has idx {} for stat '{}'; a statistic of a tensor of shape {} has at \
+                         most {bound} values (its element count, or 65536 histogram bins): the file is not an opscope recording as \
+                         written (edited or corrupted)",
+                        r.site, r.role, r.compile, r.step, r.idx, r.stat, r.shape
+                    )
+                });
+                return;
+            }
+        }
         self.push(Cells {
             site: r.site,
             role: r.role,
@@ -686,6 +725,14 @@ impl Builder {
         }
     }
 
+    /// The error for a row [`Builder::row`] refused (its `idx` out of bound), if any.
+    fn check(&self, path: &Path) -> Result<(), Error> {
+        match &self.bad_idx {
+            Some(reason) => Err(crate::recording::RecordingError { path: path.to_path_buf(), line: None, reason: reason.clone() }.into()),
+            None => Ok(()),
+        }
+    }
+
     fn finish(mut self) -> BTreeMap<SeriesKey, Series> {
         if let Some(((si, ri), _)) = self.last {
             self.end_group(si, ri);
@@ -726,10 +773,13 @@ pub fn series_from_rows(rows: &[Row]) -> BTreeMap<SeriesKey, Series> {
 /// streaming: memory holds the values, not the rows. Rows of statistics no linked pass declares
 /// are left out.
 ///
-/// Errors: as [`crate::recording::read_rows`].
+/// Errors: as [`crate::recording::read_rows`]; a row whose `idx` no statistic of its tensor can
+/// have (more than its element count and 65536, the most histogram bins) is a
+/// [`crate::recording::RecordingError`] naming it, rather than a vector allocated that long.
 pub fn load(path: &Path) -> Result<BTreeMap<SeriesKey, Series>, Error> {
     let mut b = Builder::default();
     read_rows(path, |r| b.row(r))?;
+    b.check(path)?;
     Ok(b.finish())
 }
 
@@ -754,6 +804,7 @@ pub fn load(path: &Path) -> Result<BTreeMap<SeriesKey, Series>, Error> {
 pub fn load_compact(path: &Path) -> Result<BTreeMap<SeriesKey, Series>, Error> {
     let mut b = Builder { compact: true, ..Builder::default() };
     read_rows(path, |r| b.row(r))?;
+    b.check(path)?;
     if b.scattered {
         eprintln!(
             "opscope: note: {} does not keep each run's rows of a tensor together (sorted or shuffled by another tool?): \
@@ -808,6 +859,7 @@ pub fn load_sampled(path: &Path, max_runs: usize) -> Result<BTreeMap<SeriesKey, 
     }
     let mut b = Builder { compact: true, max_runs: Some(max_runs), ..Builder::default() };
     read_rows(path, |r| b.row(r))?;
+    b.check(path)?;
     if b.scattered {
         // Read again as `load_compact` reads it (which reads it whole in turn if a run's rows
         // are apart): never more memory than without sampling, the same numbers.

@@ -244,17 +244,16 @@ pub struct Series {
     /// Runs of this series in the recording, kept in [`Series::runs`] or not
     /// ([`Series::runs_seen`]).
     seen: usize,
-    /// The smallest `min` and largest `max` over every run read, kept or not
-    /// ([`Series::range`]).
-    extremes: (Option<f64>, Option<f64>),
-    /// Over every run read, kept or not: the FLOPs ([`Series::flops_over_runs`]), the NaN and
-    /// Inf counts ([`Series::nonfinite_over_runs`]), and the compiles ([`Series::ran_in`]).
+    /// Over every run read, kept or not: the smallest `min` and largest `max`
+    /// ([`Series::range`]), the FLOPs ([`Series::flops_over_runs`]), the NaN and Inf counts
+    /// ([`Series::nonfinite_over_runs`]), and the compiles ([`Series::ran_in`]).
     exact: Exact,
 }
 
 /// What a load adds up over every run of a series as each run's rows end (see [`Series`]).
 #[derive(Debug, Clone, Default)]
 struct Exact {
+    extremes: (Option<f64>, Option<f64>),
     flops: f64,
     nonfinite: f64,
     compiles: std::collections::BTreeSet<u32>,
@@ -319,7 +318,7 @@ impl Series {
                 self.runs.iter().filter_map(|r| r.scalar(tensor::MAX)).reduce(f64::max),
             );
         }
-        self.extremes
+        self.exact.extremes
     }
 
     /// The FLOPs of every run of the series (each run's own: a prefill and a decode compile
@@ -471,6 +470,16 @@ pub fn run_priority(compile: u32, step: u64) -> u64 {
     twox_hash::XxHash3_64::oneshot(&b)
 }
 
+/// Remove the run `key` from `s` and from its index `runs` (run key -> position in
+/// `s.runs`), keeping the index of the run moved into its place.
+fn remove_run(s: &mut Series, runs: &mut std::collections::HashMap<(u32, u64), usize>, key: (u32, u64)) {
+    let Some(i) = runs.remove(&key) else { return };
+    s.runs.swap_remove(i);
+    if let Some(moved) = s.runs.get(i) {
+        runs.insert((moved.compile, moved.step), i);
+    }
+}
+
 /// NaN, +Inf and -Inf values of one run (0 where not recorded).
 fn nonfinite(r: &StepStats) -> f64 {
     [tensor::NAN_COUNT, tensor::POSINF_COUNT, tensor::NEGINF_COUNT].iter().filter_map(|k| r.scalar(*k)).sum()
@@ -546,7 +555,6 @@ impl Builder {
                         row_energy: Vec::new(),
                         chan_acc: Vec::new(),
                         seen: 0,
-                        extremes: (None, None),
                         exact: Exact::default(),
                     },
                     Default::default(),
@@ -586,12 +594,7 @@ impl Builder {
                 let (_, out) = kept.pop().expect("a full sample");
                 kept.push((p, key));
                 self.dropped = true;
-                if let Some(i) = runs.remove(&out) {
-                    s.runs.swap_remove(i);
-                    if let Some(moved) = s.runs.get(i) {
-                        runs.insert((moved.compile, moved.step), i);
-                    }
-                }
+                remove_run(s, runs, out);
             } else {
                 r.sampled_out = true;
                 self.dropped = true;
@@ -678,11 +681,12 @@ impl Builder {
     fn end_group(&mut self, si: usize, ri: usize) {
         let (_, s, runs, sample) = &mut self.series[si];
         let r = &s.runs[ri];
+        let e = &mut s.exact.extremes;
         if let Some(v) = r.scalar(tensor::MIN) {
-            s.extremes.0 = Some(s.extremes.0.map_or(v, |m| m.min(v)));
+            e.0 = Some(e.0.map_or(v, |m| m.min(v)));
         }
         if let Some(v) = r.scalar(tensor::MAX) {
-            s.extremes.1 = Some(s.extremes.1.map_or(v, |m| m.max(v)));
+            e.1 = Some(e.1.map_or(v, |m| m.max(v)));
         }
         s.exact.flops += r.flops(s.flops).unwrap_or(0) as f64;
         s.exact.nonfinite += nonfinite(r);
@@ -717,11 +721,8 @@ impl Builder {
             // Read into the running sums above; not kept. It is the series' last run (a run
             // enters the series when its first row arrives and every row of it comes before
             // the next run's).
-            let out = s.runs.swap_remove(ri);
-            runs.remove(&(out.compile, out.step));
-            if let Some(moved) = s.runs.get(ri) {
-                runs.insert((moved.compile, moved.step), ri);
-            }
+            let key = (s.runs[ri].compile, s.runs[ri].step);
+            remove_run(s, runs, key);
         }
     }
 

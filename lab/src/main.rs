@@ -928,12 +928,41 @@ struct MineArgs {
     /// share, and each verdict says which basis it used.
     #[arg(long)]
     time_shares: Option<PathBuf>,
-    /// Read at most N runs per series and tensor shape (a uniform sample by a hash of each run):
-    /// memory bounded whatever the run count. Run counts, min/max, FLOP shares, NaN/Inf counts,
-    /// the compiles that ran and per-channel maxima stay exact; medians and trends are estimated
-    /// from the sample (see the README, "Mining in bounded memory"). Default: every run.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(opscope::mine::MIN_STEPS as i64..))]
-    max_runs: Option<u32>,
+    /// Read at most N runs per series and tensor shape (a uniform sample by a hash of each run),
+    /// so memory stays bounded whatever the run count; `all` reads every run. Run counts,
+    /// min/max, FLOP shares, NaN/Inf counts, the compiles that ran and per-channel maxima stay
+    /// exact; medians and trends of a sampled series are estimated from the sample (README,
+    /// "Mining in bounded memory"). The default, 1000, is TensorBoard's for scalars.
+    #[arg(long, value_name = "N|all", default_value_t = MaxRuns(Some(opscope::mine::DEFAULT_MAX_RUNS as u32)), value_parser = parse_max_runs)]
+    max_runs: MaxRuns,
+}
+
+/// `--max-runs`: a number of runs per series and shape (at least [`opscope::mine::MIN_STEPS`]),
+/// or `None` for every run (`all`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct MaxRuns(Option<u32>);
+
+impl std::fmt::Display for MaxRuns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(n) => write!(f, "{n}"),
+            None => f.write_str("all"),
+        }
+    }
+}
+
+fn parse_max_runs(s: &str) -> Result<MaxRuns, String> {
+    if s == "all" {
+        return Ok(MaxRuns(None));
+    }
+    let n: u32 = s.parse().map_err(|_| format!("`{s}` is neither a number of runs nor `all`"))?;
+    if (n as usize) < opscope::mine::MIN_STEPS {
+        return Err(format!(
+            "{n} runs are too few: the across-run rules need at least {}; pass a larger N, or `all` to read every run",
+            opscope::mine::MIN_STEPS
+        ));
+    }
+    Ok(MaxRuns(Some(n)))
 }
 
 fn probe(a: ProbeArgs) -> Result<()> {
@@ -971,7 +1000,7 @@ fn probe(a: ProbeArgs) -> Result<()> {
 
 fn mine(a: MineArgs) -> Result<()> {
     // Per-row vectors reduced as each run's rows end: the same verdicts, a fifth of the memory per run.
-    let series = match a.max_runs {
+    let series = match a.max_runs.0 {
         Some(n) => opscope::mine::load_sampled(&a.recording, n as usize)?,
         None => opscope::mine::load_compact(&a.recording)?,
     };
@@ -1000,13 +1029,13 @@ fn mine(a: MineArgs) -> Result<()> {
         if let (Some(path), Some(untimed)) = (&a.time_shares, &untimed) {
             doc["payoff_basis"] = serde_json::json!({ "time_shares": path, "untimed_sites": untimed });
         }
-        if let Some(n) = a.max_runs {
+        if let Some(n) = a.max_runs.0 {
             doc["sampled"] = serde_json::json!({ "max_runs": n, "series_sampled": sampled });
         }
         return emit(&(serde_json::to_string_pretty(&doc).context("JSON")? + "\n"));
     }
     let mut text = String::new();
-    if let (Some(n), true) = (a.max_runs, sampled > 0) {
+    if let (Some(n), true) = (a.max_runs.0, sampled > 0) {
         text.push_str(&format!(
             "{sampled} series hold more than {n} runs of one shape: their medians and trends are read from a sample of {n} runs \
              per shape; run counts, min/max, FLOP shares, NaN/Inf counts and per-channel maxima are over every run\n"

@@ -518,7 +518,7 @@ fn mine_max_runs_samples_and_says_so() {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         serde_json::from_slice(&out.stdout).unwrap()
     };
-    let (all, sampled) = (json(&[]), json(&["--max-runs", "5"]));
+    let (all, sampled) = (json(&["--max-runs", "all"]), json(&["--max-runs", "5"]));
     assert!(all.get("sampled").is_none());
     assert_eq!(sampled["sampled"]["max_runs"], 5);
     let series = |doc: &serde_json::Value| doc["series"].as_array().unwrap().clone();
@@ -544,6 +544,66 @@ fn mine_max_runs_samples_and_says_so() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--max-runs") && err.contains("3"), "{err}");
+}
+
+/// `opscope mine` without `--max-runs` reads at most `DEFAULT_MAX_RUNS` (1000) runs per series
+/// and shape, so its memory is bounded by default: a series of 1010 runs is mined from 1000 of
+/// them and says so, with its run count and extremes over all 1010; `--max-runs all` reads every
+/// run. The recording: x[4,16] @ w[16,16] through `opscope::scope`, 1010 runs, inputs scaled per
+/// run so that the runs differ.
+#[test]
+fn mine_samples_past_a_thousand_runs_by_default_and_all_reads_every_run() {
+    use rlx_ir::{DType, Graph, Shape};
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("rec.csv");
+    let runs = opscope::mine::DEFAULT_MAX_RUNS + 10;
+    let p = opscope::Pipeline::parse("matmul{stats=[min,max,sumsq]}").unwrap();
+    opscope::scope(&p, opscope::recording::open(&rec).unwrap(), || {
+        let mut g = Graph::new("mm");
+        let x = g.input("x", Shape::new(&[4, 16], DType::F32));
+        let w = g.param("w", Shape::new(&[16, 16], DType::F32));
+        let y = g.matmul(x, w, Shape::new(&[4, 16], DType::F32));
+        g.set_outputs(vec![y]);
+        let mut c = rlx_runtime::Session::new(rlx_runtime::Device::Cpu).compile(g);
+        c.set_param("w", &(0..256).map(|i| ((i * 37 % 17) as f32 - 8.0) / 8.0).collect::<Vec<_>>());
+        for r in 0..runs {
+            let x: Vec<f32> = (0..64).map(|i| ((i * 13 + r) % 29) as f32 / 29.0 - 0.5).map(|v| v * (1.0 + (r % 5) as f32)).collect();
+            std::hint::black_box(c.run(&[("x", &x)]));
+        }
+    })
+    .unwrap();
+    let json = |extra: &[&str]| -> serde_json::Value {
+        let out = opscope().arg("mine").arg("--json").args(extra).arg(&rec).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let (default, all) = (json(&[]), json(&["--max-runs", "all"]));
+    assert_eq!(default["sampled"]["max_runs"], 1000, "{}", default["sampled"]);
+    assert!(all.get("sampled").is_none());
+    let (d, a) = (default["series"].as_array().unwrap(), all["series"].as_array().unwrap());
+    assert_eq!(d.len(), a.len());
+    let mut sampled = 0;
+    for (d, a) in d.iter().zip(a) {
+        for k in ["site", "role", "runs", "min", "max"] {
+            assert_eq!(d[k], a[k], "{k}: {d} / {a}");
+        }
+        assert!(a.get("runs_sampled").is_none(), "{a}");
+        if a["role"] != "rhs" {
+            assert_eq!(a["runs"], runs, "{a}");
+            assert_eq!(d["runs_sampled"], 1000, "{d}");
+            sampled += 1;
+        }
+    }
+    assert_eq!(sampled, 2, "lhs and out: {d:?}");
+    assert_eq!(default["sampled"]["series_sampled"], 2);
+    let text = String::from_utf8_lossy(&opscope().arg("mine").arg(&rec).output().unwrap().stdout).to_string();
+    assert!(text.contains("2 series hold more than 1000 runs of one shape"), "{text}");
+    for bad in ["3", "abc"] {
+        let out = opscope().args(["mine", "--max-runs", bad]).arg(&rec).output().unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--max-runs") && err.contains(bad) && err.contains("all"), "{err}");
+    }
 }
 
 /// `RLX_CACHE_PARAM_INVARIANT=1` (RLX hoisting param-invariant work into a run-once prepare

@@ -44,6 +44,13 @@ pub use tensor::{int8_estimate, kinds, outlier_channels, payoff_fraction, sqnr8_
 /// Runs needed before across-run verdicts (stationary, drifting, exact repeat) are made.
 pub const MIN_STEPS: usize = 4;
 
+/// Runs per series and tensor shape that `opscope mine` reads by default ([`load_sampled`]):
+/// a series with more is mined from a uniform sample of this many, so mining memory is bounded
+/// whatever the run count (about 1 KB per series per kept run). 1000 is TensorBoard's default
+/// for scalars (`DEFAULT_TENSOR_SIZE_GUIDANCE`, reservoir-sampled per tag; `--samples_per_plugin`
+/// overrides it): a recording of up to 1000 runs per shape is mined from every run.
+pub const DEFAULT_MAX_RUNS: usize = 1000;
+
 
 /// What sketches cannot see, said once per report.
 pub const NOT_OBSERVABLE: &str = "low rank is not observable from these sketches (a LowRankProbe verdict is a suspicion from row energies); \

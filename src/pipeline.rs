@@ -349,8 +349,20 @@ impl Pipeline {
         tag: u32,
         device: rlx_runtime::Device,
     ) -> Result<(Graph, Manifest, Vec<Option<rlx_ir::NodeId>>), Error> {
+        self.apply_owned(graph.clone(), source, tag, device)
+    }
+
+    /// [`Pipeline::apply_mapped`] rewriting `graph` itself instead of a copy (a compile's
+    /// fused graph, which nothing else needs).
+    pub(crate) fn apply_owned(
+        &self,
+        graph: Graph,
+        source: Option<&Graph>,
+        tag: u32,
+        device: rlx_runtime::Device,
+    ) -> Result<(Graph, Manifest, Vec<Option<rlx_ir::NodeId>>), Error> {
         crate::sketch::register_kernels();
-        let mut rw = Rewrite::new(graph, source, self.to_string(), tag);
+        let mut rw = Rewrite::new_owned(graph, source, self.to_string(), tag);
         rw.set_native_kernel(crate::sketch::lower::native_kernel(device));
         for (i, p) in self.passes.iter().enumerate() {
             rw.begin_pass(i, p.pass.name());

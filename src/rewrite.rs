@@ -32,7 +32,16 @@ pub struct Rewrite {
     /// any further inputs, and the manifest output). A second identical tap shares the output.
     /// A short list per tensor, compared bytewise: hashing several hundred bytes of JSON per
     /// tap was 4% of a tapped compile's rewrite (measured).
-    dedupe: HashMap<u32, Vec<(Vec<u8>, usize)>>,
+    /// Per tensor, the sketches taken of it: their attribute bytes, the probe's other inputs,
+    /// and the manifest output.
+    dedupe: HashMap<u32, Vec<(std::sync::Arc<[u8]>, Vec<NodeId>, usize)>>,
+    /// The graph input `attention_mask`, once looked up ([`Rewrite::row_mask`]; passes add
+    /// nodes, never inputs).
+    mask_input: Option<Option<NodeId>>,
+    /// The attribute bytes of the last few distinct specs encoded ([`SketchSpec::to_attrs`]),
+    /// most recent first, and whether they were seeded for shape inference: the same spec
+    /// recurs for every same-shaped activation of a compile.
+    encoded: Vec<(SketchSpec, std::sync::Arc<[u8]>, bool)>,
     /// An actuation changed the graph's structure: `finish` rebuilds it in topological order
     /// without dead nodes.
     restructured: bool,
@@ -60,10 +69,19 @@ pub struct Rewrite {
     captures: Vec<NodeId>,
 }
 
+/// Distinct specs whose encoding a rewrite keeps ([`Rewrite::encode`]).
+const ENCODED_CAPACITY: usize = 8;
+
 impl Rewrite {
     /// Start from a copy of `graph`. When `graph` is the fused (deployed) form of `source`,
     /// site names are recovered from `source` (see [`Rewrite::site_name`]).
     pub fn new(graph: &Graph, source: Option<&Graph>, pipeline: String, tag: u32) -> Rewrite {
+        Rewrite::new_owned(graph.clone(), source, pipeline, tag)
+    }
+
+    /// [`Rewrite::new`] starting from `graph` itself (no copy: a compile's fused graph is
+    /// rewritten in place).
+    pub fn new_owned(graph: Graph, source: Option<&Graph>, pipeline: String, tag: u32) -> Rewrite {
         let manifest = Manifest {
             graph: graph.name.clone(),
             pipeline,
@@ -78,35 +96,34 @@ impl Rewrite {
             sample_every: None,
             captures: Vec::new(),
         };
-        let mut rw = Rewrite {
-            graph: graph.clone(),
-            manifest,
-            names: HashMap::new(),
-            by_param: HashMap::new(),
-            dynamic: Vec::new(),
-            current: (0, ""),
-            dedupe: HashMap::new(),
-            restructured: false,
-            live: vec![true; graph.len()],
-            blocks: None,
-            elided: backend_elided(graph),
-            native: true,
-            force_lower: false,
-            sample_every: None,
-            online: false,
-            captures: Vec::new(),
-        };
         let mut dynamic = vec![false; graph.len()];
         for n in graph.nodes() {
             dynamic[n.id.0 as usize] = matches!(n.op, Op::Input { .. })
                 || n.op.is_nondeterministic()
                 || n.inputs.iter().any(|i| dynamic[i.0 as usize]);
         }
-        rw.dynamic = dynamic;
-        let (names, by_param) = site_names(graph, source);
-        rw.names = names;
-        rw.by_param = by_param;
-        rw
+        let (names, by_param) = site_names(&graph, source);
+        let (live, elided) = (vec![true; graph.len()], backend_elided(&graph));
+        Rewrite {
+            graph,
+            manifest,
+            names,
+            by_param,
+            dynamic,
+            current: (0, ""),
+            dedupe: HashMap::new(),
+            encoded: Vec::new(),
+            mask_input: None,
+            restructured: false,
+            live,
+            blocks: None,
+            elided,
+            native: true,
+            force_lower: false,
+            sample_every: None,
+            online: false,
+            captures: Vec::new(),
+        }
     }
 
     /// The source site name of the node of `family` that consumed parameter `param`, if the
@@ -327,12 +344,10 @@ impl Rewrite {
             site: site.to_string(),
             role,
         };
-        let spec_attrs = spec.to_attrs();
-        let mut attrs = spec_attrs.clone();
-        for t in &inputs[1..] {
-            attrs.extend_from_slice(&t.0.to_le_bytes()); // the dedupe key names every input
-        }
-        if let Some(i) = self.dedupe.get(&tensor.0).and_then(|v| v.iter().find(|(a, _)| *a == attrs)).map(|(_, i)| *i) {
+        let (spec_attrs, seeded) = self.encode(&spec);
+        // The dedupe key: the attribute bytes and every input.
+        let found = self.dedupe.get(&tensor.0).and_then(|v| v.iter().find(|(a, rest, _)| **a == *spec_attrs && rest[..] == inputs[1..]));
+        if let Some(i) = found.map(|(_, _, i)| *i) {
             // The shared sketch's statistics that the lowering leaves out are left out for
             // this use too: list them under its site and role as well.
             let first = &self.manifest.outputs[i].uses[0];
@@ -384,20 +399,23 @@ impl Rewrite {
             } else {
                 // The output shape is the spec's length, as the op's shape inference gives it;
                 // the decoded spec is cached so that inference does not parse it back.
-                crate::sketch::seed_spec(&spec_attrs, &spec);
+                if !seeded {
+                    crate::sketch::seed_spec(&spec_attrs, &spec);
+                    self.encoded[0].2 = true; // the entry `encode` just returned
+                }
                 let out_shape = Shape::new(&[spec.len().unwrap_or(1)], DType::F32);
                 // A weight's sketch is a graph output itself. Under RLX's `cache_param_invariant`
                 // it is hoisted into the run-once prepare graph and its value reaches the output
                 // under `run` (`tests/outputs_unchanged.rs`); under `run_typed` RLX 0.2.19 returns
                 // it unfilled and the recorder refuses the run (the same test). A `keep` copy
                 // reading a run-time tensor, added here until 2026-12-03, changed neither.
-                let id = self.graph.custom_op_packed(op, spec_attrs, inputs.to_vec(), out_shape);
+                let id = self.graph.custom_op_packed(op, spec_attrs.to_vec(), inputs.to_vec(), out_shape);
                 self.graph.node_mut(id).name = Some(name.clone());
                 self.graph.outputs.push(id);
             }
             Some(self.graph.outputs.len() - 1)
         };
-        self.dedupe.entry(tensor.0).or_default().push((attrs, self.manifest.outputs.len()));
+        self.dedupe.entry(tensor.0).or_default().push((spec_attrs, inputs[1..].to_vec(), self.manifest.outputs.len()));
         self.manifest.outputs.push(TapOutput {
             output_index,
             tensor: tensor.0,
@@ -408,6 +426,22 @@ impl Rewrite {
             layout,
             spec,
         });
+    }
+
+    /// `spec`'s attribute bytes, and whether this rewrite has seeded them for shape inference
+    /// already; a cache of the last [`ENCODED_CAPACITY`] distinct specs, the one returned moved
+    /// to the front.
+    fn encode(&mut self, spec: &SketchSpec) -> (std::sync::Arc<[u8]>, bool) {
+        if let Some(i) = self.encoded.iter().position(|(s, _, _)| s == spec) {
+            let hit = self.encoded.remove(i);
+            let out = (hit.1.clone(), hit.2);
+            self.encoded.insert(0, hit);
+            return out;
+        }
+        let bytes: std::sync::Arc<[u8]> = spec.to_attrs().into();
+        self.encoded.truncate(ENCODED_CAPACITY - 1);
+        self.encoded.insert(0, (spec.clone(), bytes.clone(), false));
+        (bytes, false)
     }
 
     /// Record one run in `every` (the `sample` pass): the sketches of every tap in the pipeline
@@ -584,7 +618,10 @@ impl Rewrite {
     /// ([`Manifest::padding`]). Shared by every tap that excludes padding.
     pub fn row_mask(&mut self, rows: usize) -> Option<NodeId> {
         let g = &self.graph;
-        let input = g.nodes().iter().find(|n| matches!(&n.op, Op::Input { name } if name == "attention_mask"))?;
+        let id = *self
+            .mask_input
+            .get_or_insert_with(|| g.nodes().iter().find(|n| matches!(&n.op, Op::Input { name } if name == "attention_mask")).map(|n| n.id));
+        let input = g.node(id?);
         let dims = static_dims(&input.shape)?;
         if dims.iter().product::<usize>() != rows {
             return None;

@@ -111,7 +111,7 @@ fn rewrite_counted(
         Stage::Deployed => {
             let fused = fuse(graph, device, options);
             let nodes = fused.len();
-            pipeline.apply_on(&fused, Some(graph), tag, device).map(|(g, m)| (g, m, Some(nodes)))
+            pipeline.apply_owned(fused, Some(graph), tag, device).map(|(g, m, _)| (g, m, Some(nodes)))
         }
         Stage::Source => pipeline.apply_on(graph, None, tag, device).map(|(g, m)| (g, m, None)),
     }

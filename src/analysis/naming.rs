@@ -163,6 +163,10 @@ fn family_cow(op: &Op) -> Cow<'static, str> {
         Op::MatMul | Op::FusedMatMulBiasAct { .. } | Op::FusedMatMulResidual | Op::DequantMatMul { .. } => {
             Cow::Borrowed("matmul")
         }
+        // What `op_name` gives them, without printing the node's name or data first.
+        Op::Input { .. } => Cow::Borrowed("input"),
+        Op::Param { .. } => Cow::Borrowed("param"),
+        Op::Constant { .. } => Cow::Borrowed("const"),
         _ => Cow::Owned(op_name(op)),
     }
 }
@@ -180,6 +184,18 @@ pub fn op_name(op: &Op) -> String {
 mod tests {
     use super::*;
     use rlx_ir::{DType, Shape};
+
+    /// The family names given without printing the op are what printing it gives.
+    #[test]
+    fn shortcut_families_equal_the_printed_op_names() {
+        let s = |d: &[usize]| Shape::new(d, DType::F32);
+        let mut g = Graph::new("t");
+        let ids = [g.input("x(1) y", s(&[2])), g.param("w{0}", s(&[2])), rlx_ir::rf::const_f32(&mut g, 1.0, s(&[2]))];
+        for id in ids {
+            let op = &g.node(id).op;
+            assert_eq!(family_cow(op), op_name(op), "{op}");
+        }
+    }
 
     #[test]
     fn unnamed_matmuls_take_their_dotted_weight_names() {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use rlx_ir::{DType, Graph, NodeId, Op, Shape};
 
 pub use crate::analysis::{backend_elided, family, op_name, residual_blocks, ResidualBlock};
-use crate::analysis::{shape_text, site_names, static_dims};
+use crate::analysis::{shape_text, site_names_by_id, static_dims};
 use crate::manifest::{Actuation, Manifest, Role, Site, Skipped, TapOutput, TapUse};
 use crate::sketch::{is_sketch_op, SketchSpec, Stat, SKETCH2_OP, SKETCH3_OP, SKETCH_OP};
 
@@ -22,7 +22,7 @@ pub const SEQ_VIEW: &str = "opscope/seq_view/";
 pub struct Rewrite {
     graph: Graph,
     manifest: Manifest,
-    names: HashMap<u32, String>,
+    names: Vec<String>,
     by_param: HashMap<(String, String), String>,
     /// Per original node: reachable from a graph input or a nondeterministic op.
     dynamic: Vec<bool>,
@@ -102,7 +102,7 @@ impl Rewrite {
                 || n.op.is_nondeterministic()
                 || n.inputs.iter().any(|i| dynamic[i.0 as usize]);
         }
-        let (names, by_param) = site_names(&graph, source);
+        let (names, by_param) = site_names_by_id(&graph, source);
         let (live, elided) = (vec![true; graph.len()], backend_elided(&graph));
         Rewrite {
             graph,
@@ -224,7 +224,7 @@ impl Rewrite {
 
     /// Site name of an original node.
     pub fn site_name(&self, node: NodeId) -> String {
-        self.names.get(&node.0).cloned().unwrap_or_else(|| format!("node.{}", node.0))
+        self.names.get(node.0 as usize).cloned().unwrap_or_else(|| format!("node.{}", node.0))
     }
 
     /// The pipeline is about to run its `idx`-th pass, `name`: sites and taps recorded from

@@ -174,6 +174,19 @@ impl Pass for MatmulTap {
 
         rw.note_removed(|op| crate::rewrite::family(op) == "matmul");
         let sites = logical_sites(rw);
+        // The plan depends only on the shape (the options are the pass's), and a model's
+        // tensors share a few shapes: each is planned once.
+        let mut plans: Vec<(rlx_ir::Shape, Result<crate::sketch::Planned, crate::sketch::Unsketchable>)> = Vec::new();
+        let mut plan_for = |shape: &rlx_ir::Shape| {
+            let i = match plans.iter().position(|(s, _)| s == shape) {
+                Some(i) => i,
+                None => {
+                    plans.push((shape.clone(), SketchSpec::for_shape(shape, &stats, hist_bins, hist_range, elemsig)));
+                    plans.len() - 1
+                }
+            };
+            plans[i].1.clone()
+        };
         for (site_name, id, lhs, rhs, out) in sites {
             if !patterns.matches(&site_name) {
                 continue;
@@ -201,7 +214,7 @@ impl Pass for MatmulTap {
                     continue;
                 };
                 let shape = rw.graph().node(tensor).shape.clone();
-                match SketchSpec::for_shape(&shape, &stats, hist_bins, hist_range, elemsig) {
+                match plan_for(&shape) {
                     Ok(plan) => {
                         for (stat, why) in plan.dropped {
                             rw.skip(&site, Some(role.clone()), Some(tensor), format!("{} not computed: {why}", stat.as_str()));

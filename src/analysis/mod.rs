@@ -13,6 +13,7 @@ use rlx_ir::{Dim, Shape};
 pub use blocks::{block_fusion, node_label, repeated_blocks, BlockFusion, users_of, wl_colours, Block, BlockOptions, BlocksError};
 pub use elided::backend_elided;
 pub use naming::{family, op_name, site_names};
+pub(crate) use naming::site_names_by_id;
 pub use residual::{residual_blocks, ResidualBlock};
 
 /// Render a shape as `[2,16,384]` (symbolic dims as `?N`).

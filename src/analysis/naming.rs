@@ -14,6 +14,12 @@ use rlx_ir::{Graph, NodeId, Op};
 /// parameter-less source node of that family when both graphs have the same number of
 /// them; else `{family}.{k}`. Names are made unique with `#node`.
 pub fn site_names(graph: &Graph, source: Option<&Graph>) -> (HashMap<u32, String>, HashMap<(String, String), String>) {
+    let (names, by_param) = site_names_by_id(graph, source);
+    (names.into_iter().enumerate().map(|(i, n)| (i as u32, n)).collect(), by_param)
+}
+
+/// [`site_names`] as a vector indexed by node id.
+pub(crate) fn site_names_by_id(graph: &Graph, source: Option<&Graph>) -> (Vec<String>, HashMap<(String, String), String>) {
     let mut by_param_out: HashMap<(String, String), String> = HashMap::new();
     // Keys borrow from the graphs (names and parameter names): building them was most of a
     // tapped compile's naming time when every key was an owned copy (measured with perf).
@@ -87,7 +93,7 @@ pub fn site_names(graph: &Graph, source: Option<&Graph>) -> (HashMap<u32, String
         .into_iter()
         .zip(suffixed)
         .enumerate()
-        .map(|(i, (base, again))| (i as u32, if again { format!("{base}#{i}") } else { base }))
+        .map(|(i, (base, again))| if again { format!("{base}#{i}") } else { base })
         .collect();
     (site_names, by_param_out)
 }

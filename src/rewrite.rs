@@ -35,9 +35,9 @@ pub struct Rewrite {
     /// Per tensor, the sketches taken of it: their attribute bytes, the probe's other inputs,
     /// and the manifest output.
     dedupe: HashMap<u32, Vec<(std::sync::Arc<[u8]>, Vec<NodeId>, usize)>>,
-    /// The graph input `attention_mask`, once looked up ([`Rewrite::row_mask`]; passes add
-    /// nodes, never inputs).
-    mask_input: Option<Option<NodeId>>,
+    /// The graph input `attention_mask` and its F32 cast, as far as the graph's first nodes
+    /// show ([`Rewrite::row_mask`]).
+    mask: MaskLookup,
     /// The attribute bytes of the last few distinct specs encoded ([`SketchSpec::to_attrs`]),
     /// most recent first, and whether they were seeded for shape inference: the same spec
     /// recurs for every same-shaped activation of a compile.
@@ -67,6 +67,26 @@ pub struct Rewrite {
     /// Whole tensors a `capture` pass asked for: appended after every sketch output in
     /// [`Rewrite::finish`].
     captures: Vec<NodeId>,
+}
+
+/// `a` and `b` encode to the same attribute bytes: equal, and a fixed histogram range's bounds
+/// equal bit for bit (-0.0 == 0.0, but they encode differently, and the dedupe key is the bytes).
+fn same_encoding(a: &SketchSpec, b: &SketchSpec) -> bool {
+    use crate::sketch::HistRange::Fixed;
+    a == b
+        && match (a.hist_range, b.hist_range) {
+            (Fixed { lo: l1, hi: h1 }, Fixed { lo: l2, hi: h2 }) => l1.to_bits() == l2.to_bits() && h1.to_bits() == h2.to_bits(),
+            _ => true,
+        }
+}
+
+/// What [`Rewrite::row_mask`] has found of the padding mask in the graph's first `scanned`
+/// nodes.
+#[derive(Default)]
+struct MaskLookup {
+    scanned: usize,
+    input: Option<NodeId>,
+    cast: Option<NodeId>,
 }
 
 /// Distinct specs whose encoding a rewrite keeps ([`Rewrite::encode`]).
@@ -113,7 +133,7 @@ impl Rewrite {
             current: (0, ""),
             dedupe: HashMap::new(),
             encoded: Vec::new(),
-            mask_input: None,
+            mask: MaskLookup::default(),
             restructured: false,
             live,
             blocks: None,
@@ -432,7 +452,7 @@ impl Rewrite {
     /// already; a cache of the last [`ENCODED_CAPACITY`] distinct specs, the one returned moved
     /// to the front.
     fn encode(&mut self, spec: &SketchSpec) -> (std::sync::Arc<[u8]>, bool) {
-        if let Some(i) = self.encoded.iter().position(|(s, _, _)| s == spec) {
+        if let Some(i) = self.encoded.iter().position(|(s, _, _)| same_encoding(s, spec)) {
             let hit = self.encoded.remove(i);
             let out = (hit.1.clone(), hit.2);
             self.encoded.insert(0, hit);
@@ -617,11 +637,23 @@ impl Rewrite {
     /// Non-F32 masks get one shared cast node. The manifest records the mask used
     /// ([`Manifest::padding`]). Shared by every tap that excludes padding.
     pub fn row_mask(&mut self, rows: usize) -> Option<NodeId> {
+        // Nodes are only appended until the pipeline finishes: each call looks at the nodes
+        // added since the last (a scan of the whole graph on every tap was quadratic in the
+        // sites). The first input of that name counts, as before; an input renamed in place
+        // after a call is not seen.
+        let m = &mut self.mask;
+        for n in &self.graph.nodes()[m.scanned..] {
+            match (&n.op, m.input) {
+                (Op::Input { name }, None) if name == "attention_mask" => m.input = Some(n.id),
+                (Op::Cast { to: DType::F32 }, Some(i)) if m.cast.is_none() && n.inputs == [i] && n.name.as_deref() == Some(MASK_CAST) => {
+                    m.cast = Some(n.id)
+                }
+                _ => {}
+            }
+        }
+        m.scanned = self.graph.len();
         let g = &self.graph;
-        let id = *self
-            .mask_input
-            .get_or_insert_with(|| g.nodes().iter().find(|n| matches!(&n.op, Op::Input { name } if name == "attention_mask")).map(|n| n.id));
-        let input = g.node(id?);
+        let input = g.node(self.mask.input?);
         let dims = static_dims(&input.shape)?;
         if dims.iter().product::<usize>() != rows {
             return None;
@@ -638,14 +670,10 @@ impl Rewrite {
         }
         let id = input.id;
         let shape = Shape::new(&dims, DType::F32);
-        let cast = g
-            .nodes()
-            .iter()
-            .find(|n| n.inputs == [id] && n.op == (Op::Cast { to: DType::F32 }) && n.name.as_deref() == Some(MASK_CAST))
-            .map(|n| n.id);
-        Some(cast.unwrap_or_else(|| {
+        Some(self.mask.cast.unwrap_or_else(|| {
             let c = self.graph.add_node(Op::Cast { to: DType::F32 }, vec![id], shape);
             self.graph.node_mut(c).name = Some(MASK_CAST.into());
+            self.mask = MaskLookup { scanned: self.graph.len(), input: Some(id), cast: Some(c) };
             c
         }))
     }

@@ -129,6 +129,21 @@ fn matmul_shared_lhs_is_sketched_once() {
     snap("matmul__shared_lhs", "matmul", fixture_named_mlp());
 }
 
+/// Two passes asking for the same statistics with histogram ranges that differ only in the
+/// sign of a zero bound (`0:1` and `-0:1`, equal as floats, encoded differently) take two
+/// sketches of each tensor, not one shared: the dedupe key is the encoded attributes, and the
+/// rewrite's cache of encodings must not hand the second pass the first one's.
+#[test]
+fn specs_differing_only_in_a_signed_zero_are_not_merged() {
+    let p = Pipeline::parse("matmul{stats=[hist],hist_range=0:1},matmul{stats=[hist],hist_range=-0:1}").unwrap();
+    let (_, m) = p.apply(&fixture_2d()).unwrap();
+    assert_eq!(m.outputs.len(), 6, "two sketches of lhs, rhs and out: {:?}", m.outputs.iter().map(|o| (o.tensor, o.uses.len())).collect::<Vec<_>>());
+    assert!(m.outputs.iter().all(|o| o.uses.len() == 1));
+    let same = Pipeline::parse("matmul{stats=[hist],hist_range=0:1},matmul{stats=[hist],hist_range=0:1}").unwrap();
+    let (_, m) = same.apply(&fixture_2d()).unwrap();
+    assert_eq!(m.outputs.len(), 3, "the same spec twice is one sketch a tensor, used twice");
+}
+
 #[test]
 fn matmul_option_out_only_min_max() {
     snap("matmul__opt_out_min_max", "matmul{roles=[out],stats=[min,max],hist_bins=4}", fixture_2d());

@@ -955,7 +955,7 @@ fn parse_max_runs(s: &str) -> Result<MaxRuns, String> {
     if s == "all" {
         return Ok(MaxRuns(None));
     }
-    let n: u32 = s.parse().map_err(|_| format!("`{s}` is neither a number of runs nor `all`"))?;
+    let n: u32 = s.parse().map_err(|_| format!("`{s}` is neither a number of runs (4 to {}) nor `all`", u32::MAX))?;
     if (n as usize) < opscope::mine::MIN_STEPS {
         return Err(format!(
             "{n} runs are too few: the across-run rules need at least {}; pass a larger N, or `all` to read every run",
@@ -1037,8 +1037,9 @@ fn mine(a: MineArgs) -> Result<()> {
     let mut text = String::new();
     if let (Some(n), true) = (a.max_runs.0, sampled > 0) {
         text.push_str(&format!(
-            "{sampled} series hold more than {n} runs of one shape: their medians and trends are read from a sample of {n} runs \
-             per shape; run counts, min/max, FLOP shares, NaN/Inf counts and per-channel maxima are over every run\n"
+            "{sampled} series hold more than {n} runs of one shape: their medians and trends (and a trend's `runs`) are read \
+             from a sample of {n} runs per shape; the series' run counts, min/max, FLOP shares, NaN/Inf counts and \
+             per-channel maxima are over every run (`--max-runs all` reads every run)\n"
         ));
     }
     if let (Some(path), Some(untimed)) = (&a.time_shares, &untimed) {

@@ -198,8 +198,8 @@ pub struct SeriesSummary {
     pub shape: String,
     /// Recorded runs: distinct (recording, compile, step).
     pub runs: usize,
-    /// Runs the verdicts were read from when `opscope mine --max-runs` sampled this series
-    /// (absent when every run was read).
+    /// Runs the verdicts were read from when `opscope mine` sampled this series (more runs of
+    /// one shape than `--max-runs`, 1000 by default; absent when every run was read).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub runs_sampled: Option<usize>,
     /// Smallest `min` over the runs (null if not recorded); over every run, sampled or not.

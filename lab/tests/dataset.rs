@@ -556,7 +556,7 @@ fn the_columnar_sink_writes_every_row_of_its_blocks_and_duckdb_reads_them_back()
     }
 }
 
-/// `opscope mine` loads compactly (`opscope::mine::load_compact`: each run's `pos_sumsq` and
+/// `opscope mine --max-runs all`, `calibrate` and `diff` load compactly (`opscope::mine::load_compact`: each run's `pos_sumsq` and
 /// `row_absmax` reduced to the numbers the rules read, as the run's rows end). On a MiniLM
 /// recording with padding rows and repeated batches, the verdicts, the stats no rule could use,
 /// the per-run int8 estimates and the exact-repeat fingerprints equal those of the full load.

@@ -611,6 +611,12 @@ impl Builder {
 
     /// Add a row.
     fn row(&mut self, r: RowRef<'_>) {
+        // A compact read found the recording out of order: its caller reads it again, so
+        // nothing more is kept (its memory would add to the second read's). A full read (not
+        // compact) takes rows in any order and goes on.
+        if self.scattered && self.compact {
+            return;
+        }
         let stat = match self.stats.get(r.stat) {
             Some(s) => *s,
             None => {
@@ -812,6 +818,7 @@ pub fn load_compact(path: &Path) -> Result<BTreeMap<SeriesKey, Series>, Error> {
              reading it again without the per-run reduction (more memory; the same verdicts)",
             path.display()
         );
+        drop(b);
         return load(path);
     }
     Ok(b.finish())
@@ -872,6 +879,7 @@ pub fn load_sampled(path: &Path, max_runs: usize) -> Result<BTreeMap<SeriesKey, 
                 path.display()
             );
         }
+        drop(b);
         return load_compact(path);
     }
     Ok(b.finish())

@@ -28,20 +28,17 @@ pub struct Rewrite {
     dynamic: Vec<bool>,
     /// (position in the pipeline, name) of the pass running now.
     current: (usize, &'static str),
-    /// Per tapped tensor: the sketches already appended for it (attribute bytes, with the ids of
-    /// any further inputs, and the manifest output). A second identical tap shares the output.
+    /// Per tapped tensor: the sketches already appended for it (attribute bytes, the ids of any
+    /// further inputs, and the manifest output). A second identical tap shares the output.
     /// A short list per tensor, compared bytewise: hashing several hundred bytes of JSON per
     /// tap was 4% of a tapped compile's rewrite (measured).
-    /// Per tensor, the sketches taken of it: their attribute bytes, the probe's other inputs,
-    /// and the manifest output.
     dedupe: HashMap<u32, Vec<(std::sync::Arc<[u8]>, Vec<NodeId>, usize)>>,
     /// The graph input `attention_mask` and its F32 cast, as far as the graph's first nodes
     /// show ([`Rewrite::row_mask`]).
     mask: MaskLookup,
     /// The attribute bytes of the last few distinct specs encoded ([`SketchSpec::to_attrs`]),
-    /// most recent first, and whether they were seeded for shape inference: the same spec
-    /// recurs for every same-shaped activation of a compile.
-    encoded: Vec<(SketchSpec, std::sync::Arc<[u8]>, bool)>,
+    /// most recent first: the same spec recurs for every same-shaped activation of a compile.
+    encoded: Vec<(SketchSpec, std::sync::Arc<[u8]>)>,
     /// An actuation changed the graph's structure: `finish` rebuilds it in topological order
     /// without dead nodes.
     restructured: bool,
@@ -364,7 +361,7 @@ impl Rewrite {
             site: site.to_string(),
             role,
         };
-        let (spec_attrs, seeded) = self.encode(&spec);
+        let spec_attrs = self.encode(&spec);
         // The dedupe key: the attribute bytes and every input.
         let found = self.dedupe.get(&tensor.0).and_then(|v| v.iter().find(|(a, rest, _)| **a == *spec_attrs && rest[..] == inputs[1..]));
         if let Some(i) = found.map(|(_, _, i)| *i) {
@@ -417,12 +414,8 @@ impl Rewrite {
                 self.graph.node_mut(low.node).name = Some(format!("{name}/lowered"));
                 self.graph.outputs.push(low.node);
             } else {
-                // The output shape is the spec's length, as the op's shape inference gives it;
-                // the decoded spec is cached so that inference does not parse it back.
-                if !seeded {
-                    crate::sketch::seed_spec(&spec_attrs, &spec);
-                    self.encoded[0].2 = true; // the entry `encode` just returned
-                }
+                // The output shape is the spec's length, as the op's shape inference gives it
+                // (from the decoded spec `encode` seeded, without parsing the bytes back).
                 let out_shape = Shape::new(&[spec.len().unwrap_or(1)], DType::F32);
                 // A weight's sketch is a graph output itself. Under RLX's `cache_param_invariant`
                 // it is hoisted into the run-once prepare graph and its value reaches the output
@@ -448,20 +441,21 @@ impl Rewrite {
         });
     }
 
-    /// `spec`'s attribute bytes, and whether this rewrite has seeded them for shape inference
-    /// already; a cache of the last [`ENCODED_CAPACITY`] distinct specs, the one returned moved
-    /// to the front.
-    fn encode(&mut self, spec: &SketchSpec) -> (std::sync::Arc<[u8]>, bool) {
-        if let Some(i) = self.encoded.iter().position(|(s, _, _)| same_encoding(s, spec)) {
+    /// `spec`'s attribute bytes, from a cache of the last [`ENCODED_CAPACITY`] distinct specs
+    /// (the one returned moved to the front). A spec encoded anew is also seeded for the sketch
+    /// op's shape inference ([`crate::sketch::seed_spec`]).
+    fn encode(&mut self, spec: &SketchSpec) -> std::sync::Arc<[u8]> {
+        if let Some(i) = self.encoded.iter().position(|(s, _)| same_encoding(s, spec)) {
             let hit = self.encoded.remove(i);
-            let out = (hit.1.clone(), hit.2);
+            let bytes = hit.1.clone();
             self.encoded.insert(0, hit);
-            return out;
+            return bytes;
         }
         let bytes: std::sync::Arc<[u8]> = spec.to_attrs().into();
+        crate::sketch::seed_spec(&bytes, spec);
         self.encoded.truncate(ENCODED_CAPACITY - 1);
-        self.encoded.insert(0, (spec.clone(), bytes.clone(), false));
-        (bytes, false)
+        self.encoded.insert(0, (spec.clone(), bytes.clone()));
+        bytes
     }
 
     /// Record one run in `every` (the `sample` pass): the sketches of every tap in the pipeline
@@ -673,7 +667,7 @@ impl Rewrite {
         Some(self.mask.cast.unwrap_or_else(|| {
             let c = self.graph.add_node(Op::Cast { to: DType::F32 }, vec![id], shape);
             self.graph.node_mut(c).name = Some(MASK_CAST.into());
-            self.mask = MaskLookup { scanned: self.graph.len(), input: Some(id), cast: Some(c) };
+            self.mask.cast = Some(c);
             c
         }))
     }

@@ -1,6 +1,7 @@
 //! The recorder: turns the extra outputs of a tapped run into rows, using the manifest of the
 //! compile that produced them, and hands them to a sink.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -64,9 +65,66 @@ impl Interned {
     }
 }
 
+/// One extra output of a tapped run as the recorder takes it: f32 values (`Session::run`), or
+/// the bytes a backend returned with their dtype (`run_typed`, a scope's tap), decoded on the
+/// writer thread. Little-endian F32 bytes at a 4-byte-aligned address (what the system
+/// allocator returns for them) are read in place there, so the run's thread neither copies nor
+/// allocates its sketches (a second copy of every sketch output was 110 KB of the chain MLP's
+/// tapped heap at L = 16 and 443 KB at L = 64, `heaptrack`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunOutput {
+    /// Values as f32.
+    F32(Vec<f32>),
+    /// Little-endian bytes of `DType` (F64 narrowed to f32; other dtypes as
+    /// [`rlx_runtime::taps::to_f32`] converts them).
+    Bytes(Vec<u8>, rlx_ir::DType),
+}
+
+impl RunOutput {
+    /// The values as f32, borrowed when they already lie in memory as f32.
+    pub fn values(&self) -> Cow<'_, [f32]> {
+        match self {
+            RunOutput::F32(v) => Cow::Borrowed(v),
+            RunOutput::Bytes(b, d) => bytes_as_f32(b, *d),
+        }
+    }
+
+    /// The values as an owned f32 vector (converted once for bytes).
+    pub fn into_f32(self) -> Vec<f32> {
+        match self {
+            RunOutput::F32(v) => v,
+            RunOutput::Bytes(b, d) => rlx_runtime::taps::to_f32(&b, d),
+        }
+    }
+}
+
+/// `bytes` of `dtype` as f32 values: borrowed for little-endian F32 bytes at a 4-byte-aligned
+/// address, else converted ([`rlx_runtime::taps::to_f32`]; a trailing partial value is dropped).
+fn bytes_as_f32(bytes: &[u8], dtype: rlx_ir::DType) -> Cow<'_, [f32]> {
+    match dtype {
+        rlx_ir::DType::F32 if cfg!(target_endian = "little") => match bytemuck::try_cast_slice(bytes) {
+            Ok(v) => Cow::Borrowed(v),
+            Err(_) => Cow::Owned(rlx_runtime::taps::to_f32(bytes, dtype)),
+        },
+        d => Cow::Owned(rlx_runtime::taps::to_f32(bytes, d)),
+    }
+}
+
+impl From<Vec<f32>> for RunOutput {
+    fn from(v: Vec<f32>) -> RunOutput {
+        RunOutput::F32(v)
+    }
+}
+
+impl From<(Vec<u8>, rlx_ir::DType)> for RunOutput {
+    fn from((b, d): (Vec<u8>, rlx_ir::DType)) -> RunOutput {
+        RunOutput::Bytes(b, d)
+    }
+}
+
 enum Msg {
     Manifest(Arc<Manifest>),
-    Run { manifest: Arc<Manifest>, step: u64, outputs: Vec<Vec<f32>> },
+    Run { manifest: Arc<Manifest>, step: u64, outputs: Vec<RunOutput> },
     /// Whole tensors of one run to write into the capture directory `dir`.
     Capture { dir: PathBuf, manifest: Arc<Manifest>, step: u64, picks: Vec<Pick> },
     /// Every run is in: finish the sink (`true`), or close it as a partial recording
@@ -262,10 +320,11 @@ impl Recorder {
         self.record_tagged_with(&firsts, move || outputs)
     }
 
-    /// [`Recorder::record_tagged`] from value 0 of each extra output (`firsts`) and a
-    /// conversion of them all (`outputs`), called only when the run is recorded: a run that was
-    /// not sampled is counted from its tags, without converting its outputs.
-    pub fn record_tagged_with(&self, firsts: &[Option<f32>], outputs: impl FnOnce() -> Vec<Vec<f32>>) {
+    /// [`Recorder::record_tagged`] from value 0 of each extra output (`firsts`) and the outputs
+    /// themselves (`outputs`: f32 vectors or a backend's bytes, see [`RunOutput`]), called only
+    /// when the run is recorded: a run that was not sampled is counted from its tags, without
+    /// taking its outputs.
+    pub fn record_tagged_with<O: Into<RunOutput>>(&self, firsts: &[Option<f32>], outputs: impl FnOnce() -> Vec<O>) {
         let Some(&Some(raw)) = firsts.first() else {
             return;
         };
@@ -304,8 +363,9 @@ impl Recorder {
     }
 
     /// [`Recorder::record`] from value 0 of each extra output (`firsts`, `None` for an empty
-    /// one) and a conversion of them all (`outputs`, called only when the run is recorded).
-    pub fn record_with(&self, manifest: &Arc<Manifest>, firsts: &[Option<f32>], outputs: impl FnOnce() -> Vec<Vec<f32>>) {
+    /// one) and the outputs themselves (`outputs`: f32 vectors or a backend's bytes, see
+    /// [`RunOutput`]; called only when the run is recorded).
+    pub fn record_with<O: Into<RunOutput>>(&self, manifest: &Arc<Manifest>, firsts: &[Option<f32>], outputs: impl FnOnce() -> Vec<O>) {
         let ncap = manifest.captures.len();
         let sketches = if ncap > 0 && firsts.len() >= ncap { &firsts[..firsts.len() - ncap] } else { firsts };
         let negated = -(manifest.tag as f32);
@@ -328,8 +388,12 @@ impl Recorder {
             now
         });
         if let (Some(step), 0) = (step, unsampled) {
-            let mut outputs = outputs();
-            let captures = if ncap > 0 && outputs.len() >= ncap { outputs.split_off(outputs.len() - ncap) } else { Vec::new() };
+            let mut outputs: Vec<RunOutput> = outputs().into_iter().map(Into::into).collect();
+            let captures: Vec<Vec<f32>> = if ncap > 0 && outputs.len() >= ncap {
+                outputs.split_off(outputs.len() - ncap).into_iter().map(RunOutput::into_f32).collect()
+            } else {
+                Vec::new()
+            };
             self.send(Msg::Run {
                 manifest: manifest.clone(),
                 step,
@@ -445,7 +509,7 @@ fn decode_each(
     names: &Interned,
     step: u64,
     m: &Manifest,
-    outputs: &[Vec<f32>],
+    outputs: &[RunOutput],
     mut weight_changed: impl FnMut(usize, &[f32]) -> bool,
     mut emit: impl FnMut(&Block<'_>) -> Result<(), Error>,
 ) -> Result<(), Error> {
@@ -458,12 +522,12 @@ fn decode_each(
         return Err(mismatch(format!("{} outputs, manifest lists {appended}", outputs.len())));
     }
     // Validate everything before writing anything: a run is recorded whole or not at all.
-    let mut values: Vec<Option<&Vec<f32>>> = Vec::with_capacity(m.outputs.len());
+    let mut values: Vec<Option<Cow<'_, [f32]>>> = Vec::with_capacity(m.outputs.len());
     let mut k = 0;
     for out in &m.outputs {
         values.push(match out.output_index {
             Some(_) => {
-                let v = &outputs[k];
+                let v = outputs[k].values();
                 k += 1;
                 if v.len() != out.len() {
                     return Err(mismatch(format!("output {k} has {} values, spec {}", v.len(), out.len())));
@@ -485,7 +549,7 @@ fn decode_each(
         if out.invariant {
             // A weight is recorded when first seen and again only when it changes (value 0,
             // the compile tag, is the same for every run of a compile).
-            let unchanged = values[oi].is_some_and(|v| !weight_changed(oi, &v[1..]));
+            let unchanged = values[oi].as_deref().is_some_and(|v| !weight_changed(oi, &v[1..]));
             if unchanged || (values[oi].is_none() && step > 0) {
                 continue;
             }
@@ -507,7 +571,7 @@ fn decode_each(
                 flops: *flops,
                 values,
             };
-            match values[oi] {
+            match values[oi].as_deref() {
                 // Not computed (a skipped tensor): one `count` row of 0.
                 None => emit(&block(tensor::COUNT, &[0.0]))?,
                 // NaN elements ("undefined for this data"; a sampled element that is itself
@@ -521,4 +585,38 @@ fn decode_each(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RunOutput;
+    use rlx_ir::DType;
+    use std::borrow::Cow;
+
+    /// F32 bytes are read in place when aligned, copied when not, and give the same values
+    /// either way; F64 bytes are narrowed; a trailing partial value is not padded into a value.
+    #[test]
+    fn run_output_values_borrow_aligned_f32_bytes_and_convert_the_rest() {
+        let want = [3.0f32, -0.5, f32::NAN, 1e-40, f32::INFINITY];
+        let bytes: Vec<u8> = want.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let same = |got: &[f32]| got.len() == want.len() && got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+        let out = RunOutput::Bytes(bytes.clone(), DType::F32);
+        let v = out.values();
+        if bytes.as_ptr().align_offset(4) == 0 {
+            assert!(matches!(v, Cow::Borrowed(_)), "aligned f32 bytes are read in place");
+        }
+        assert!(same(&v));
+        // The same bytes at an address that is not a multiple of 4: copied, same values.
+        let mut shifted = vec![0u8; bytes.len() + 4];
+        let off = (1..4).find(|o| shifted[*o..].as_ptr().align_offset(4) != 0).expect("a misaligned offset");
+        shifted[off..off + bytes.len()].copy_from_slice(&bytes);
+        let v = super::bytes_as_f32(&shifted[off..off + bytes.len()], DType::F32);
+        assert!(matches!(v, Cow::Owned(_)));
+        assert!(same(&v));
+        assert!(same(&RunOutput::Bytes(bytes.clone(), DType::F32).into_f32()));
+        let wide: Vec<u8> = [3.0f64, -0.5].iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(&*RunOutput::Bytes(wide, DType::F64).values(), &[3.0f32, -0.5]);
+        assert_eq!(&*RunOutput::Bytes(vec![0, 0, 128, 63, 7], DType::F32).values(), &[1.0f32]);
+        assert_eq!(&*RunOutput::from(vec![1.0f32]).values(), &[1.0f32]);
+    }
 }

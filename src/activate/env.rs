@@ -346,9 +346,10 @@ mod backend {
         }
 
         /// Record the trailing `extra` outputs and return the caller's. `first` reads value 0
-        /// of an output (the compile tag); `to_f32` converts a whole one, and runs only when
-        /// the run is recorded (an unsampled run converts nothing).
-        fn strip<T>(&self, mut outs: Vec<T>, first: impl Fn(&T) -> Option<f32>, to_f32: impl FnMut(T) -> Vec<f32>) -> Vec<T> {
+        /// of an output (the compile tag); `to_f32` hands a whole one to the recorder (f32
+        /// values, or typed bytes it decodes on its writer thread), and runs only when the run
+        /// is recorded (an unsampled run converts nothing).
+        fn strip<T, O: Into<crate::record::RunOutput>>(&self, mut outs: Vec<T>, first: impl Fn(&T) -> Option<f32>, to_f32: impl FnMut(T) -> O) -> Vec<T> {
             if let Some((manifest, recorder)) = &self.tap {
                 if outs.len() >= self.extra {
                     let tail = outs.split_off(outs.len() - self.extra);
@@ -583,7 +584,7 @@ mod backend {
             self.guard();
             let _epoch = self.run_epoch();
             let outs = self.inner.run_typed(inputs);
-            self.strip(outs, |(b, d)| crate::record::first_value(b, *d), |(b, d)| rlx_runtime::taps::to_f32(&b, d))
+            self.strip(outs, |(b, d)| crate::record::first_value(b, *d), |(b, d)| crate::record::RunOutput::Bytes(b, d))
         }
         fn wgpu_host_summary(&self) -> Option<String> { self.inner.wgpu_host_summary() }
     }

@@ -13,7 +13,8 @@
 //! matmul site; then the least-squares exponent of the tapped compile time in L (1.0 = linear
 //! in sites).
 //!
-//! `cargo bench --bench compile --features parquet` runs it; `-- --quick` uses fewer triples.
+//! `cargo bench --bench compile --features parquet` runs it; `-- --quick` uses fewer triples;
+//! `-- --pipeline=TEXT` (repeatable) measures that pipeline instead of the two default ones.
 
 use std::time::{Duration, Instant};
 
@@ -82,7 +83,15 @@ fn main() {
     }
     let triples = if quick { 5 } else { 15 };
     let layers: &[usize] = if quick { &[16, 64] } else { &[16, 64, 128, 256] };
-    let pipelines = [("matmul", "matmul (full set)"), ("matmul{stats=[max]}", "matmul{stats=[max]}")];
+    // `--pipeline=TEXT` (repeatable) measures other pipelines instead, e.g. `matmul{roles=[lhs,out]}`
+    // (no weight sketches) to price the weight sketches' share of the compile.
+    let given: Vec<(String, String)> =
+        std::env::args().filter_map(|a| a.strip_prefix("--pipeline=").map(|p| (p.to_string(), p.to_string()))).collect();
+    let pipelines: Vec<(String, String)> = if given.is_empty() {
+        vec![("matmul".into(), "matmul (full set)".into()), ("matmul{stats=[max]}".into(), "matmul{stats=[max]}".into())]
+    } else {
+        given
+    };
     // Options that fuse this graph as `CompileOptions::new()` does (it has no convolution) but
     // that the scope's tap did not fuse with: the backend wrapper declines to plan the tap's
     // fused graph, and RLX fuses it a second time.
@@ -91,8 +100,8 @@ fn main() {
     println!("compile tapped/untapped, chain MLP x[{M},{D}], {triples} interleaved triples after 2 warm-up triples");
     println!("| L | pipeline | untapped (median) | tapped (median) | tapped, fused twice (median) | tap pass alone (median) | ratio of medians | per-triple ratio: median, 25-75% | fused twice: ratio of medians | extra us per matmul site |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
-    for (text, label) in pipelines {
-        let p = Pipeline::parse(text).expect("pipeline");
+    for (text, label) in &pipelines {
+        let p = Pipeline::parse(text).unwrap_or_else(|e| panic!("--pipeline={text}: {e}"));
         let mut fit = Vec::new();
         for &l in layers {
             let w: Vec<Vec<f32>> = (0..l).map(|i| common::weight(D, i)).collect();

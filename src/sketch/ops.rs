@@ -122,9 +122,11 @@ pub fn has_weight_sketch(graph: &rlx_ir::Graph) -> bool {
     })
 }
 
-/// Hashes the attribute bytes with XXH3-64 (several hundred bytes of JSON per key: SipHash,
-/// the standard map's default, spent about 0.4 us on each lookup, measured in a tapped compile).
-type AttrHash = std::hash::BuildHasherDefault<twox_hash::XxHash3_64>;
+/// Hashes the attribute bytes with foldhash (several hundred bytes of JSON per key: SipHash,
+/// the standard map's default, spent about 0.4 us on each lookup, measured in a tapped compile;
+/// `twox_hash`'s streaming XXH3-64, used until 2026-12-03, allocated and copied a buffer on
+/// every lookup, which every sketch's kernel call does).
+type AttrHash = foldhash::fast::RandomState;
 
 thread_local! {
     /// Decoded sketch attributes on this thread, keyed by the bytes themselves (exact).

@@ -75,39 +75,53 @@ impl Interned {
 pub enum RunOutput {
     /// Values as f32.
     F32(Vec<f32>),
-    /// Little-endian bytes of `DType` (F64 narrowed to f32; other dtypes as
-    /// [`rlx_runtime::taps::to_f32`] converts them).
+    /// Little-endian bytes of `DType`: F32, or F64 (narrowed to f32). Any other dtype, or a
+    /// byte count that is not a whole number of values, is refused when the run is decoded
+    /// (the run is not recorded, and the recording's error names the output).
     Bytes(Vec<u8>, rlx_ir::DType),
 }
 
 impl RunOutput {
     /// The values as f32, borrowed when they already lie in memory as f32.
-    pub fn values(&self) -> Cow<'_, [f32]> {
+    ///
+    /// Errors: bytes of a dtype other than F32 and F64, or a byte count that is not a multiple
+    /// of the dtype's width (reading them as f32 would record wrong numbers).
+    pub fn values(&self) -> Result<Cow<'_, [f32]>, String> {
         match self {
-            RunOutput::F32(v) => Cow::Borrowed(v),
+            RunOutput::F32(v) => Ok(Cow::Borrowed(v)),
             RunOutput::Bytes(b, d) => bytes_as_f32(b, *d),
         }
     }
 
-    /// The values as an owned f32 vector (converted once for bytes).
-    pub fn into_f32(self) -> Vec<f32> {
+    /// The values as an owned f32 vector (converted once for bytes). Errors as
+    /// [`RunOutput::values`].
+    pub fn into_f32(self) -> Result<Vec<f32>, String> {
         match self {
-            RunOutput::F32(v) => v,
-            RunOutput::Bytes(b, d) => rlx_runtime::taps::to_f32(&b, d),
+            RunOutput::F32(v) => Ok(v),
+            RunOutput::Bytes(..) => self.values().map(Cow::into_owned),
         }
     }
 }
 
 /// `bytes` of `dtype` as f32 values: borrowed for little-endian F32 bytes at a 4-byte-aligned
-/// address, else converted ([`rlx_runtime::taps::to_f32`]; a trailing partial value is dropped).
-fn bytes_as_f32(bytes: &[u8], dtype: rlx_ir::DType) -> Cow<'_, [f32]> {
-    match dtype {
+/// address, else converted ([`rlx_runtime::taps::to_f32`]: F32 as is, F64 narrowed). Errors as
+/// [`RunOutput::values`].
+fn bytes_as_f32(bytes: &[u8], dtype: rlx_ir::DType) -> Result<Cow<'_, [f32]>, String> {
+    let width = match dtype {
+        rlx_ir::DType::F32 => 4,
+        rlx_ir::DType::F64 => 8,
+        d => return Err(format!("a {d:?} output: tap outputs are F32 (or F64), and {d:?} bytes read as f32 would be wrong numbers")),
+    };
+    if bytes.len() % width != 0 {
+        return Err(format!("{} bytes is not a whole number of {dtype:?} values ({width} bytes each)", bytes.len()));
+    }
+    Ok(match dtype {
         rlx_ir::DType::F32 if cfg!(target_endian = "little") => match bytemuck::try_cast_slice(bytes) {
             Ok(v) => Cow::Borrowed(v),
             Err(_) => Cow::Owned(rlx_runtime::taps::to_f32(bytes, dtype)),
         },
         d => Cow::Owned(rlx_runtime::taps::to_f32(bytes, d)),
-    }
+    })
 }
 
 impl From<Vec<f32>> for RunOutput {
@@ -389,10 +403,17 @@ impl Recorder {
         });
         if let (Some(step), 0) = (step, unsampled) {
             let mut outputs: Vec<RunOutput> = outputs().into_iter().map(Into::into).collect();
-            let captures: Vec<Vec<f32>> = if ncap > 0 && outputs.len() >= ncap {
+            let captures: Result<Vec<Vec<f32>>, String> = if ncap > 0 && outputs.len() >= ncap {
                 outputs.split_off(outputs.len() - ncap).into_iter().map(RunOutput::into_f32).collect()
             } else {
-                Vec::new()
+                Ok(Vec::new())
+            };
+            let captures = match captures {
+                Ok(c) => c,
+                Err(why) => {
+                    self.fail(Error::Mismatch { graph: manifest.graph.clone(), detail: format!("a captured tensor: {why}") });
+                    return;
+                }
             };
             self.send(Msg::Run {
                 manifest: manifest.clone(),
@@ -527,7 +548,7 @@ fn decode_each(
     for out in &m.outputs {
         values.push(match out.output_index {
             Some(_) => {
-                let v = outputs[k].values();
+                let v = outputs[k].values().map_err(|why| mismatch(format!("output {}: {why}", k + 1)))?;
                 k += 1;
                 if v.len() != out.len() {
                     return Err(mismatch(format!("output {k} has {} values, spec {}", v.len(), out.len())));
@@ -594,14 +615,14 @@ mod tests {
     use std::borrow::Cow;
 
     /// F32 bytes are read in place when aligned, copied when not, and give the same values
-    /// either way; F64 bytes are narrowed; a trailing partial value is not padded into a value.
+    /// either way; F64 bytes are narrowed; a partial value or another dtype is an error.
     #[test]
     fn run_output_values_borrow_aligned_f32_bytes_and_convert_the_rest() {
         let want = [3.0f32, -0.5, f32::NAN, 1e-40, f32::INFINITY];
         let bytes: Vec<u8> = want.iter().flat_map(|v| v.to_le_bytes()).collect();
         let same = |got: &[f32]| got.len() == want.len() && got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
         let out = RunOutput::Bytes(bytes.clone(), DType::F32);
-        let v = out.values();
+        let v = out.values().unwrap();
         if bytes.as_ptr().align_offset(4) == 0 {
             assert!(matches!(v, Cow::Borrowed(_)), "aligned f32 bytes are read in place");
         }
@@ -610,13 +631,17 @@ mod tests {
         let mut shifted = vec![0u8; bytes.len() + 4];
         let off = (1..4).find(|o| shifted[*o..].as_ptr().align_offset(4) != 0).expect("a misaligned offset");
         shifted[off..off + bytes.len()].copy_from_slice(&bytes);
-        let v = super::bytes_as_f32(&shifted[off..off + bytes.len()], DType::F32);
+        let v = super::bytes_as_f32(&shifted[off..off + bytes.len()], DType::F32).unwrap();
         assert!(matches!(v, Cow::Owned(_)));
         assert!(same(&v));
-        assert!(same(&RunOutput::Bytes(bytes.clone(), DType::F32).into_f32()));
+        assert!(same(&RunOutput::Bytes(bytes.clone(), DType::F32).into_f32().unwrap()));
         let wide: Vec<u8> = [3.0f64, -0.5].iter().flat_map(|v| v.to_le_bytes()).collect();
-        assert_eq!(&*RunOutput::Bytes(wide, DType::F64).values(), &[3.0f32, -0.5]);
-        assert_eq!(&*RunOutput::Bytes(vec![0, 0, 128, 63, 7], DType::F32).values(), &[1.0f32]);
-        assert_eq!(&*RunOutput::from(vec![1.0f32]).values(), &[1.0f32]);
+        assert_eq!(&*RunOutput::Bytes(wide, DType::F64).values().unwrap(), &[3.0f32, -0.5]);
+        assert_eq!(&*RunOutput::from(vec![1.0f32]).values().unwrap(), &[1.0f32]);
+        // Refused, not read as wrong numbers: a partial value, another dtype.
+        let e = RunOutput::Bytes(vec![0, 0, 128, 63, 7], DType::F32).values().unwrap_err();
+        assert!(e.contains("5 bytes is not a whole number of F32 values"), "{e}");
+        let e = RunOutput::Bytes(vec![0, 60, 0, 60], DType::F16).into_f32().unwrap_err();
+        assert!(e.contains("F16"), "{e}");
     }
 }

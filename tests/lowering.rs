@@ -334,6 +334,43 @@ fn a_sketch_that_comes_back_as_zeros_is_refused_not_recorded() {
     assert!(sink2.rows().is_empty(), "nothing of that run recorded");
 }
 
+/// The recorder takes a backend's output bytes as they are (`RunOutput::Bytes`, what a scope's
+/// tap and `run_typed` hand it): F32 bytes record the same rows as the same values given as
+/// f32 vectors, and bytes of another dtype are refused with the output named, nothing recorded.
+#[test]
+fn output_bytes_record_as_their_values_and_other_dtypes_are_refused() {
+    use opscope::record::{Recorder, RunOutput};
+    let (m, k, n) = (4, 8, 3);
+    let g = matmul_2d(m, k, n);
+    let (tapped, manifest) = Pipeline::parse("matmul").unwrap().apply_tagged(&g, None, 9).unwrap();
+    let mut c = rlx_runtime::Session::new(rlx_runtime::Device::Cpu).compile(tapped);
+    c.set_param("w", &randn(k * n, 2));
+    let extra: Vec<Vec<f32>> = c.run(&[("x", &randn(m * k, 1))])[1..].to_vec();
+    let record = |outputs: Vec<RunOutput>| {
+        let sink = opscope::MemorySink::default();
+        let rec = Recorder::new(Box::new(sink.clone()), "run".into());
+        let reg = rec.register(manifest.clone());
+        let firsts: Vec<Option<f32>> = extra.iter().map(|v| v.first().copied()).collect();
+        rec.record_with(&reg, &firsts, move || outputs);
+        (rec.finish(), sink.rows())
+    };
+    let bytes = |v: &Vec<f32>| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let (ok, want) = record(extra.iter().cloned().map(RunOutput::F32).collect());
+    ok.expect("f32 vectors recorded");
+    let (ok, got) = record(extra.iter().map(|v| RunOutput::Bytes(bytes(v), DType::F32)).collect());
+    ok.expect("f32 bytes recorded");
+    assert!(!want.is_empty());
+    let key = |r: &Row| (r.site.clone(), r.role.clone(), r.stat.clone(), r.idx, r.value.to_bits());
+    assert_eq!(got.iter().map(key).collect::<Vec<_>>(), want.iter().map(key).collect::<Vec<_>>());
+    // The second output as I32 bytes (the same bytes): refused, not read as f32.
+    let mut outputs: Vec<RunOutput> = extra.iter().map(|v| RunOutput::Bytes(bytes(v), DType::F32)).collect();
+    outputs[1] = RunOutput::Bytes(bytes(&extra[1]), DType::I32);
+    let (err, rows) = record(outputs);
+    let err = err.expect_err("an I32 output refused").to_string();
+    assert!(err.contains("output 2") && err.contains("I32"), "{err}");
+    assert!(rows.is_empty(), "nothing of that run recorded");
+}
+
 /// A zero extreme is recorded as +0 by both paths: an lhs of only -0.0 (min = max = zero) and
 /// one whose minimum is a -0.0 among positives give min (and max) bits of +0, lowered and native.
 #[test]

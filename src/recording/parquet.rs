@@ -106,7 +106,6 @@ impl ParquetSink {
 /// Both encodings are in the Parquet format since 2.8 and read by pyarrow, DuckDB, polars,
 /// DataFusion and Spark 3.3+ (a test reads every recording column back through DuckDB and
 /// pyarrow).
-
 pub(super) fn writer_properties() -> WriterProperties {
     let text = COLUMNS.iter().filter(|c| c.ty == ColumnType::Text).map(|c| c.name);
     let b = WriterProperties::builder().set_compression(Compression::SNAPPY);

@@ -346,15 +346,15 @@ mod backend {
         }
 
         /// Record the trailing `extra` outputs and return the caller's. `first` reads value 0
-        /// of an output (the compile tag); `to_f32` hands a whole one to the recorder (f32
+        /// of an output (the compile tag); `to_output` hands a whole one to the recorder (f32
         /// values, or typed bytes it decodes on its writer thread), and runs only when the run
         /// is recorded (an unsampled run converts nothing).
-        fn strip<T, O: Into<crate::record::RunOutput>>(&self, mut outs: Vec<T>, first: impl Fn(&T) -> Option<f32>, to_f32: impl FnMut(T) -> O) -> Vec<T> {
+        fn strip<T, O: Into<crate::record::RunOutput>>(&self, mut outs: Vec<T>, first: impl Fn(&T) -> Option<f32>, to_output: impl FnMut(T) -> O) -> Vec<T> {
             if let Some((manifest, recorder)) = &self.tap {
                 if outs.len() >= self.extra {
                     let tail = outs.split_off(outs.len() - self.extra);
                     let firsts: Vec<Option<f32>> = tail.iter().map(first).collect();
-                    recorder.record_with(manifest, &firsts, move || tail.into_iter().map(to_f32).collect());
+                    recorder.record_with(manifest, &firsts, move || tail.into_iter().map(to_output).collect());
                 }
             }
             outs

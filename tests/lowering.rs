@@ -303,15 +303,20 @@ fn forced_lowering_that_cannot_lower_is_skipped_not_silently_native() {
 /// reductions saw - n): on the CPU it is the tag exactly; a backend that hands back zeros (RLX
 /// 0.2.19's wgpu backend reads an operand outside its arena stripe as zeros) gets a clear
 /// error and not one row recorded.
-#[test]
-fn a_sketch_that_comes_back_as_zeros_is_refused_not_recorded() {
+/// `pipeline` applied to a [4, 8] x [8, 3] matmul under compile tag `tag`, compiled and run
+/// once on the CPU: the run's extra outputs (the caller's one output removed) and the manifest.
+fn tapped_run_2d(pipeline: &str, tag: u32) -> (Vec<Vec<f32>>, opscope::Manifest) {
     let (m, k, n) = (4, 8, 3);
-    let g = matmul_2d(m, k, n);
-    let (tapped, manifest) = Pipeline::parse("matmul{lower=true}").unwrap().apply_tagged(&g, None, 7).unwrap();
+    let (tapped, manifest) = Pipeline::parse(pipeline).unwrap().apply_tagged(&matmul_2d(m, k, n), None, tag).unwrap();
     let mut c = rlx_runtime::Session::new(rlx_runtime::Device::Cpu).compile(tapped);
     c.set_param("w", &randn(k * n, 2));
-    let outs = c.run(&[("x", &randn(m * k, 1))]);
-    let extra: Vec<Vec<f32>> = outs[1..].to_vec();
+    let extra = c.run(&[("x", &randn(m * k, 1))])[1..].to_vec();
+    (extra, manifest)
+}
+
+#[test]
+fn a_sketch_that_comes_back_as_zeros_is_refused_not_recorded() {
+    let (extra, manifest) = tapped_run_2d("matmul{lower=true}", 7);
     assert_eq!(extra.len(), 3, "lhs, rhs, out");
     assert!(extra.iter().all(|v| v[0] == 7.0), "the data-path tag is the tag when every element is seen");
 
@@ -340,12 +345,7 @@ fn a_sketch_that_comes_back_as_zeros_is_refused_not_recorded() {
 #[test]
 fn output_bytes_record_as_their_values_and_other_dtypes_are_refused() {
     use opscope::record::{Recorder, RunOutput};
-    let (m, k, n) = (4, 8, 3);
-    let g = matmul_2d(m, k, n);
-    let (tapped, manifest) = Pipeline::parse("matmul").unwrap().apply_tagged(&g, None, 9).unwrap();
-    let mut c = rlx_runtime::Session::new(rlx_runtime::Device::Cpu).compile(tapped);
-    c.set_param("w", &randn(k * n, 2));
-    let extra: Vec<Vec<f32>> = c.run(&[("x", &randn(m * k, 1))])[1..].to_vec();
+    let (extra, manifest) = tapped_run_2d("matmul", 9);
     let record = |outputs: Vec<RunOutput>| {
         let sink = opscope::MemorySink::default();
         let rec = Recorder::new(Box::new(sink.clone()), "run".into());

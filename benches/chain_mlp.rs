@@ -11,7 +11,9 @@
 //! Printed per L and scale: untapped run time (median), the tapped/untapped ratio of medians for
 //! the full `matmul` sketch set, for `matmul{stats=[max]}` and for the full set lowered into RLX
 //! ops (`matmul{lower=true}`, what a device without the native kernel runs), and the extra
-//! microseconds per site per run. Runs are interleaved pairs (untapped, tapped) after a warm-up of each.
+//! microseconds per site per run. Runs are interleaved pairs (untapped, tapped) after a warm-up of each;
+//! beside the full set's and `stats=[max]`'s ratio, the 25th-75th percentiles of the per-pair
+//! ratios (tapped run / the untapped run just before it): how far one cell's figure can move.
 //! Then peak memory (RSS high-water mark and peak heap) of one child process per variant, and the
 //! sustained cost: back-to-back tapped runs in one child process against untapped ones, time
 //! per run until the recording is closed (no untapped run in between for the writer thread to
@@ -68,8 +70,33 @@ fn compile(layers: usize, w: &[Vec<f32>], name: &str) -> rlx_runtime::CompiledGr
     c
 }
 
-/// One timing cell: (untapped median, tapped median).
-fn cell(layers: usize, w: &[Vec<f32>], x: &[f32], pipeline: &Pipeline, pairs: usize, out: &Path, tag: &str) -> (Duration, Duration) {
+/// One timing cell: medians of the untapped and tapped runs, and the per-pair ratios.
+struct Cell {
+    untapped: Duration,
+    tapped: Duration,
+    /// Tapped run / the untapped run just before it, one per pair.
+    ratios: Vec<f64>,
+}
+
+impl Cell {
+    /// Tapped/untapped ratio of the medians.
+    fn ratio(&self) -> f64 {
+        self.tapped.as_secs_f64() / self.untapped.as_secs_f64()
+    }
+
+    /// Extra microseconds per site per run (medians).
+    fn per_site(&self, layers: usize) -> f64 {
+        (self.tapped.as_secs_f64() - self.untapped.as_secs_f64()) * 1e6 / layers as f64
+    }
+
+    /// The 25th-75th percentiles of the per-pair ratios, as text.
+    fn spread(&self) -> String {
+        format!("{:.2}-{:.2}", common::quantile(&self.ratios, 0.25), common::quantile(&self.ratios, 0.75))
+    }
+}
+
+/// Time one cell: `pairs` interleaved pairs (untapped, tapped) after a warm-up run of each.
+fn cell(layers: usize, w: &[Vec<f32>], x: &[f32], pipeline: &Pipeline, pairs: usize, out: &Path, tag: &str) -> Cell {
     let mut plain = compile(layers, w, &format!("plain_{tag}"));
     let y = plain.run(&[("x", x)]);
     let y = &y[0];
@@ -91,7 +118,8 @@ fn cell(layers: usize, w: &[Vec<f32>], x: &[f32], pipeline: &Pipeline, pairs: us
             std::hint::black_box(tapped.run(&[("x", x)]));
             b.push(t.elapsed());
         }
-        (median(a), median(b))
+        let ratios = a.iter().zip(&b).map(|(a, b)| b.as_secs_f64() / a.as_secs_f64()).collect();
+        Cell { untapped: median(a), tapped: median(b), ratios }
     });
     r.expect("recording")
 }
@@ -189,29 +217,34 @@ fn main() {
     let max = Pipeline::parse("matmul{stats=[max]}").unwrap();
     let lowered = Pipeline::parse("matmul{lower=true}").unwrap();
     println!("chain MLP x[{M},{D}] -> (matmul [{D},{D}] -> relu) x L, He-scaled weights, N(0,1) input x scale;");
-    println!("recorded to Parquet; ratio = tapped/untapped median of interleaved runs; us/site = extra time per site per run");
-    println!("{:>4} {:>7} | {:>10} | {:>7} {:>8} | {:>11} {:>8} | {:>8} {:>8}", "L", "scale", "untapped", "matmul", "us/site", "stats=[max]", "us/site", "lowered", "us/site");
+    println!("recorded to Parquet; ratio = tapped/untapped median of interleaved runs (25-75% = quartiles of the per-pair ratios);");
+    println!("us/site = extra time per site per run");
+    println!(
+        "{:>4} {:>7} | {:>10} | {:>7} {:>9} {:>8} | {:>11} {:>9} {:>8} | {:>8} {:>8}",
+        "L", "scale", "untapped", "matmul", "25-75%", "us/site", "stats=[max]", "25-75%", "us/site", "lowered", "us/site"
+    );
     for &layers in depths {
         let w = weights(layers);
         let pairs = if quick { 5 } else { (1200 / layers).clamp(9, 41) };
         for scale in SCALES {
             let x = input(scale);
             let tag = format!("{layers}_{scale:e}");
-            let (pa, pb) = cell(layers, &w, &x, &full, pairs, &dir.path().join(format!("full_{tag}.parquet")), &format!("full_{tag}"));
-            let (ma, mb) = cell(layers, &w, &x, &max, pairs, &dir.path().join(format!("max_{tag}.parquet")), &format!("max_{tag}"));
-            let (la, lb) = cell(layers, &w, &x, &lowered, pairs, &dir.path().join(format!("low_{tag}.parquet")), &format!("low_{tag}"));
-            let per_site = |a: Duration, b: Duration| (b.as_secs_f64() - a.as_secs_f64()) * 1e6 / layers as f64;
+            let full_cell = cell(layers, &w, &x, &full, pairs, &dir.path().join(format!("full_{tag}.parquet")), &format!("full_{tag}"));
+            let max_cell = cell(layers, &w, &x, &max, pairs, &dir.path().join(format!("max_{tag}.parquet")), &format!("max_{tag}"));
+            let low_cell = cell(layers, &w, &x, &lowered, pairs, &dir.path().join(format!("low_{tag}.parquet")), &format!("low_{tag}"));
             println!(
-                "{:>4} {:>7} | {:>8.2}ms | {:>6.2}x {:>8.1} | {:>10.2}x {:>8.1} | {:>7.2}x {:>8.1}",
+                "{:>4} {:>7} | {:>8.2}ms | {:>6.2}x {:>9} {:>8.1} | {:>10.2}x {:>9} {:>8.1} | {:>7.2}x {:>8.1}",
                 layers,
                 format!("{scale:e}"),
-                pa.as_secs_f64() * 1e3,
-                pb.as_secs_f64() / pa.as_secs_f64(),
-                per_site(pa, pb),
-                mb.as_secs_f64() / ma.as_secs_f64(),
-                per_site(ma, mb),
-                lb.as_secs_f64() / la.as_secs_f64(),
-                per_site(la, lb)
+                full_cell.untapped.as_secs_f64() * 1e3,
+                full_cell.ratio(),
+                full_cell.spread(),
+                full_cell.per_site(layers),
+                max_cell.ratio(),
+                max_cell.spread(),
+                max_cell.per_site(layers),
+                low_cell.ratio(),
+                low_cell.per_site(layers)
             );
         }
     }

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
+use common::quantile;
 use opscope::Pipeline;
 use rlx_runtime::{CompileOptions, Device, Session};
 
@@ -50,14 +51,6 @@ fn compile_with(layers: usize, run: Option<&[Vec<f32>]>, options: &CompileOption
 /// Depth of the `--profile` runs: `--layers=N`, default 64.
 fn profile_layers() -> usize {
     std::env::args().find_map(|a| a.strip_prefix("--layers=").and_then(|v| v.parse().ok())).unwrap_or(64)
-}
-
-fn quantile(v: &[f64], q: f64) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    let pos = q * (s.len() - 1) as f64;
-    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-    s[lo] + (s[hi] - s[lo]) * (pos - lo as f64)
 }
 
 fn main() {

@@ -1,5 +1,5 @@
 //! What the benches share: the chain MLP x[m,d] -> (matmul [d,d] -> relu) x layers, its
-//! weights, and a sink that drops rows.
+//! weights, a sink that drops rows, and the quantile their tables print.
 
 use rlx_ir::op::Activation;
 use rlx_ir::{DType, Graph, Shape};
@@ -46,4 +46,18 @@ impl opscope::Sink for DropSink {
     fn finish(&mut self) -> Result<(), opscope::Error> {
         Ok(())
     }
+}
+
+/// The `q`-quantile of `v` (0 <= q <= 1), linear between the two nearest order statistics (the
+/// default of numpy's `quantile`); `NaN` when `v` is empty.
+#[allow(dead_code)]
+pub fn quantile(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let pos = q.clamp(0.0, 1.0) * (s.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    s[lo] + (s[hi] - s[lo]) * (pos - lo as f64)
 }

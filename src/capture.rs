@@ -241,7 +241,7 @@ impl Store {
                     }
                     self.manifest.captured.push(Captured {
                         site: c.site.clone(),
-                        op: m.site(&c.site).map(|s| s.op.clone()).unwrap_or_default(),
+                        op: m.site_of(&c.site, c.pass_idx).map(|s| s.op.clone()).unwrap_or_default(),
                         role: c.role.as_str().to_string(),
                         compile: m.compile,
                         run: step,

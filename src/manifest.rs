@@ -214,8 +214,17 @@ impl Manifest {
         self.outputs.iter().filter(|o| o.output_index.is_some()).count() + self.captures.len()
     }
 
-    /// Look a site up by name.
+    /// Look a site up by name: the first pass's entry when several passes found it (their
+    /// entries agree on the op; see [`Manifest::site_of`] for a pass's own, with its FLOPs).
     pub fn site(&self, name: &str) -> Option<&Site> {
         self.sites.iter().find(|s| s.site == name)
+    }
+
+    /// The entry the pass at `pass_idx` made for site `name`, else (a pass that taps a site it
+    /// did not list) the first entry of that name. A site's FLOPs come from the pass that
+    /// counts them (`matmul` does, `capture` does not): taking the first entry by name gave
+    /// a `capture,matmul` pipeline's matmul rows no FLOPs, and every mining payoff was 0.
+    pub fn site_of(&self, name: &str, pass_idx: usize) -> Option<&Site> {
+        self.sites.iter().find(|s| s.site == name && s.pass_idx == pass_idx).or_else(|| self.site(name))
     }
 }

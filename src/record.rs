@@ -37,7 +37,7 @@ impl Interned {
                 o.uses
                     .iter()
                     .map(|u| {
-                        let site = m.site(&u.site);
+                        let site = m.site_of(&u.site, u.pass_idx);
                         (
                             Arc::from(u.pass.as_str()),
                             u.pass_idx as u32,

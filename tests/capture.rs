@@ -169,6 +169,26 @@ fn every_n_samples_runs_and_the_budget_stops_capture_but_not_sketches() {
     assert_eq!(files, listed);
 }
 
+/// A site's FLOPs ride on the rows of the pass that counts them (`matmul`), whatever pass
+/// comes first: with `capture` first, the matmul rows took the capture pass's entry of the same
+/// site (no FLOPs), and every mining payoff of such a recording was 0.
+#[test]
+fn matmul_rows_carry_the_site_flops_whatever_pass_comes_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = randn(K * N, 4);
+    let xs: Vec<Vec<f32>> = (0..2).map(|i| randn(B * S * K, 30 + i)).collect();
+    // One execution of x[B,S,K] @ w[K,N]: a multiply and an add per term.
+    let flops = (2 * B * S * K * N) as u64;
+    for pipeline in ["matmul", "capture,matmul", "matmul,capture"] {
+        let (_, sink) = record(pipeline, &graph(), &w, &xs, &dir.path().join(format!("{pipeline}.capture")));
+        let rows = sink.rows();
+        let matmul: Vec<_> = rows.iter().filter(|r| r.pass.as_ref() == "matmul").collect();
+        assert!(!matmul.is_empty(), "{pipeline}: matmul rows recorded");
+        let wrong: Vec<_> = matmul.iter().filter(|r| r.flops != Some(flops)).map(|r| (r.role.as_ref(), r.stat.as_ref(), r.flops)).collect();
+        assert!(wrong.is_empty(), "{pipeline}: matmul rows without the site's {flops} FLOPs: {:?}", &wrong[..wrong.len().min(5)]);
+    }
+}
+
 fn walk(d: &std::path::Path) -> Vec<String> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(d).unwrap() {

@@ -128,6 +128,35 @@ fn a_file_that_is_not_a_recording_is_a_clear_error() {
     assert!(e.contains(want), "{e}");
 }
 
+/// A recording renamed to the wrong format (a `.csv.gz` copied to `.csv`, a plain CSV to
+/// `.csv.gz`, a Parquet file to `.csv`) is refused with the format found and the name to give
+/// it; given that name, the same bytes load.
+#[test]
+fn a_recording_named_as_another_format_is_refused_with_the_name_to_give_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gz, plain) = (dir.path().join("rec.csv.gz"), dir.path().join("rec.csv"));
+    run_into(Box::new(CsvSink::create(&gz).unwrap())).unwrap();
+    run_into(Box::new(CsvSink::create(&plain).unwrap())).unwrap();
+    let mut cases = vec![(gz.clone(), "gz_as.csv", "gzip-compressed", "name it .csv.gz", "gz_renamed.csv.gz")];
+    cases.push((plain.clone(), "plain_as.csv.gz", "not gzip-compressed", "name it .csv", "plain_renamed.csv"));
+    if cfg!(feature = "parquet") {
+        let ds = dir.path().join("ds.parquet");
+        run_into(opscope::recording::open(&ds).unwrap()).unwrap();
+        let part = opscope::recording::partitions(&ds).unwrap().remove(0).parts.remove(0);
+        cases.push((part, "part_as.csv", "a Parquet file", "name it .parquet", "part_renamed.parquet"));
+    }
+    for (src, wrong, found, fix, right) in cases {
+        let at = dir.path().join(wrong);
+        std::fs::copy(&src, &at).unwrap();
+        let e = opscope::mine::load(&at).err().unwrap_or_else(|| panic!("{wrong} loaded")).to_string();
+        assert!(e.contains(found) && e.contains(fix) && e.contains(wrong), "{wrong}: {e}");
+        let renamed = dir.path().join(right);
+        std::fs::rename(&at, &renamed).unwrap();
+        let series = opscope::mine::load(&renamed).unwrap_or_else(|e| panic!("{right}: {e}"));
+        assert!(!series.is_empty(), "{right}");
+    }
+}
+
 #[test]
 fn the_miner_says_no_data_and_flags_non_finite_values() {
     let dir = tempfile::tempdir().unwrap();

@@ -217,6 +217,7 @@ impl Drop for CsvSink {
 /// Errors: the file cannot be opened, lacks a recording column, or holds a malformed row (the
 /// error names the line); in a `.partial` recording a malformed row is where the cut is.
 pub(super) fn read(path: &Path, gz: bool, partial: bool, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Error> {
+    check_format(path, gz)?;
     let whole = || super::read_sidecar(path).ok().flatten().is_some_and(|s| s.ends_on_run);
     if !partial || whole() {
         // A file that should be whole and whose stream ends early was cut after it was written.
@@ -266,6 +267,34 @@ pub(super) fn read(path: &Path, gz: bool, partial: bool, f: &mut dyn FnMut(RowRe
     }
     // Pass 2: the rows before the last run.
     read_records(path, gz, Some(last_start), f).map(|_| ())
+}
+
+/// Refuse a file whose first bytes say it is not what its name says: gzip's magic (`1f 8b`,
+/// RFC 1952) in a file named as plain CSV, a file named `.gz` without it, or Parquet's (`PAR1`)
+/// in a file named as CSV. Read as named, the first two fail on their header with a message
+/// that does not say why, and the name is what to fix.
+///
+/// Errors: the file cannot be opened, or its format and its name disagree (the error names the
+/// format found and the name to give it).
+fn check_format(path: &Path, gz: bool) -> Result<(), Error> {
+    let mut head = [0u8; 4];
+    let mut file = File::open(path).map_err(|e| Error::Io { path: path.to_path_buf(), error: e })?;
+    let n = file.read(&mut head).map_err(|e| Error::Io { path: path.to_path_buf(), error: e })?;
+    let head = &head[..n];
+    let is_gzip = head.starts_with(&[0x1f, 0x8b]);
+    let found = if head.starts_with(b"PAR1") {
+        Some("a Parquet file (it begins with PAR1): name it .parquet")
+    } else if is_gzip && !gz {
+        Some("gzip-compressed (it begins with gzip's magic bytes 1f 8b): name it .csv.gz")
+    } else if gz && !is_gzip && n > 0 {
+        Some("not gzip-compressed (it lacks gzip's magic bytes 1f 8b): name it .csv")
+    } else {
+        None
+    };
+    match found {
+        Some(what) => Err(RecordingError { path: path.to_path_buf(), line: None, reason: format!("named as a CSV recording but {what}") }.into()),
+        None => Ok(()),
+    }
 }
 
 /// Read the data rows of a CSV recording (at most `limit` of them) to `f`. Returns why the

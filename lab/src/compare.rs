@@ -76,18 +76,57 @@ fn load(path: &Path) -> Result<BTreeMap<Key, Series>> {
     Ok(m)
 }
 
-/// Compare recordings `a` and `b` (paths of any format `opscope mine` reads), one [`Check`] per
-/// series of either, in `(site, role, pass_idx, stat)` order.
+/// The outcome of a comparison.
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    /// One check per series of either recording, in `(site, role, pass_idx, stat)` order.
+    pub checks: Vec<Check>,
+    /// When the two recordings hold different runs (`(compile, step)` pairs over all their
+    /// rows): what differs, said once. Every series then fails on the values of the runs one
+    /// side lacks, and this names the cause (recordings of other inputs, or of another length)
+    /// instead of leaving it to a thousand failed checks.
+    pub runs: Option<String>,
+}
+
+/// The runs (`(compile, step)`) of a recording's series.
+fn runs_of(series: &BTreeMap<Key, Series>) -> std::collections::BTreeSet<(u32, u64)> {
+    series.values().flat_map(|s| s.keys().map(|&(c, st, _)| (c, st))).collect()
+}
+
+/// [`Comparison::runs`] of recordings `a` and `b` holding `sa` and `sb`.
+fn runs_note(a: &Path, b: &Path, sa: &BTreeMap<Key, Series>, sb: &BTreeMap<Key, Series>) -> Option<String> {
+    let (ra, rb) = (runs_of(sa), runs_of(sb));
+    if ra == rb {
+        return None;
+    }
+    let compiles = |r: &std::collections::BTreeSet<(u32, u64)>| r.iter().map(|x| x.0).collect::<std::collections::BTreeSet<_>>().len();
+    let (only_a, only_b) = (ra.difference(&rb).count(), rb.difference(&ra).count());
+    Some(format!(
+        "the recordings hold different runs: {} has {} run(s) in {} compile(s), {} has {} in {}; {only_a} run(s) only in A, \
+         {only_b} only in B. `compare` matches values run by run: record both on the same inputs (the same text, --limit, \
+         --batch and --seq) to compare them",
+        a.display(),
+        ra.len(),
+        compiles(&ra),
+        b.display(),
+        rb.len(),
+        compiles(&rb)
+    ))
+}
+
+/// Compare recordings `a` and `b` (paths of any format `opscope mine` reads): one [`Check`] per
+/// series of either, and a note when their runs differ.
 ///
 /// Errors: a recording cannot be read, or neither holds a row.
-pub fn compare(a: &Path, b: &Path, tol: Tolerance) -> Result<Vec<Check>> {
+pub fn compare(a: &Path, b: &Path, tol: Tolerance) -> Result<Comparison> {
     let (sa, sb) = (load(a)?, load(b)?);
     anyhow::ensure!(!sa.is_empty() || !sb.is_empty(), "neither {} nor {} holds a row", a.display(), b.display());
+    let runs = runs_note(a, b, &sa, &sb);
     let (na, nb) = (not_computed(a)?, not_computed(b)?);
     let mut keys: Vec<&Key> = sa.keys().chain(sb.keys()).collect();
     keys.sort();
     keys.dedup();
-    Ok(keys
+    let checks = keys
         .into_iter()
         .map(|k| {
             let mut c = check(k, sa.get(k), sb.get(k), tol);
@@ -107,7 +146,8 @@ pub fn compare(a: &Path, b: &Path, tol: Tolerance) -> Result<Vec<Check>> {
             }
             c
         })
-        .collect())
+        .collect();
+    Ok(Comparison { checks, runs })
 }
 
 /// `(site, role, stat)` -> reason, for every statistic the recording's manifests list as not
@@ -187,9 +227,14 @@ fn check(key: &Key, a: Option<&Series>, b: Option<&Series>, tol: Tolerance) -> C
     c
 }
 
-/// One line per check: `ok` or `FAIL`, the series, the values compared, the worst difference.
-pub fn text(checks: &[Check]) -> String {
+/// One line per check: `ok` or `FAIL`, the series, the values compared, the worst difference;
+/// first, when the runs differ, the note saying so ([`Comparison::runs`]).
+pub fn text(comparison: &Comparison) -> String {
+    let checks = &comparison.checks;
     let mut out = String::new();
+    if let Some(note) = &comparison.runs {
+        out.push_str(&format!("runs differ: {note}\n"));
+    }
     for c in checks {
         out.push_str(&format!(
             "{:4} {}/{} [{}] {}: {} values, worst {:.3e} ({})\n",
@@ -264,5 +309,24 @@ mod tests {
         let one = series(&[(0, 1.0)]);
         assert!(!check(&key("max"), Some(&nan), Some(&one), TOL).ok);
         assert!(check(&key("max"), Some(&nan), Some(&nan), TOL).ok);
+    }
+
+    #[test]
+    fn different_runs_are_said_once_with_their_counts() {
+        // One value per run: (compile 0, step, idx 0).
+        let per_run = |vals: &[f64]| -> Series { vals.iter().enumerate().map(|(st, &v)| ((0, st as u64, 0), v)).collect() };
+        let (pa, pb) = (Path::new("a.parquet"), Path::new("b.parquet"));
+        let mut sa: BTreeMap<Key, Series> = BTreeMap::new();
+        sa.insert(key("max"), per_run(&[1.0, 2.0, 3.0]));
+        sa.insert(key("min"), per_run(&[1.0, 2.0, 3.0]));
+        let mut sb = sa.clone();
+        assert_eq!(runs_note(pa, pb, &sa, &sb), None, "the same runs: nothing to say");
+        // Other values in the same runs are the checks' business, not a runs note.
+        sb.insert(key("max"), per_run(&[9.0, 9.0, 9.0]));
+        assert_eq!(runs_note(pa, pb, &sa, &sb), None);
+        sb.insert(key("max"), per_run(&[1.0]));
+        sb.insert(key("min"), per_run(&[1.0]));
+        let note = runs_note(pa, pb, &sa, &sb).expect("runs differ");
+        assert!(note.contains("a.parquet has 3 run(s) in 1 compile(s), b.parquet has 1 in 1") && note.contains("2 run(s) only in A, 0 only in B"), "{note}");
     }
 }

@@ -904,13 +904,14 @@ fn compare(a: CompareArgs) -> Result<()> {
         anyhow::ensure!(v.is_finite() && v >= 0.0, "{name} {v}: a tolerance is a finite number >= 0");
     }
     let tol = opscope_lab::compare::Tolerance { rtol: a.rtol, hist_tol: a.hist_tol };
-    let checks = opscope_lab::compare::compare(&a.a, &a.b, tol)?;
+    let comparison = opscope_lab::compare::compare(&a.a, &a.b, tol)?;
     if a.json {
-        emit(&(serde_json::to_string_pretty(&serde_json::json!({ "a": a.a, "b": a.b, "tolerance": tol, "checks": checks })).context("JSON")? + "\n"))?;
+        let doc = serde_json::json!({ "a": a.a, "b": a.b, "tolerance": tol, "runs_differ": comparison.runs, "checks": comparison.checks });
+        emit(&(serde_json::to_string_pretty(&doc).context("JSON")? + "\n"))?;
     } else {
-        emit(&opscope_lab::compare::text(&checks))?;
+        emit(&opscope_lab::compare::text(&comparison))?;
     }
-    if checks.iter().any(|c| !c.ok) {
+    if comparison.checks.iter().any(|c| !c.ok) {
         std::process::exit(1);
     }
     Ok(())
@@ -1213,7 +1214,8 @@ struct SweepArgs {
     /// probe them on the host, and require the probe verdicts to be confirmed.
     #[arg(long, requires = "check")]
     confirm: bool,
-    /// Overwrite `--out` even when it is an existing file that is not a recording.
+    /// Overwrite `--out` even when it is an existing CSV recording or a file that is not a recording (a Parquet dataset
+    /// holding recordings is never overwritten).
     #[arg(long)]
     force: bool,
 }
@@ -1223,6 +1225,7 @@ fn sweep(a: SweepArgs) -> Result<()> {
     let pipeline = Pipeline::parse(&text)?;
     opscope_lab::output::check(&a.out, &[], Output::Recording, a.force)?;
     let _claim = opscope_lab::output::claim(&a.out, Output::Recording)?;
+    let before = partitions_before(&a.out);
     let sink = opscope::recording::open(&a.out)?;
     let seeds: Vec<u64> = (0..a.seeds).collect();
     let memory = opscope::MemorySink::default();
@@ -1238,7 +1241,7 @@ fn sweep(a: SweepArgs) -> Result<()> {
         opscope_lab::sweep::Planted::ALL.len(),
         opscope_lab::sweep::SHAPES.len(),
         seeds.len(),
-        written_to(&a.out),
+        written_to(&a.out, &before),
         std::path::Path::new(&truth_path).display()
     );
     if a.check {
@@ -1286,18 +1289,42 @@ struct RecordArgs {
     /// together).
     #[arg(long)]
     append: bool,
-    /// Overwrite `--out` even when it is an input or an existing file that is not a recording.
+    /// Overwrite `--out` even when it is an input, an existing CSV recording, or a file that is not a recording (a
+    /// Parquet dataset holding recordings is never overwritten: --append adds beside them).
     #[arg(long)]
     force: bool,
 }
 
-/// Where a recording's rows and manifest are, for messages: `OUT (+ .manifest.json)` for a file,
-/// the dataset layout for a directory.
-fn written_to(out: &std::path::Path) -> String {
+/// Where a finished recording's rows and manifest are, for its closing line: a CSV file and its
+/// manifest sidecar, or the partition of the Parquet dataset at `out` that the recording added
+/// (`before`: the dataset's partitions before it started, [`partitions_before`]); the layout
+/// in general when that is not one partition.
+fn written_to(out: &std::path::Path, before: &[PathBuf]) -> String {
     if opscope::recording::is_dataset_path(out) || out.is_dir() {
-        format!("{} (Parquet dataset: recording=<id>/part-*.parquet + _manifest.json)", out.display())
+        let new: Vec<opscope::recording::Partition> =
+            opscope::recording::partitions(out).unwrap_or_default().into_iter().filter(|p| !before.contains(&p.dir)).collect();
+        match new.as_slice() {
+            [p] => format!(
+                "{} (Parquet dataset; this recording: {}, {} part(s) and {})",
+                out.display(),
+                p.dir.strip_prefix(out).unwrap_or(&p.dir).display(),
+                p.parts.len(),
+                opscope::recording::PARTITION_SIDECAR
+            ),
+            _ => format!("{} (Parquet dataset: recording=<id>/part-*.parquet + {})", out.display(), opscope::recording::PARTITION_SIDECAR),
+        }
     } else {
-        format!("{} (+ .manifest.json)", out.display())
+        format!("{} (manifest: {})", out.display(), opscope::recording::sidecar_path(out).display())
+    }
+}
+
+/// The partition directories of the dataset at `out` before a recording starts (none for a CSV
+/// path or a new dataset): [`written_to`] names the one the recording adds.
+fn partitions_before(out: &std::path::Path) -> Vec<PathBuf> {
+    if out.is_dir() {
+        opscope::recording::partitions(out).unwrap_or_default().into_iter().map(|p| p.dir).collect()
+    } else {
+        Vec::new()
     }
 }
 
@@ -1363,13 +1390,14 @@ fn record_npz(a: &RecordArgs, pipeline: &Pipeline, npz: &std::path::Path) -> Res
         anyhow::bail!("nothing to record: the pipeline '{pipeline}' finds no site in {}", onnx.display());
     }
     interrupt_on_ctrl_c()?;
+    let before = partitions_before(&a.out);
     job.run(pipeline, a.stage, opscope::open_sink(&a.out)?)?;
     if INTERRUPTED.load(Ordering::SeqCst) {
         eprintln!("opscope: interrupted: the rows recorded so far are in {}", interrupted_rows(&a.out));
         opscope_lab::output::release_claims();
         std::process::exit(130);
     }
-    println!("recorded {} batches of {} with '{pipeline}' to {}", job.batches(), npz.display(), written_to(&a.out));
+    println!("recorded {} batches of {} with '{pipeline}' to {}", job.batches(), npz.display(), written_to(&a.out, &before));
     Ok(())
 }
 
@@ -1412,6 +1440,7 @@ fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> R
     let deq: Vec<String> = job.model.dequantized().iter().map(|n| format!("{} ({})", n.tensor, n.ggml_type)).collect();
     println!("{packed} projections stay packed (DequantMatMul); dequantized to f32 on load: {}", if deq.len() > 4 { format!("{} and {} more (norm gains)", deq[..2].join(", "), deq.len() - 2) } else { deq.join(", ") });
 
+    let before = partitions_before(&a.out);
     let file = opscope::recording::open(&a.out)?;
     let summary = SummarySink::default();
     let sink = opscope::recording::Tee(vec![file, Box::new(summary.clone())]);
@@ -1481,11 +1510,12 @@ fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> R
     };
     opscope::recording::write_atomic(&side, &serde_json::to_vec_pretty(&doc).context("model JSON")?)?;
     println!(
-        "recorded {} sequences ({} per batch, {seq} tokens{}) with '{pipeline}' to {} (+ .manifest.json, .model.json)",
+        "recorded {} sequences ({} per batch, {seq} tokens{}) with '{pipeline}' to {}; the model and its perplexity in {}",
         job.seqs.len(),
         job.batch.min(job.seqs.len()),
         if job.decode > 0 { format!(", {} greedy tokens: {} decode steps", job.decode, job.decode - 1) } else { String::new() },
-        a.out.display()
+        written_to(&a.out, &before),
+        side.display()
     );
     Ok(())
 }
@@ -1576,6 +1606,7 @@ fn record(a: RecordArgs) -> Result<()> {
         eprintln!("opscope: warning: {l}");
     }
 
+    let before = partitions_before(&a.out);
     let file = opscope::recording::open(&a.out)?;
     let summary = SummarySink::default();
     let sink = opscope::recording::Tee(vec![file, Box::new(summary.clone())]);
@@ -1634,7 +1665,7 @@ fn record(a: RecordArgs) -> Result<()> {
         batch.min(job.sentences()),
         seq,
         pipeline,
-        written_to(&a.out)
+        written_to(&a.out, &before)
     );
     Ok(())
 }

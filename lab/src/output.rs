@@ -89,8 +89,9 @@ fn part_of_a_recording(out: &Path, kind: Output) -> Option<String> {
 }
 
 /// Check that `out` may be written: its name fits `kind`, it is none of `inputs`, and an
-/// existing file there is what `kind` writes — unless `force`; and never a part of a recording
-/// (its sidecar, its truth file, a file inside its dataset directory), even with `force`.
+/// existing file there is what `kind` writes but not a recording (a new recording never
+/// replaces an earlier one) — unless `force`; and never a part of a recording (its sidecar, its
+/// truth file, a file inside its dataset directory), even with `force`.
 ///
 /// Errors: name each problem and the fix (another path, or `--force`).
 pub fn check(out: &Path, inputs: &[&Path], kind: Output, force: bool) -> Result<()> {
@@ -115,7 +116,7 @@ pub fn check(out: &Path, inputs: &[&Path], kind: Output, force: bool) -> Result<
     if kind == Output::RecordingAppend && !opscope::recording::is_dataset_path(out) {
         bail!(
             "{}: --append adds a partition to a Parquet dataset (a .parquet directory); a CSV recording is one file, \
-             which writing would replace: record to a .parquet path, or drop --append to replace this file",
+             which writing would replace: record to a .parquet path, or drop --append and pass --force to replace this file",
             out.display()
         );
     }
@@ -146,6 +147,15 @@ pub fn check(out: &Path, inputs: &[&Path], kind: Output, force: bool) -> Result<
     }
     if let Some(input) = inputs.iter().find(|i| same_file(out, i)) {
         bail!("{} is also an input ({}): writing it would destroy it; pick another output path (or --force)", out.display(), input.display());
+    }
+    if out.is_file() && kind == Output::Recording && is_ours(out, kind) {
+        // A written recording is never lost to a second `record` with the same --out: a
+        // Parquet dataset that holds one is refused above, and a CSV recording is too.
+        bail!(
+            "{} already holds an opscope recording: refusing to replace it; pick another path, or pass --force to \
+             replace it (a Parquet dataset, a .parquet path, takes --append to add a recording beside earlier ones)",
+            out.display()
+        );
     }
     if out.is_file() && !is_ours(out, kind) {
         bail!(

@@ -123,8 +123,14 @@ fn an_output_that_is_an_input_or_not_ours_is_refused() {
     assert_eq!(std::fs::read_to_string(&other).unwrap(), "my,own,table\n1,2,3\n");
     let out = record_with(&other, &["--limit", "2", "--force"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    // Recording again over our own recording is fine; a report over the recording is not.
-    assert!(record_with(&other, &["--limit", "2"]).status.success());
+    // Recording again over our own recording is refused (a written recording is never lost),
+    // and leaves it as it was; --force replaces it. A report over the recording is refused.
+    let kept = std::fs::read(&other).unwrap();
+    let out = record_with(&other, &["--limit", "2"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("already holds an opscope recording") && err.contains("--force"), "{err}");
+    assert_eq!(std::fs::read(&other).unwrap(), kept, "the refused record left the earlier recording alone");
+    assert!(record_with(&other, &["--limit", "2", "--force"]).status.success());
     let rep = opscope().arg("report").arg(&other).arg("-o").arg(&other).output().unwrap();
     assert!(!rep.status.success() && String::from_utf8_lossy(&rep.stderr).contains(".html"));
     let html = dir.path().join("r.html");

@@ -5,7 +5,8 @@
 #
 #   OPSCOPE_CACHE  cache folder (default: $HOME/.cache/opscope)
 #   OUT            recording path (default: the Parquet dataset recording.parquet in the current
-#                  directory; an existing one is refused: remove it, or pass --append)
+#                  directory; an existing recording is refused: remove it, pass --append to add
+#                  a recording to a dataset, or --force to replace a CSV file)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cache="${OPSCOPE_CACHE:-$HOME/.cache/opscope}"

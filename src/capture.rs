@@ -201,7 +201,7 @@ impl Store {
     /// another path), or cannot be created.
     pub(crate) fn create(dir: &Path, recording: &str) -> Result<Store, Error> {
         if dir.join("manifest.json").exists() {
-            return Err(Error::BadPath {
+            return Err(Error::Capture {
                 path: dir.to_path_buf(),
                 why: "already holds a capture (manifest.json): remove the directory or record to another path".into(),
             });
@@ -278,11 +278,11 @@ impl Store {
 /// Errors: missing (not a capture directory: pass `<recording>.capture`) or malformed.
 pub fn read_manifest(dir: &Path) -> Result<CaptureManifest, Error> {
     let path = dir.join("manifest.json");
-    let bytes = std::fs::read(&path).map_err(|e| Error::BadPath {
+    let bytes = std::fs::read(&path).map_err(|e| Error::Capture {
         path: path.clone(),
         why: format!("{e}: not a capture directory (pass the `<recording>.capture` directory a capture pass wrote)"),
     })?;
-    serde_json::from_slice(&bytes).map_err(|e| Error::BadPath { path, why: format!("not a capture manifest: {e}") })
+    serde_json::from_slice(&bytes).map_err(|e| Error::Capture { path, why: format!("not a capture manifest: {e}") })
 }
 
 /// Read one captured tensor: its values in C order. The file's shape must be the entry's.
@@ -290,7 +290,7 @@ pub fn read_manifest(dir: &Path) -> Result<CaptureManifest, Error> {
 /// Errors: the file is missing, not an f32 `.npy`, or its shape differs from the manifest's.
 pub fn read_tensor(dir: &Path, entry: &Captured) -> Result<Vec<f32>, Error> {
     let path = dir.join(&entry.file);
-    let bad = |why: String| Error::BadPath { path: path.clone(), why };
+    let bad = |why: String| Error::Capture { path: path.clone(), why };
     let file = std::fs::File::open(&path).map_err(io(&path))?;
     let npy = npyz::NpyFile::new(std::io::BufReader::new(file)).map_err(|e| bad(format!("not a .npy file: {e}")))?;
     let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();

@@ -56,6 +56,15 @@ pub enum Error {
         /// What is wrong with it, and the fix.
         why: String,
     },
+    /// A capture directory (`<recording>.capture`, the `capture` pass's tensors and their
+    /// manifest) or one of its files cannot be used.
+    #[error("capture {path}: {why}")]
+    Capture {
+        /// The directory or file.
+        path: PathBuf,
+        /// What is wrong with it, and the fix.
+        why: String,
+    },
     /// A derived parameter (`opscope::params`) cannot be computed or was never bound.
     #[error("{why}")]
     Params {

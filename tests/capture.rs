@@ -210,6 +210,18 @@ fn a_bad_budget_is_an_error_naming_the_fix() {
     assert!(err.contains("64MB") && err.contains("MiB"), "{err}");
 }
 
+/// A directory that is not a capture (a recording's path given instead of its `.capture`) is
+/// named as a capture directory, not as a recording, with the directory to pass.
+#[test]
+fn a_directory_without_a_capture_manifest_says_which_directory_to_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = read_manifest(dir.path()).err().expect("no manifest: an error").to_string();
+    assert!(e.starts_with("capture ") && e.contains("manifest.json") && e.contains("not a capture directory") && e.contains("<recording>.capture"), "{e}");
+    std::fs::write(dir.path().join("manifest.json"), b"{}").unwrap();
+    let e = read_manifest(dir.path()).err().expect("not a manifest: an error").to_string();
+    assert!(e.starts_with("capture ") && e.contains("not a capture manifest"), "{e}");
+}
+
 #[test]
 fn snapshot_capture_rewrite() {
     let p = Pipeline::parse("capture{roles=[lhs,rhs],every=4,budget=1KiB}").unwrap();

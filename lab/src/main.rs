@@ -586,10 +586,12 @@ fn sites(a: SitesArgs) -> Result<()> {
 
 /// The model and the text both `record` and `measure` run.
 #[derive(clap::Args)]
+// One model is required: a missing one is reported as "--onnx or --gguf", not as --onnx alone.
+#[command(group(clap::ArgGroup::new("model").required(true).multiple(false).args(["onnx", "gguf"])))]
 struct Corpus {
     /// ONNX model (BERT-style encoder with inputs input_ids, attention_mask; for `measure`, its
-    /// last output is the sentence embedding).
-    #[arg(long, required_unless_present = "gguf")]
+    /// last output is the sentence embedding). Or --gguf, a decoder.
+    #[arg(long)]
     onnx: Option<PathBuf>,
     /// Instead of --onnx: a Llama-architecture GGUF decoder (e.g. SmolLM2-135M), its tokenizer
     /// read from the file. `record`: each batch is prefilled (one step of the prefill compile),

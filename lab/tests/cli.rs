@@ -34,6 +34,20 @@ fn record_refuses_a_pipeline_without_a_tap() {
     assert!(err.contains("has no tap") && err.contains("skip{blocks=[2]},residual"), "{err}");
 }
 
+/// Without a model, `record` and `measure` name both kinds they take (an ONNX encoder or a GGUF
+/// decoder), not `--onnx` alone; and refuse both at once.
+#[test]
+fn a_missing_model_names_onnx_and_gguf() {
+    for cmd in ["record", "measure"] {
+        let out = opscope().args([cmd, "--tokenizer", "t.json", "--text", "x.txt"]).output().unwrap();
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert!(!out.status.success() && err.contains("--onnx <ONNX>|--gguf <GGUF>"), "{cmd}: {err}");
+        let out = opscope().args([cmd, "--onnx", "m.onnx", "--gguf", "m.gguf", "--text", "x.txt"]).output().unwrap();
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert!(!out.status.success() && err.contains("cannot be used with"), "{cmd}: {err}");
+    }
+}
+
 #[test]
 fn record_with_bogus_pipeline_fails_listing_the_passes() {
     let out = opscope()

@@ -34,7 +34,17 @@ fn csv_recording_round_trips_and_is_renamed_into_place() {
         let rows: Vec<Row> = csv::Reader::from_reader(reader).deserialize().collect::<Result<_, _>>().unwrap();
         // lhs and out on 2 runs, rhs once: count, min, max, hist x4, hist_lo, hist_hi, hist_outside
         assert_eq!(rows.len(), (2 * 2 + 1) * 10, "{name}");
-        assert!(rows.iter().all(|r| &*r.site == "matmul.0" && r.numel.is_some() && r.flops == Some(2 * 4 * 6 * 3)));
+        assert!(rows.iter().all(|r| &*r.site == "matmul.0" && r.flops == Some(2 * 4 * 6 * 3)));
+        // x[4,6] @ w[6,3] -> [4,3]: each role's own shape and element count on every row.
+        for r in &rows {
+            let want = match &*r.role {
+                "lhs" => ("[4,6]", 24),
+                "rhs" => ("[6,3]", 18),
+                "out" => ("[4,3]", 12),
+                other => panic!("{name}: role {other}"),
+            };
+            assert_eq!((&*r.shape, r.numel), (want.0, Some(want.1)), "{name}: {} {}", r.role, r.stat);
+        }
         let side: opscope::recording::Sidecar =
             serde_json::from_slice(&std::fs::read(opscope::recording::sidecar_path(&path)).unwrap()).unwrap();
         assert_eq!(side.graphs[0].pipeline, "matmul{stats=[min,max,hist],hist_bins=4}");
@@ -139,7 +149,8 @@ fn a_recording_named_as_another_format_is_refused_with_the_name_to_give_it() {
     run_into(Box::new(CsvSink::create(&plain).unwrap())).unwrap();
     let mut cases = vec![(gz.clone(), "gz_as.csv", "gzip-compressed", "name it .csv.gz", "gz_renamed.csv.gz")];
     cases.push((plain.clone(), "plain_as.csv.gz", "not gzip-compressed", "name it .csv", "plain_renamed.csv"));
-    if cfg!(feature = "parquet") {
+    #[cfg(feature = "parquet")]
+    {
         let ds = dir.path().join("ds.parquet");
         run_into(opscope::recording::open(&ds).unwrap()).unwrap();
         let part = opscope::recording::partitions(&ds).unwrap().remove(0).parts.remove(0);
@@ -257,6 +268,7 @@ fn parquet_rows_selected(path: &std::path::Path, select: Option<(usize, usize)>)
 }
 
 /// The fields `read_rows` gives, of every row of `path`.
+#[cfg(feature = "parquet")]
 fn read_back(path: &std::path::Path) -> Vec<(String, String, u32, String, String, Option<u64>, u32, u64, String, u64, f32)> {
     let mut v = Vec::new();
     opscope::recording::read_rows(path, |r| {

@@ -379,6 +379,11 @@ fn minilm_calibration_tables_match_onnxruntime() {
     let (ort_entropy, ties) = check_cases(&cases, &ours, &r);
     assert_eq!(ort_entropy, 8);
     eprintln!("{ties} of 8 near-ties");
+    // Measured: 4 of the 8 names, 2 of the 6 distinct tensors (Q, K and V read one input;
+    // README, `opscope calibrate`). Each tie is also bit-equal to the float64 numpy search
+    // above; the count is bounded so that more ties with ORT's float32 search do not pass
+    // unnoticed.
+    assert!(ties <= 4, "{ties} of 8 layer-0 activations are near-ties with onnxruntime's pick (measured 4)");
     // The recording covers the data (no value outside a range), and entropy clips the FFN input
     // of layer 0 (GELU output, max 28) well inside min-max.
     let ffn = ours["entropy"].iter().find(|t| t.role == "lhs" && t.site.ends_with("layer.0/output/dense/MatMul")).unwrap();

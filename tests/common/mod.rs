@@ -59,6 +59,9 @@ pub struct Reference {
     pub hist: Vec<f64>,
     pub hist_lo: f64,
     pub hist_hi: f64,
+    /// Finite values outside `[hist_lo, hist_hi]` (0 for the absmax range; NaN and +-Inf are
+    /// never "outside": they have their own counts).
+    pub hist_outside: f64,
     pub chan_maxabs: Vec<f64>,
     pub chan_outlier: Option<f64>,
     pub pos_sumsq: Vec<f64>,
@@ -101,7 +104,7 @@ pub fn reference(x: &[f32], dims: &[usize], bins: usize, k: usize) -> Reference 
         let (lo, hi) = if a > 0.0 { (-a, a) } else { (-1.0, 1.0) };
         r.hist_lo = lo;
         r.hist_hi = hi;
-        r.hist = numpy_histogram(&finite, lo, hi, bins).0;
+        (r.hist, r.hist_outside) = numpy_histogram(&finite, lo, hi, bins);
     }
     let c = *dims.last().unwrap_or(&1);
     let rows = if c == 0 { 0 } else { x.len() / c };
@@ -198,45 +201,58 @@ pub fn close(a: f64, b: f64, tol: f64) -> bool {
     (a - b).abs() <= tol * b.abs().max(1.0)
 }
 
-/// Assert every statistic recorded for (site, role) equals the reference.
+/// |a - b| <= tol * |b|: relative at every scale (a value below 1 is not held to `tol`
+/// absolute, as [`close`] holds it).
+pub fn close_rel(a: f64, b: f64, tol: f64) -> bool {
+    (a - b).abs() <= tol * b.abs()
+}
+
+/// Assert every statistic recorded for (site, role) equals the reference. Statistics that are
+/// one of the tensor's f32 values or a count (min, max, absmaxes, counts, histogram bins) must
+/// be equal; sums, moments and ratios within `tol` relative (`tol` absolute only where the
+/// reference is 0).
 pub fn assert_matches_reference(rows: &[Row], site: &str, role: &str, r: &Reference, tol: f64) {
     let s = stats_of(rows, site, role, 0);
     let one = |name: &str| s.get(name).map(|v| v[0]);
-    let check = |name: &str, got: Option<f64>, want: Option<f64>| match (got, want) {
-        (Some(g), Some(w)) => assert!(close(g, w, tol), "{site}/{role} {name}: got {g}, want {w}"),
+    let near = |g: f64, w: f64| if w == 0.0 { g.abs() <= tol } else { close_rel(g, w, tol) };
+    let check_with = |name: &str, got: Option<f64>, want: Option<f64>, exact: bool| match (got, want) {
+        (Some(g), Some(w)) => assert!(if exact { g == w } else { near(g, w) }, "{site}/{role} {name}: got {g}, want {w}"),
         (None, None) => {}
         (g, w) => panic!("{site}/{role} {name}: got {g:?}, want {w:?}"),
     };
-    check("count", one("count"), Some(r.count));
-    check("min", one("min"), r.min);
-    check("max", one("max"), r.max);
+    let exact = |name: &str, got: Option<f64>, want: Option<f64>| check_with(name, got, want, true);
+    let check = |name: &str, got: Option<f64>, want: Option<f64>| check_with(name, got, want, false);
+    exact("count", one("count"), Some(r.count));
+    exact("min", one("min"), r.min);
+    exact("max", one("max"), r.max);
     check("mean", one("mean"), r.mean);
     check("l1", one("l1"), Some(r.l1));
     check("sumsq", one("sumsq"), Some(r.sumsq));
-    check("nnz", one("nnz"), Some(r.nnz));
+    exact("nnz", one("nnz"), Some(r.nnz));
     check("kurtosis", one("kurtosis"), r.kurtosis);
-    check("nan_count", one("nan_count"), Some(r.nan));
-    check("posinf_count", one("posinf_count"), Some(r.posinf));
-    check("neginf_count", one("neginf_count"), Some(r.neginf));
+    exact("nan_count", one("nan_count"), Some(r.nan));
+    exact("posinf_count", one("posinf_count"), Some(r.posinf));
+    exact("neginf_count", one("neginf_count"), Some(r.neginf));
     check("adj_sumsq", one("adj_sumsq"), Some(r.adj_sumsq));
     check("chan_outlier", one("chan_outlier"), r.chan_outlier);
     if r.count > 0.0 {
-        check("hist_lo", one("hist_lo"), Some(r.hist_lo));
-        check("hist_hi", one("hist_hi"), Some(r.hist_hi));
+        exact("hist_lo", one("hist_lo"), Some(r.hist_lo));
+        exact("hist_hi", one("hist_hi"), Some(r.hist_hi));
+        exact("hist_outside", one("hist_outside"), Some(r.hist_outside));
         assert_eq!(s.get("hist").cloned().unwrap_or_default(), r.hist, "{site}/{role} hist");
     } else {
         assert!(s.get("hist_lo").is_none(), "{site}/{role}: hist range recorded for no data");
     }
-    let vec_eq = |name: &str, want: &[f64]| {
+    let vec_eq = |name: &str, want: &[f64], exact: bool| {
         let got = s.get(name).cloned().unwrap_or_default();
         assert_eq!(got.len(), want.len(), "{site}/{role} {name} length");
         for (i, (g, w)) in got.iter().zip(want).enumerate() {
-            assert!(close(*g, *w, tol), "{site}/{role} {name}[{i}]: got {g}, want {w}");
+            assert!(if exact { g == w } else { near(*g, *w) }, "{site}/{role} {name}[{i}]: got {g}, want {w}");
         }
     };
-    vec_eq("chan_maxabs", &r.chan_maxabs);
-    vec_eq("pos_sumsq", &r.pos_sumsq);
-    vec_eq("row_absmax", &r.row_absmax);
+    vec_eq("chan_maxabs", &r.chan_maxabs, true);
+    vec_eq("pos_sumsq", &r.pos_sumsq, false);
+    vec_eq("row_absmax", &r.row_absmax, true);
     // elemsig by index: sample j is element floor(j * numel / k); a sampled element that is NaN
     // is not recorded (README, Sketches: a recording never carries a NaN), so its index is absent
     // and the others keep theirs. Values are the tensor's own f32 elements: compared exactly.

@@ -24,7 +24,9 @@ fn masked_matmul() -> Graph {
 
 #[test]
 fn padding_rows_add_to_no_statistic_of_an_activation() {
-    let mask: Vec<f32> = vec![1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0];
+    // A hole in the first sequence and left padding in the second: real rows follow padding
+    // rows, so a pair joining them would show in adj_sumsq.
+    let mask: Vec<f32> = vec![1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0];
     // Padding rows hold a value no real row has: any leak shows in min/max/sums.
     let mut x = randn(B * S * K, 7);
     for (r, &m) in mask.iter().enumerate() {
@@ -102,7 +104,9 @@ fn a_per_head_activation_masks_each_heads_padding_positions() {
     let mask_in = g.input("attention_mask", Shape::new(&[B, S], DType::F32));
     let y = g.matmul(q, kt, Shape::new(&[B, H, S, S], DType::F32));
     g.set_outputs(vec![y, mask_in]);
-    let mask: Vec<f32> = vec![1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0];
+    // Left padding in the first sequence, a hole in the second: a real row follows a padding
+    // row, so a pair that joined them would show in adj_sumsq.
+    let mask: Vec<f32> = vec![0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0];
     let mut qv = randn(B * H * S * K, 3);
     let kv = randn(B * H * K * S, 4);
     let kept = |r: usize| mask[(r / (H * S)) * S + r % S] != 0.0;
@@ -111,13 +115,43 @@ fn a_per_head_activation_masks_each_heads_padding_positions() {
             qv[r * K..(r + 1) * K].fill(1e6);
         }
     }
-    let (_, sink) = run_tapped("matmul{stats=[max,sumsq]}", &g, &[], &[("q", &qv), ("kt", &kv), ("attention_mask", &mask)]);
-    let s = stats_of(&sink.rows(), "matmul.0", "lhs", 0);
-    let real: Vec<f64> = (0..B * H * S).filter(|&r| kept(r)).flat_map(|r| qv[r * K..(r + 1) * K].iter().map(|&v| v as f64)).collect();
-    assert_eq!(s["count"], vec![real.len() as f64]);
-    assert_eq!(s["max"], vec![real.iter().copied().fold(f64::MIN, f64::max)]);
-    assert!(close(s["sumsq"][0], real.iter().map(|v| v * v).sum(), 1e-6));
-    let rhs = stats_of(&sink.rows(), "matmul.0", "rhs", 0);
+    // Every statistic (the default set, a histogram and sampled elements).
+    let (_, sink) = run_tapped("matmul{hist_bins=8,elemsig=10}", &g, &[], &[("q", &qv), ("kt", &kv), ("attention_mask", &mask)]);
+    let rows = sink.rows();
+    let real_rows: Vec<usize> = (0..B * H * S).filter(|&r| kept(r)).collect();
+    let compact: Vec<f32> = real_rows.iter().flat_map(|&r| qv[r * K..(r + 1) * K].to_vec()).collect();
+    let mut want = reference(&compact, &[real_rows.len(), K], 8, 10);
+    // Row-indexed statistics keep the rows' own indices (checked below); pairs never join a
+    // padding row or cross a (batch, head) block of S positions.
+    want.pos_sumsq = Vec::new();
+    want.row_absmax = Vec::new();
+    want.elemsig = Vec::new();
+    want.adj_sumsq = (1..B * H * S)
+        .filter(|&r| r % S != 0 && kept(r) && kept(r - 1))
+        .map(|r| (0..K).map(|j| (qv[r * K + j] as f64 - qv[(r - 1) * K + j] as f64).powi(2)).sum::<f64>())
+        .sum();
+    let lhs: Vec<&opscope::Row> = rows.iter().filter(|r| &*r.role == "lhs").collect();
+    let by = |stat: &str| -> Vec<(u64, f64)> { lhs.iter().filter(|r| &*r.stat == stat).map(|r| (r.idx, r.value as f64)).collect() };
+    let want_pos: Vec<(u64, f64)> =
+        real_rows.iter().map(|&r| (r as u64, qv[r * K..(r + 1) * K].iter().map(|&v| (v as f64).powi(2)).sum())).collect();
+    let pos = by("pos_sumsq");
+    assert_eq!(pos.iter().map(|p| p.0).collect::<Vec<_>>(), want_pos.iter().map(|p| p.0).collect::<Vec<_>>(), "pos_sumsq only at real rows");
+    for ((i, g), (_, w)) in pos.iter().zip(&want_pos) {
+        assert!(close_rel(*g, *w, 1e-6), "pos_sumsq[{i}] {g} vs {w}");
+    }
+    let want_absmax: Vec<(u64, f64)> =
+        real_rows.iter().map(|&r| (r as u64, qv[r * K..(r + 1) * K].iter().map(|&v| (v as f64).abs()).fold(0.0, f64::max))).collect();
+    assert_eq!(by("row_absmax"), want_absmax, "row_absmax only at real rows, exact");
+    let want_sig: Vec<(u64, f64)> = (0..10)
+        .map(|j| (j as u64, j * B * H * S * K / 10))
+        .filter(|&(_, at)| kept(at / K))
+        .map(|(j, at)| (j, qv[at] as f64))
+        .collect();
+    assert_eq!(by("elemsig"), want_sig, "sampled elements in padding rows are left out");
+    let without: Vec<opscope::Row> =
+        lhs.iter().filter(|r| !matches!(&*r.stat, "pos_sumsq" | "row_absmax" | "elemsig")).map(|r| (*r).clone()).collect();
+    assert_matches_reference(&without, "matmul.0", "lhs", &want, 1e-6);
+    let rhs = stats_of(&rows, "matmul.0", "rhs", 0);
     assert_eq!(rhs["count"], vec![(B * H * K * S) as f64], "K^T is not masked");
 }
 

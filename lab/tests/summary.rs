@@ -24,3 +24,44 @@ fn the_summary_shows_nothing_it_did_not_measure() {
     assert!(summary.table().lines().nth(1).unwrap().ends_with("-"), "{}", summary.table());
 }
 
+
+/// Every column of the table against the host: absmax and density over all runs, the mean of
+/// the runs' kurtosis, the largest run's chan_outlier, the non-finite count (a helper's
+/// mutation of `absmax` was caught only because it turned a `None` into a value).
+#[test]
+fn the_summary_columns_equal_the_host_aggregates_over_runs() {
+    use opscope_lab::summary::SummarySink;
+    let g = matmul_2d(4, 6, 3);
+    let p = Pipeline::parse("matmul").unwrap();
+    let summary = SummarySink::default();
+    // Two runs of different scale, with zeros (density below 1) and a large negative value (the
+    // absmax is a min in one run).
+    let mut x1 = randn(24, 2);
+    x1[..5].fill(0.0);
+    let mut x2: Vec<f32> = randn(24, 3).iter().map(|v| 3.0 * v).collect();
+    x2[7] = -40.0;
+    x2[10..12].fill(0.0);
+    let xs = [x1, x2];
+    opscope::scope(&p, Box::new(summary.clone()), || {
+        let mut c = rlx_runtime::Session::new(rlx_runtime::Device::Cpu).compile(g.clone());
+        c.set_param("w", &randn(18, 1));
+        for x in &xs {
+            c.run(&[("x", x)]);
+        }
+    })
+    .unwrap();
+    let sites = summary.sites();
+    let lhs = &sites.iter().find(|((_, r, _), _)| r == "lhs").expect("lhs summarized").1;
+    let refs: Vec<Reference> = xs.iter().map(|x| reference(x, &[4, 6], 8, 0)).collect();
+    let all: Vec<f64> = xs.iter().flatten().map(|&v| v as f64).collect();
+    assert_eq!(lhs.absmax(), Some(40.0));
+    assert_eq!(lhs.absmax(), Some(all.iter().fold(0.0f64, |m, v| m.max(v.abs()))));
+    assert_eq!(lhs.density(), Some(all.iter().filter(|v| **v != 0.0).count() as f64 / 48.0));
+    let kurt = refs.iter().map(|r| r.kurtosis.unwrap()).sum::<f64>() / 2.0;
+    assert!(close_rel(lhs.kurtosis_mean().unwrap(), kurt, 1e-5), "kurtosis {:?} vs {kurt}", lhs.kurtosis_mean());
+    let outlier = refs.iter().map(|r| r.chan_outlier.unwrap()).fold(0.0, f64::max);
+    assert!(close_rel(lhs.chan_outlier.unwrap(), outlier, 1e-5), "chan_outlier {:?} vs {outlier}", lhs.chan_outlier);
+    assert_eq!(lhs.nonfinite, Some(0.0));
+    assert_eq!(lhs.count, 48.0);
+    assert_eq!(lhs.shape, "[4,6]");
+}

@@ -148,7 +148,11 @@ pub fn check(out: &Path, inputs: &[&Path], kind: Output, force: bool) -> Result<
     if let Some(input) = inputs.iter().find(|i| same_file(out, i)) {
         bail!("{} is also an input ({}): writing it would destroy it; pick another output path (or --force)", out.display(), input.display());
     }
-    if out.is_file() && kind == Output::Recording && is_ours(out, kind) {
+    if !out.is_file() {
+        return Ok(());
+    }
+    let ours = is_ours(out, kind);
+    if ours && kind == Output::Recording {
         // A written recording is never lost to a second `record` with the same --out: a
         // Parquet dataset that holds one is refused above, and a CSV recording is too.
         bail!(
@@ -157,7 +161,7 @@ pub fn check(out: &Path, inputs: &[&Path], kind: Output, force: bool) -> Result<
             out.display()
         );
     }
-    if out.is_file() && !is_ours(out, kind) {
+    if !ours {
         bail!(
             "{} exists and is not {}: refusing to overwrite it; pick another path (or --force)",
             out.display(),

@@ -492,6 +492,27 @@ fn a_large_run_is_split_into_row_groups_and_reads_back_whole() {
         .map(|g| g.num_rows())
         .collect::<Vec<_>>();
     assert_eq!(meta, vec![140_000, 10_000, 3], "two row groups for the large run, one for the small");
+    // `idx` and `value` are written in data pages of PAGE_ROWS rows plus less than one write
+    // batch of the crate (1024 rows), a row group's last page fewer (the bound on the writer's
+    // page buffers), read from the file's offset index.
+    let options = parquet::file::serialized_reader::ReadOptionsBuilder::new().with_page_index().build();
+    let reader = parquet::file::serialized_reader::SerializedFileReader::new_with_options(std::fs::File::open(&path).unwrap(), options).unwrap();
+    let md = parquet::file::reader::FileReader::metadata(&reader);
+    let schema = md.file_metadata().schema_descr();
+    let (page, batch) = (opscope::recording::PAGE_ROWS as i64, parquet::file::properties::DEFAULT_WRITE_BATCH_SIZE as i64);
+    for (g, group) in md.row_groups().iter().enumerate() {
+        for name in ["idx", "value"] {
+            let c = (0..schema.num_columns()).find(|&c| schema.column(c).name() == name).unwrap();
+            let index = md.page_index_for_row_group(g);
+            let locations = index.page_locations(c).expect("an offset index");
+            let firsts: Vec<i64> = locations.iter().map(|p| p.first_row_index).chain([group.num_rows()]).collect();
+            let sizes: Vec<i64> = firsts.windows(2).map(|w| w[1] - w[0]).collect();
+            let (last, full) = sizes.split_last().unwrap();
+            assert!(full.iter().all(|n| (page..page + batch).contains(n)), "row group {g}, `{name}`: pages {sizes:?}");
+            assert!(*last > 0 && *last < page + batch, "row group {g}, `{name}`: pages {sizes:?}");
+        }
+    }
+    assert!(md.row_group(0).num_rows() > 30 * opscope::recording::PAGE_ROWS as i64, "the large group spans many pages");
     let got = parquet_rows_independently(&path);
     assert_eq!(got.len(), want.len());
     assert!(got == want, "every row reads back as written, in order");

@@ -26,7 +26,7 @@ pub use self::csv::CsvSink;
 #[cfg(feature = "parquet")]
 pub use self::dataset::{partitions, DatasetSink, PartLimits, Partition, ENV_PART_BYTES, ENV_PART_RUNS, PARTITION_SIDECAR, GROUP_ROWS};
 #[cfg(feature = "parquet")]
-pub use self::parquet::{schema, ParquetSink};
+pub use self::parquet::{schema, ParquetSink, PAGE_ROWS};
 pub use crate::error::RecordingError;
 pub use format::{
     check_dataset_path, check_path, Block, column_index, header, is_dataset_path, new_run_id, partial_path, sidecar_path, write_atomic, write_sidecar, Column, ColumnType, Row,

@@ -76,6 +76,18 @@ impl ParquetSink {
     }
 }
 
+/// Rows in a data page of `idx` and `value`: the crate closes a page at the first write batch
+/// (of at most its default 1024 rows) that brings it to this many, so a page holds `PAGE_ROWS`
+/// to `PAGE_ROWS + 1023` rows, a row group's last one fewer. The crate encodes and compresses a page at a time,
+/// and its buffers grow to a page: the byte-stream-split buffer and its flushed copy, and
+/// Snappy's output. At its default 20 000 rows they were 0.45 MB of the 1.23 MB of extra
+/// peak heap of the chain MLP tapped at L = 16 (`heaptrack`, `benches/chain_mlp.rs`, one
+/// child process per variant); at 4096 rows the extra is 0.96 MB (heap 1.27x -> 1.21x
+/// tapped/untapped) for 3.50 bytes a row on MiniLM's sketches instead of 3.40, at the same
+/// 59-62 M rows/s (`lab/benches/recorder.rs`, 2026-12-03). 1024 rows saved 0.07 MB more for
+/// 3.73 bytes a row and a third fewer rows a second.
+pub const PAGE_ROWS: usize = 4096;
+
 /// The writer settings of every Parquet recording (measured on MiniLM's real `matmul`
 /// sketches by `lab/benches/recorder.rs`; the README's recorder table). The thirteen key
 /// columns are encoded by [`super::rowgroup`] (dictionary pages and run-length keys, one lookup
@@ -98,17 +110,14 @@ impl ParquetSink {
 /// - `idx`: DELTA_BINARY_PACKED without a dictionary (runs of 0, 1, 2, ... cost almost no
 ///   bits): 4.73 -> 3.40 bytes per row with the integer key columns (then encoded the same way;
 ///   as run-length dictionary keys now, 3.38).
-/// - The crate's default page size (20 000 rows or 1 MiB). While the crate encoded the text
-///   columns, pages were limited to 4096 rows (their dictionary indices waited as 8-byte
-///   integers per row and column until a page was encoded); `idx` and `value` buffer 12 bytes a
-///   row, so the limit no longer bounds anything that matters.
+/// - Data pages of about [`PAGE_ROWS`] rows (the crate's default is 20 000 rows or 1 MiB).
 ///
 /// Both encodings are in the Parquet format since 2.8 and read by pyarrow, DuckDB, polars,
 /// DataFusion and Spark 3.3+ (a test reads every recording column back through DuckDB and
 /// pyarrow).
 pub(super) fn writer_properties() -> WriterProperties {
     let text = COLUMNS.iter().filter(|c| c.ty == ColumnType::Text).map(|c| c.name);
-    let b = WriterProperties::builder().set_compression(Compression::SNAPPY);
+    let b = WriterProperties::builder().set_compression(Compression::SNAPPY).set_data_page_row_count_limit(PAGE_ROWS);
     let b = text.fold(b, |b, c| b.set_column_statistics_enabled(ColumnPath::from(c), EnabledStatistics::None));
     let b = b.set_column_dictionary_enabled("value".into(), false).set_column_encoding("value".into(), Encoding::BYTE_STREAM_SPLIT);
     ["idx", "step", "compile", "pass_idx"]

@@ -19,7 +19,12 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 
+HIST_BINS = 32   # the matmul tap's default `hist_bins`
+ELEMSIG_K = 16   # its default `elemsig`
+
+
 def stats(x):
+    raw = np.asarray(x)
     x = np.asarray(x, dtype=np.float64)
     dims = x.shape
     c = dims[-1] if x.ndim else 1
@@ -36,8 +41,30 @@ def stats(x):
         out.update(min=float(f.min()), max=float(f.max()), mean=float(mu))
         if m2 > 0:
             out["kurtosis"] = float(((f - mu) ** 4).mean() / m2 ** 2)
+    out["nan_count"] = float(np.isnan(x).sum())
+    out["posinf_count"] = float(np.isposinf(x).sum())
+    out["neginf_count"] = float(np.isneginf(x).sum())
+    if f.size:
+        # The default `hist_range=absmax`: HIST_BINS bins over [-max|x|, max|x|], numpy's edges
+        # and assignment. `hist_edge_slack` counts the values within 1e-6 of the range of an
+        # interior edge: two runtimes' last-bit differences can move exactly those across one.
+        m = float(np.abs(f).max())
+        counts, _ = np.histogram(f, bins=HIST_BINS, range=(-m, m))
+        out.update(hist=counts.astype(float).tolist(), hist_lo=-m, hist_hi=m, hist_outside=0.0)
+        if m > 0:
+            t = (f + m) / (2 * m) * HIST_BINS  # position in bins; interior edges at 1..HIST_BINS-1
+            k = np.clip(np.rint(t), 1, HIST_BINS - 1)
+            out["hist_edge_slack"] = float((np.abs(t - k) <= 1e-6 * HIST_BINS).sum())
+        else:
+            out["hist_edge_slack"] = 0.0
+    flat = raw.reshape(-1)
+    out["elemsig"] = [float(flat[j * flat.size // ELEMSIG_K]) for j in range(min(ELEMSIG_K, flat.size))]
     r = x.reshape(rows, c)
     out["chan_maxabs"] = np.abs(np.where(np.isfinite(r), r, 0)).max(axis=0).tolist()
+    cm = np.array(out["chan_maxabs"])
+    if cm.size and cm.mean() > 0:
+        out["chan_outlier"] = float(cm.max() / cm.mean())
+    out["row_absmax"] = np.abs(np.where(np.isfinite(r), r, 0)).max(axis=1).tolist()
     out["pos_sumsq"] = (np.where(np.isfinite(r), r, 0) ** 2).sum(axis=1).tolist()
     block = dims[-2] if x.ndim >= 2 else 1
     b = r.reshape(rows // block, block, c)

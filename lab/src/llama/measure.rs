@@ -101,6 +101,11 @@ pub struct LlmQuant {
     pub logits_sqnr_db: f64,
     /// Share of non-padding positions whose next-token argmax is unchanged.
     pub top1_agree: f64,
+    /// 95% interval of the perplexity change `perplexity / reference_perplexity - 1` over the
+    /// text's sequences: a paired percentile bootstrap ([`change_interval`]). How far the same
+    /// configuration can land on other text of this kind; its width also bounds how many digits
+    /// of the change mean anything.
+    pub change_ci95: (f64, f64),
 }
 
 /// One residual block: its influence and what skipping it costs.
@@ -149,10 +154,12 @@ pub struct LlmMeasurement {
     pub spearman_logits: f64,
 }
 
-/// Logits of the non-padding positions of a run, `[positions, vocab]`, and its perplexity.
+/// Logits of the non-padding positions of a run, `[positions, vocab]`, and its perplexity
+/// (over the text, and per sequence in run order).
 struct Run {
     logits: Vec<f32>,
     ppl: Perplexity,
+    per_sequence: Vec<Perplexity>,
     rows: Vec<Row>,
     manifests: Vec<Manifest>,
 }
@@ -163,16 +170,56 @@ fn run(job: &LlamaJob, pipeline: &str) -> Result<Run> {
     let (seq, vocab) = (job.seq, job.model.config.vocab);
     let mut logits = Vec::new();
     let mut ppl = Perplexity::default();
+    let mut per_sequence = Vec::new();
     job.run(&p, Stage::Deployed, Box::new(sink.clone()), |rows, l, _| {
         for (i, r) in rows.iter().enumerate() {
             let at = &l[i * seq * vocab..(i * seq + r.len()) * vocab];
-            ppl.add(at, vocab, r);
+            let mut one = Perplexity::default();
+            one.add(at, vocab, r);
+            ppl.nll += one.nll;
+            ppl.tokens += one.tokens;
+            per_sequence.push(one);
             logits.extend_from_slice(at);
         }
         Ok(())
     })
     .with_context(|| format!("running '{pipeline}'"))?;
-    Ok(Run { logits, ppl, rows: sink.rows(), manifests: sink.manifests() })
+    Ok(Run { logits, ppl, per_sequence, rows: sink.rows(), manifests: sink.manifests() })
+}
+
+/// Bootstrap resamples of [`change_interval`] in `measure`.
+pub const BOOTSTRAP_RESAMPLES: usize = 2000;
+
+/// The `confidence` interval of the perplexity change of `got` over `want`, the same sequences
+/// run twice (`[sequences]`, in the same order): a paired percentile bootstrap over sequences
+/// (Efron & Tibshirani 1993, ch. 13; paired resampling of test items as in Koehn 2004's
+/// significance tests for MT), `resamples` draws from ChaCha8 seeded 0. Each draw takes
+/// sequences with replacement and computes `exp((sum nll_got - sum nll_want) / sum tokens) - 1`
+/// over them (a sequence's tokens stay together: they are not independent); the interval is the
+/// draws' `(1 - c)/2` and `(1 + c)/2` quantiles. `(NaN, NaN)` with fewer than 2 sequences or
+/// none predicted.
+pub fn change_interval(want: &[Perplexity], got: &[Perplexity], confidence: f64, resamples: usize) -> (f64, f64) {
+    use rand::{Rng, SeedableRng};
+    let n = want.len().min(got.len());
+    let total: usize = want[..n].iter().map(|p| p.tokens).sum();
+    if n < 2 || total == 0 || resamples == 0 {
+        return (f64::NAN, f64::NAN);
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    let mut draws: Vec<f64> = (0..resamples)
+        .map(|_| {
+            let (mut d, mut t) = (0.0, 0usize);
+            for _ in 0..n {
+                let i = rng.gen_range(0..n);
+                d += got[i].nll - want[i].nll;
+                t += want[i].tokens;
+            }
+            if t == 0 { 0.0 } else { (d / t as f64).exp() - 1.0 }
+        })
+        .collect();
+    draws.sort_by(f64::total_cmp);
+    let at = |q: f64| draws[((q * resamples as f64).floor() as usize).min(resamples - 1)];
+    (at((1.0 - confidence) / 2.0), at((1.0 + confidence) / 2.0))
 }
 
 /// (logits SQNR in dB, share of positions with the same argmax) of `got` against `want`.
@@ -340,6 +387,7 @@ pub fn measure(job: &LlamaJob, dequantized: Option<&LlamaJob>, skip: bool, mut p
             reference_perplexity: reference.ppl.value(),
             logits_sqnr_db: sqnr,
             top1_agree: agree,
+            change_ci95: change_interval(&reference.per_sequence, &r.per_sequence, 0.95, BOOTSTRAP_RESAMPLES),
         });
     }
 
@@ -386,6 +434,18 @@ pub fn measure(job: &LlamaJob, dequantized: Option<&LlamaJob>, skip: bool, mut p
     })
 }
 
+/// `x` as a signed percentage, to the digits an interval of width `width` (a fraction) supports:
+/// one decimal below a width of 2%, none up to 20%, tens above (a width of NaN: two decimals).
+fn percent(x: f64, width: f64) -> String {
+    let w = width.abs() * 100.0;
+    match w {
+        w if w.is_nan() => format!("{:+.2}%", 100.0 * x),
+        w if w < 2.0 => format!("{:+.1}%", 100.0 * x),
+        w if w < 20.0 => format!("{:+.0}%", 100.0 * x),
+        _ => format!("{:+.0}%", (10.0 * x).round() * 10.0),
+    }
+}
+
 impl LlmMeasurement {
     /// The report as Markdown tables.
     pub fn markdown(&self) -> String {
@@ -422,21 +482,32 @@ impl LlmMeasurement {
             );
         }
         let _ = writeln!(o, "\n### Activation quantization (against the reference run of the same weights)\n");
-        let _ = writeln!(o, "| configuration | pipeline | reference perplexity | perplexity | change | logits SQNR (dB) | top-1 agree |");
-        let _ = writeln!(o, "|---|---|---|---|---|---|---|");
+        let _ = writeln!(
+            o,
+            "| configuration | pipeline | reference perplexity | perplexity | change | 95% interval over sequences | logits SQNR (dB) | top-1 agree |"
+        );
+        let _ = writeln!(o, "|---|---|---|---|---|---|---|---|");
         for q in &self.quant {
+            let (lo, hi) = q.change_ci95;
             let _ = writeln!(
                 o,
-                "| {} | `{}` | {:.3} | {:.3} | {:+.2}% | {:.1} | {:.3} |",
+                "| {} | `{}` | {:.3} | {:.3} | {} | {} | {:.1} | {:.3} |",
                 q.name,
                 q.pipeline,
                 q.reference_perplexity,
                 q.perplexity,
-                100.0 * (q.perplexity / q.reference_perplexity - 1.0),
+                percent(q.perplexity / q.reference_perplexity - 1.0, hi - lo),
+                if lo.is_nan() { "-".to_string() } else { format!("{} .. {}", percent(lo, hi - lo), percent(hi, hi - lo)) },
                 q.logits_sqnr_db,
                 q.top1_agree
             );
         }
+        let _ = writeln!(
+            o,
+            "\nThe interval is a paired bootstrap over the {} sequences (which text was drawn); the change is printed \
+             to the digits its width supports. Where it is wide, read the row as a direction, not a figure.",
+            self.sequences
+        );
         if !self.blocks.is_empty() {
             let _ = writeln!(o, "\n### Block influence vs layer skip\n");
             let _ = writeln!(o, "| block | layer | kind | influence | perplexity skipped | change | logits SQNR (dB) | top-1 agree |");
@@ -464,5 +535,46 @@ impl LlmMeasurement {
             );
         }
         o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seqs(v: &[(f64, usize)]) -> Vec<Perplexity> {
+        v.iter().map(|&(nll, tokens)| Perplexity { nll, tokens }).collect()
+    }
+
+    #[test]
+    fn the_change_interval_is_a_paired_bootstrap_over_sequences() {
+        let want = seqs(&[(10.0, 5), (30.0, 10), (7.0, 3), (20.0, 8)]);
+        // The same run twice: no change in any draw.
+        assert_eq!(change_interval(&want, &want, 0.95, 500), (0.0, 0.0));
+        // Every token's NLL up by 0.1 nats: every draw is e^0.1 - 1, whichever sequences it takes.
+        let shifted = seqs(&[(10.5, 5), (31.0, 10), (7.3, 3), (20.8, 8)]);
+        let (lo, hi) = change_interval(&want, &shifted, 0.95, 500);
+        let c = 0.1f64.exp() - 1.0;
+        assert!((lo - c).abs() < 1e-12 && (hi - c).abs() < 1e-12, "{lo} {hi}");
+        // One sequence much worse: the interval spans the draws without it (change 0) to draws of
+        // it alone, and holds the whole-text change.
+        let one_bad = seqs(&[(10.0, 5), (30.0, 10), (7.0 + 3.0, 3), (20.0, 8)]);
+        let (lo, hi) = change_interval(&want, &one_bad, 0.95, 2000);
+        let whole = (3.0f64 / 26.0).exp() - 1.0;
+        assert!(lo <= whole && whole <= hi, "{lo} {whole} {hi}");
+        assert!(lo.abs() < 1e-12, "some draws leave the bad sequence out: {lo}");
+        assert!(hi > 2.0 * whole, "draws taking it more than once: {hi}");
+        assert!(hi <= 1.0f64.exp() - 1.0 + 1e-12, "no draw is worse than the bad sequence alone (1 nat a token): {hi}");
+        // Fewer than two sequences: no interval.
+        assert!(change_interval(&want[..1], &shifted[..1], 0.95, 100).0.is_nan());
+    }
+
+    #[test]
+    fn a_change_is_printed_to_the_digits_its_interval_supports() {
+        assert_eq!(percent(0.0123, 0.01), "+1.2%");
+        assert_eq!(percent(0.0123, 0.1), "+1%");
+        assert_eq!(percent(0.136, 0.5), "+10%");
+        assert_eq!(percent(-0.27, 0.9), "-30%");
+        assert_eq!(percent(0.0123, f64::NAN), "+1.23%");
     }
 }

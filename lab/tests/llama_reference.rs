@@ -307,6 +307,13 @@ fn measure_gguf_matches_numpy() {
         let (ppl, want_ppl) = (q["perplexity"].as_f64().unwrap(), rq["perplexity"].0[0]);
         let (db, want_db) = (q["logits_sqnr_db"].as_f64().unwrap(), sqnr(&r["logits"].0, &rq["logits"].0));
         eprintln!("W4A8 per-{scope}: perplexity opscope {ppl:.2} numpy {want_ppl:.2}; logits SQNR opscope {db:.2} dB numpy {want_db:.2} dB");
+        // The 95% interval of the change over sequences holds opscope's change and numpy's (its
+        // own quantizer over its own unquantized run): the rounding noise above is inside it.
+        let ci: Vec<f64> = q["change_ci95"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        let change = ppl / q["reference_perplexity"].as_f64().unwrap() - 1.0;
+        let want_change = want_ppl / r["perplexity"].0[0] - 1.0;
+        assert!(ci[0] <= change && change <= ci[1], "per-{scope}: change {change} outside {ci:?}");
+        assert!(ci[0] <= want_change && want_change <= ci[1], "per-{scope}: numpy's change {want_change} outside opscope's interval {ci:?}");
         if scope == "token" {
             assert!((db - want_db).abs() <= 0.5, "W4A8 per-token logits SQNR: opscope {db} dB, numpy {want_db} dB");
             close(ppl, want_ppl, 0.03, "W4A8 per-token perplexity");

@@ -78,14 +78,15 @@ impl ParquetSink {
 
 /// Rows in a data page of `idx` and `value`: the crate closes a page at the first write batch
 /// (of at most its default 1024 rows) that brings it to this many, so a page holds `PAGE_ROWS`
-/// to `PAGE_ROWS + 1023` rows, a row group's last one fewer. The crate encodes and compresses a page at a time,
-/// and its buffers grow to a page: the byte-stream-split buffer and its flushed copy, and
-/// Snappy's output. At its default 20 000 rows they were 0.45 MB of the 1.23 MB of extra
-/// peak heap of the chain MLP tapped at L = 16 (`heaptrack`, `benches/chain_mlp.rs`, one
-/// child process per variant); at 4096 rows the extra is 0.96 MB (heap 1.27x -> 1.21x
-/// tapped/untapped) for 3.50 bytes a row on MiniLM's sketches instead of 3.40, at the same
-/// 59-62 M rows/s (`lab/benches/recorder.rs`, 2026-12-03). 1024 rows saved 0.07 MB more for
-/// 3.73 bytes a row and a third fewer rows a second.
+/// to `PAGE_ROWS + 1023` rows, a row group's last one fewer. The crate encodes and compresses a
+/// page at a time, and its buffers grow to a page: the byte-stream-split buffer and its flushed
+/// copy, and Snappy's output. At its default 20 000 rows they were 0.45 MB of the 1.23 MB of
+/// extra peak heap of the chain MLP tapped at L = 16 (`heaptrack`, `benches/chain_mlp.rs`, one
+/// child process per variant); at 4096 rows the extra is 0.95 MB (heap 1.27x -> 1.21x
+/// tapped/untapped), for 3.50 bytes a row on MiniLM's sketches instead of 3.40 and no change in
+/// rows a second beyond the noise (`lab/benches/recorder.rs`, the two settings alternated in
+/// one sitting, 2026-12-04; `lab/COST.md`). 1024 rows saved 0.07 MB more for 3.73 bytes a row
+/// and a third fewer rows a second.
 pub const PAGE_ROWS: usize = 4096;
 
 /// The writer settings of every Parquet recording (measured on MiniLM's real `matmul`

@@ -309,6 +309,7 @@ fn fixture_report_json_is_pinned() {
         working_set,
         bandwidth,
         probe: opscope_lab::cost::Probe { op: "given".into(), work: working_set, timing: None, rate: bandwidth },
+        unmeasured: Vec::new(),
     };
     m.curve = vec![point(2048, 5e10), point(4096, 2e10), point(1 << 30, 1e10)];
     let report = CostReport::new(&cost, m, 1, 5);

@@ -145,10 +145,9 @@ pub(crate) struct Tapped {
     pub fused: bool,
 }
 
-/// The graph to compile and the manifest of its appended outputs. When the pipeline neither
-/// appended nor actuated anything, the program unchanged: at the deployed stage the fused graph
-/// (marked `fused`, so that it is not fused twice), else the caller's graph. The caller's graph
-/// when the pipeline failed (the failure goes to the recorder).
+/// The graph to compile and the manifest of its appended outputs; the graph unchanged when the
+/// pipeline neither appended nor actuated anything, or failed (the failure goes to the
+/// recorder).
 pub(crate) fn tap_graph(
     pipeline: &Pipeline,
     recorder: &Recorder,
@@ -176,13 +175,9 @@ pub(crate) fn tap_graph(
                 // An actuation changed the program and nothing was appended: compile the
                 // changed graph, with no extra outputs to record.
                 untouched(tapped)
-            } else if fused_nodes.is_some_and(|n| tapped.len() == n) {
-                // Nothing appended or changed (no site, or only zero-size tensors) in the fused
-                // graph: it is the program the compile would run, handed to the backend planned
-                // rather than fused a second time. Zero-size entries have no outputs to wait for.
-                Tapped { graph: tapped, manifest: None, fused: true }
             } else {
-                // Nothing appended to the caller's graph (a source-stage tap): compile it untouched.
+                // Nothing appended (no site, or only zero-size tensors): compile the caller's
+                // graph untouched; zero-size entries have no outputs to wait for.
                 untouched(graph)
             }
         }

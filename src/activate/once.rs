@@ -16,13 +16,13 @@ use rlx_ir::{Graph, NodeId};
 /// the process started.
 static PLANNED: AtomicU64 = AtomicU64::new(0);
 
-/// How many compiles a tap saw reached the backend fused once: the tap fuses the caller's graph
-/// to find the program that runs, appends its sketches (or finds no site and appends nothing),
-/// and the backend plans that graph without running RLX's fusion pipeline over it again. A
-/// compile that does not qualify (a [`super::Stage::Source`] tap, an actuation, a lowered
-/// sketch, a symbolic dim, a scope compiling with options that fuse otherwise than
-/// `CompileOptions::new()`, options asking for RLX's fusion diagnostics, a backend other than
-/// opscope's CPU wrapper) is fused a second time, as RLX compiles any graph. Counted since the process started, for tests and the
+/// How many tapped compiles reached the backend fused once: the tap fuses the caller's graph to
+/// find the program that runs, appends its sketches, and the backend plans that graph without
+/// running RLX's fusion pipeline over it again. A compile that does not qualify (a
+/// [`super::Stage::Source`] tap, an actuation, a lowered sketch, a symbolic dim, a scope
+/// compiling with options that fuse otherwise than `CompileOptions::new()`, options asking for
+/// RLX's fusion diagnostics, a backend other than opscope's CPU wrapper) is fused a second
+/// time, as RLX compiles any graph. Counted since the process started, for tests and the
 /// compile benchmark.
 pub fn compiles_fused_once() -> u64 {
     PLANNED.load(Ordering::Relaxed)

@@ -92,9 +92,16 @@ fn row_extremes_finite(row: &[f32]) -> (u32, f32, f32, usize) {
     extremes_dispatch::<true>(row)
 }
 
-/// [`extremes`] compiled for AVX2 where the CPU has it (eight f32 lanes per instruction
-/// instead of SSE2's four; the same comparisons and counts, so the same results).
+/// [`extremes`] with AVX-512F where the CPU has it ([`avx512::extremes`]: 64 lanes; the same
+/// counts and extreme values, a zero extreme possibly of the other sign, which no caller of
+/// this path keeps), else compiled for AVX2 (eight f32 lanes per instruction instead of
+/// SSE2's four; the same comparisons and counts, so the same bits).
 fn extremes_dispatch<const COUNT: bool>(row: &[f32]) -> (u32, f32, f32, usize) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU supports AVX-512F, checked just above.
+        return unsafe { avx512::extremes::<COUNT>(row) };
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2, checked just above.
@@ -236,6 +243,27 @@ struct RowFns {
     sums: fn(&[f32], f64) -> (f64, f64, f64),
     centred: fn(&[f32], f64) -> (f64, f64),
     pairs: fn(&[f32], &[f32]) -> f64,
+    /// Pass 1 of a row in one read ([`avx512::row_pass`]), where the CPU has AVX-512F; else
+    /// [`RowFns::row_pass`] composes `sums`, the extremes, the per-channel max and `pairs`.
+    fused: Option<FusedRow>,
+}
+
+/// Signature of a fused pass-1 row loop: (row, pivot, the previous row for `adj_sumsq`, the
+/// per-channel max|x| to update).
+type FusedRow = fn(&[f32], f64, Option<&[f32]>, Option<&mut [f32]>) -> RowPass;
+
+/// What pass 1 takes from one row.
+#[derive(Clone, Copy, Debug)]
+struct RowPass {
+    /// (sum of `x - pivot`, sum |x|, sum x^2) in 16 f64 lanes ([`row_sums`]): finite exactly
+    /// when every value of the row is.
+    sums: (f64, f64, f64),
+    /// (non-zero count, min, max) of the row ([`row_extremes`]); read only when `sums` are
+    /// finite.
+    extremes: (u32, f32, f32),
+    /// Sum of (x - p)^2 over the pairs with the previous row ([`pair_sumsq`]); NaN when no
+    /// previous row was given.
+    pair: f64,
 }
 
 impl RowFns {
@@ -244,31 +272,67 @@ impl RowFns {
             sums: row_sums,
             centred: row_centred,
             pairs: pair_sumsq,
+            fused: None,
         }
     }
 
     fn detect() -> RowFns {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
+            let avx512 = std::arch::is_x86_feature_detected!("avx512f");
             return RowFns {
                 // SAFETY (all three): the CPU supports AVX2, checked just above.
                 sums: |r, p| unsafe { avx2::row_sums(r, p) },
-                centred: |r, m| unsafe { avx2::row_centred(r, m) },
+                centred: if avx512 {
+                    // SAFETY: the CPU supports AVX-512F, checked above.
+                    |r, m| unsafe { avx512::row_centred(r, m) }
+                } else {
+                    |r, m| unsafe { avx2::row_centred(r, m) }
+                },
                 pairs: |p, r| unsafe { avx2::pair_sumsq(p, r) },
+                // SAFETY: the CPU supports AVX-512F, checked above; `row_pass` checks the
+                // slices' lengths.
+                fused: avx512.then_some((|r, p, prev, chan| unsafe { avx512::row_pass(r, p, prev, chan) }) as FusedRow),
             };
         }
         RowFns::portable()
+    }
+
+    /// Pass 1 of one row: its sums, and when they are finite its extremes, with `chan` (the
+    /// per-channel max|x|, one per value of the row) raised to the row's finite |x|; the pair
+    /// sum with `prev` when given. A row with a non-finite value leaves `chan` as it was or
+    /// raised to its finite |x| (the fused loop), which the element path then computes anyway:
+    /// the per-channel maxima are the same either way.
+    #[inline(always)]
+    fn row_pass(&self, row: &[f32], pivot: f64, prev: Option<&[f32]>, chan: Option<&mut [f32]>) -> RowPass {
+        if let Some(f) = self.fused {
+            return f(row, pivot, prev, chan);
+        }
+        let sums = (self.sums)(row, pivot);
+        let extremes = if sums.0.is_finite() && sums.2.is_finite() {
+            if let Some(chan) = chan {
+                chan_absmax(chan, row);
+            }
+            row_extremes(row)
+        } else {
+            (0, f32::INFINITY, f32::NEG_INFINITY)
+        };
+        let pair = prev.map_or(f64::NAN, |p| (self.pairs)(p, row));
+        RowPass { sums, extremes, pair }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    //! The histogram count of [`super::Binner::count_all`] with AVX-512 for up to 32 bins (the
-    //! default), without one memory increment per value: a row of 4096 values or more as
-    //! one-hot words summed by a carry-save positional popcount ([`count_onehot`]), shorter
-    //! rows and the rest 64 values per step with one comparison per bin. Safety (every
-    //! function): the CPU must support AVX-512F, AVX-512BW, AVX2 and POPCNT.
+    //! The kernel's loops with AVX-512. The histogram count of [`super::Binner::count_all`]
+    //! for up to 32 bins (the default), without one memory increment per value: a row of 4096
+    //! values or more as one-hot words summed by a carry-save positional popcount
+    //! ([`count_onehot`]), shorter rows and the rest 64 values per step with one comparison per
+    //! bin; safety: the CPU must support AVX-512F, AVX-512BW, AVX2 and POPCNT. Pass 1 of a row
+    //! in one read ([`row_pass`]), the kurtosis pass ([`row_centred`]) and the extremes of a
+    //! sketch with no sums ([`extremes`]); safety: the CPU must support AVX-512F.
 
+    use super::LANES;
     use std::arch::x86_64::*;
 
     /// The bin of each of 16 values, as bytes: exactly the operations of
@@ -361,6 +425,185 @@ mod avx512 {
                 }
             }
         }
+    }
+
+    /// Pass 1 of one row in one read, 16 values a step: the sums of [`super::row_sums`] and
+    /// the pair sum of [`super::pair_sumsq`] in the same 16 f64 lanes (two registers of
+    /// eight; lane `l` is element `l` of each 16-value chunk, the remainder goes through lanes
+    /// 0.. in order, the lanes are summed 0 to 15), so the same bits; the extremes of
+    /// [`super::extremes`] in 16 f32 lanes (`vminps`/`vmaxps` keep the lane's value on a tie
+    /// and on NaN, as its comparisons do); and `chan` raised to each finite |x| (a masked
+    /// `vmaxps`, so a row with a non-finite value raises it only where the element path
+    /// would). The composition ([`super::RowFns::row_pass`]) reads a row two to four times,
+    /// four f64 lanes an instruction. Measured with `benches/kernel.rs` (this 2-core Xeon,
+    /// 2026-12-06, the old and new binaries alternated three times, best of each): the full
+    /// tensor set 0.77-0.91x the composition's time (median 0.83x) over the chain MLP's
+    /// `[64, 256]` and MiniLM's `[8, 128, 384]` and `[8, 128, 1536]`, raw and ReLU, at data
+    /// scales 1, 1e-10, 1e-21 and 1e25 (1.2 ns a value at `[64, 256]` against 1.4).
+    /// Safety: the CPU must support AVX-512F. Panics if `prev` or `chan` is shorter than
+    /// `row` (a longer one is read to `row`'s length).
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn row_pass(row: &[f32], pivot: f64, prev: Option<&[f32]>, chan: Option<&mut [f32]>) -> super::RowPass {
+        // The raw-pointer loop reads `prev` and `chan` up to `row.len()`: a shorter one panics
+        // here rather than being read or written past its end.
+        let prev = prev.map(|p| &p[..row.len()]);
+        let mut chan = chan.map(|c| &mut c[..row.len()]);
+        let pv = _mm512_set1_pd(pivot);
+        let zd = _mm512_setzero_pd();
+        let (mut s, mut a, mut q, mut d) = ([zd; 2], [zd; 2], [zd; 2], [zd; 2]);
+        let zero = _mm512_setzero_ps();
+        let inf = _mm512_set1_ps(f32::INFINITY);
+        let one = _mm512_set1_epi32(1);
+        let mut z = _mm512_setzero_si512();
+        let mut lo = inf;
+        let mut hi = _mm512_set1_ps(f32::NEG_INFINITY);
+        let bulk = row.len() / LANES * LANES;
+        let r = row.as_ptr();
+        let mut i = 0;
+        while i < bulk {
+            let x = _mm512_loadu_ps(r.add(i));
+            // `x != 0.0` (true for NaN, as Rust's `!=`).
+            z = _mm512_mask_add_epi32(z, _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(x, zero), z, one);
+            lo = _mm512_min_ps(x, lo);
+            hi = _mm512_max_ps(x, hi);
+            if let Some(c) = chan.as_deref_mut() {
+                let ax = _mm512_abs_ps(x);
+                let cp = c.as_mut_ptr().add(i);
+                let m = _mm512_loadu_ps(cp);
+                _mm512_storeu_ps(cp, _mm512_mask_max_ps(m, _mm512_cmp_ps_mask::<_CMP_LT_OQ>(ax, inf), m, ax));
+            }
+            for k in 0..2 {
+                let xd = _mm512_cvtps_pd(_mm256_loadu_ps(r.add(i + 8 * k)));
+                s[k] = _mm512_add_pd(s[k], _mm512_sub_pd(xd, pv));
+                a[k] = _mm512_add_pd(a[k], _mm512_abs_pd(xd));
+                q[k] = _mm512_add_pd(q[k], _mm512_mul_pd(xd, xd));
+                if let Some(p) = prev {
+                    let e = _mm512_sub_pd(xd, _mm512_cvtps_pd(_mm256_loadu_ps(p.as_ptr().add(i + 8 * k))));
+                    d[k] = _mm512_add_pd(d[k], _mm512_mul_pd(e, e));
+                }
+            }
+            i += LANES;
+        }
+        let (mut s, mut a, mut q, mut d) = (lanes(s), lanes(a), lanes(q), lanes(d));
+        let mut zl: [u32; LANES] = std::mem::transmute(z);
+        let mut lol: [f32; LANES] = std::mem::transmute(lo);
+        let mut hil: [f32; LANES] = std::mem::transmute(hi);
+        for (l, &x) in row[bulk..].iter().enumerate() {
+            let xd = x as f64;
+            s[l] += xd - pivot;
+            a[l] += xd.abs();
+            q[l] += xd * xd;
+            if let Some(p) = prev {
+                let e = xd - p[bulk + l] as f64;
+                d[l] += e * e;
+            }
+            zl[l] += (x != 0.0) as u32;
+            lol[l] = lol[l].min(x);
+            hil[l] = hil[l].max(x);
+            if let Some(c) = chan.as_deref_mut() {
+                if x.abs() < f32::INFINITY {
+                    c[bulk + l] = c[bulk + l].max(x.abs());
+                }
+            }
+        }
+        super::RowPass {
+            sums: (s.iter().sum(), a.iter().sum(), q.iter().sum()),
+            extremes: (
+                zl.iter().sum(),
+                lol.iter().copied().fold(f32::INFINITY, f32::min),
+                hil.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+            ),
+            pair: if prev.is_some() { d.iter().sum() } else { f64::NAN },
+        }
+    }
+
+    /// [`super::extremes`] 64 values a step in four registers of 16 lanes: the step's four
+    /// `vminps`/`vmaxps` chains run in parallel, where 16 lanes (one register, or the AVX2
+    /// loop's two) wait on one chain's latency every 16 values. The counts are the same
+    /// integers and the extremes the same values; of equal zeros a lane keeps the first it
+    /// reads, so a zero extreme may come back with the other sign than the 16-lane loop's
+    /// (this path serves only sketches with no sums, whose statistics write a zero extreme as
+    /// +0 or read its absolute value). Measured with `benches/kernel.rs` as
+    /// [`row_pass`]: `stats=[max]` 0.67-0.91x the AVX2 loop's time (0.09 ns a value at
+    /// `[64, 256]` against 0.12; at `[8, 128, 1536]`, 3 MB, the least gain: the read from L2
+    /// and beyond bounds it). Safety: the CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn extremes<const COUNT: bool>(row: &[f32]) -> (u32, f32, f32, usize) {
+        const STEP: usize = 4 * LANES;
+        let zero = _mm512_setzero_ps();
+        let inf = _mm512_set1_ps(f32::INFINITY);
+        let one = _mm512_set1_epi32(1);
+        let (mut z, mut fin) = ([_mm512_setzero_si512(); 4], [_mm512_setzero_si512(); 4]);
+        let (mut lo, mut hi) = ([inf; 4], [_mm512_set1_ps(f32::NEG_INFINITY); 4]);
+        let bulk = row.len() / STEP * STEP;
+        let r = row.as_ptr();
+        let mut i = 0;
+        while i < bulk {
+            for k in 0..4 {
+                let x = _mm512_loadu_ps(r.add(i + LANES * k));
+                // `x != 0.0` (true for NaN, as Rust's `!=`); `|x| < inf` (false for NaN).
+                z[k] = _mm512_mask_add_epi32(z[k], _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(x, zero), z[k], one);
+                if COUNT {
+                    fin[k] = _mm512_mask_add_epi32(fin[k], _mm512_cmp_ps_mask::<_CMP_LT_OQ>(_mm512_abs_ps(x), inf), fin[k], one);
+                }
+                // The lane's value on a tie and on a NaN `x`, as the comparisons of the
+                // portable loop.
+                lo[k] = _mm512_min_ps(x, lo[k]);
+                hi[k] = _mm512_max_ps(x, hi[k]);
+            }
+            i += STEP;
+        }
+        let (mut zs, mut fins) = (0u32, 0usize);
+        let (mut l, mut h) = (f32::INFINITY, f32::NEG_INFINITY);
+        for k in 0..4 {
+            zs += _mm512_reduce_add_epi32(z[k]) as u32;
+            fins += _mm512_reduce_add_epi32(fin[k]) as u32 as usize;
+            l = l.min(_mm512_reduce_min_ps(lo[k]));
+            h = h.max(_mm512_reduce_max_ps(hi[k]));
+        }
+        for &x in &row[bulk..] {
+            zs += (x != 0.0) as u32;
+            if COUNT {
+                fins += (x.abs() < f32::INFINITY) as usize;
+            }
+            l = l.min(x);
+            h = h.max(x);
+        }
+        (zs, l, h, if COUNT { row.len() - fins } else { 0 })
+    }
+
+    /// [`super::row_centred`] in two registers of eight f64 lanes: the same lanes, operations
+    /// and order, so the same bits. Safety: the CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn row_centred(row: &[f32], mean: f64) -> (f64, f64) {
+        let m = _mm512_set1_pd(mean);
+        let zd = _mm512_setzero_pd();
+        let (mut r2, mut r4) = ([zd; 2], [zd; 2]);
+        let bulk = row.len() / LANES * LANES;
+        let r = row.as_ptr();
+        let mut i = 0;
+        while i < bulk {
+            for k in 0..2 {
+                let dv = _mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(r.add(i + 8 * k))), m);
+                let d2 = _mm512_mul_pd(dv, dv);
+                r2[k] = _mm512_add_pd(r2[k], d2);
+                r4[k] = _mm512_add_pd(r4[k], _mm512_mul_pd(d2, d2));
+            }
+            i += LANES;
+        }
+        let (mut r2, mut r4) = (lanes(r2), lanes(r4));
+        for (l, &x) in row[bulk..].iter().enumerate() {
+            let dv = x as f64 - mean;
+            let d2 = dv * dv;
+            r2[l] += d2;
+            r4[l] += d2 * d2;
+        }
+        (r2.iter().sum(), r4.iter().sum())
+    }
+
+    #[inline(always)]
+    unsafe fn lanes(v: [__m512d; 2]) -> [f64; LANES] {
+        std::mem::transmute(v)
     }
 
     struct Consts {
@@ -976,31 +1219,35 @@ fn compute_masked_body(data: &[f32], dims: &[usize], spec: &SketchSpec, mask: Op
             continue;
         }
         let row = &data[r * c..(r + 1) * c];
-        // (sum of x - pivot, sum |x|, sum x^2, and the row's extremes if already known)
-        let (s, a, q, known) = if want_sums {
-            let (s, a, q) = (fns.sums)(row, pivot);
-            (s, a, q, None)
+        let prev = (want_adj && r % block != 0 && kept(r - 1)).then(|| &data[(r - 1) * c..r * c]);
+        let pass = if want_sums {
+            fns.row_pass(row, pivot, prev, want_chan.then_some(&mut chan[..]))
         } else {
             let e = row_extremes_finite(row);
-            // A finite row: sums of 0 stand in (nothing reads them); else the element path.
-            if e.3 == 0 { (0.0, 0.0, 0.0, Some((e.0, e.1, e.2))) } else { (f64::NAN, f64::NAN, f64::NAN, None) }
+            if e.3 == 0 && want_chan {
+                chan_absmax(&mut chan, row);
+            }
+            RowPass {
+                // A finite row: sums of 0 stand in (nothing reads them); else the element path.
+                sums: if e.3 == 0 { (0.0, 0.0, 0.0) } else { (f64::NAN, f64::NAN, f64::NAN) },
+                extremes: (e.0, e.1, e.2),
+                pair: prev.map_or(f64::NAN, |p| (fns.pairs)(p, row)),
+            }
         };
+        let (s, a, q) = pass.sums;
         let row_sumsq;
         if s.is_finite() && q.is_finite() {
             acc.count += c as u64;
             acc.shifted += s;
             acc.l1 += a;
             acc.sumsq += q;
-            let (z, lo, hi) = known.unwrap_or_else(|| row_extremes(row));
+            let (z, lo, hi) = pass.extremes;
             acc.nnz += z as u64;
             acc.min = acc.min.min(lo);
             acc.max = acc.max.max(hi);
             row_sumsq = q;
             if want_rowmax {
                 rowmax[r] = lo.abs().max(hi.abs());
-            }
-            if want_chan {
-                chan_absmax(&mut chan, row);
             }
         } else {
             let mut rq = 0f64;
@@ -1037,9 +1284,8 @@ fn compute_masked_body(data: &[f32], dims: &[usize], spec: &SketchSpec, mask: Op
         if want_pos {
             pos[r] = row_sumsq;
         }
-        if want_adj && r % block != 0 && kept(r - 1) {
-            let prev = &data[(r - 1) * c..r * c];
-            let total = (fns.pairs)(prev, row);
+        if let Some(prev) = prev {
+            let total = pass.pair;
             if total.is_finite() {
                 acc.adj += total;
             } else {
@@ -1263,7 +1509,7 @@ mod tests {
     fn extremes_dispatch_equals_the_portable_loop() {
         let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         let special = [0.0f32, -0.0, 1e-40, -1e-40, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, f32::MAX, f32::MIN];
-        for len in 0..70 {
+        for len in (0..70).chain([127, 128, 129, 255, 1000]) {
             for trial in 0..20 {
                 let row: Vec<f32> = (0..len)
                     .map(|_| {
@@ -1272,8 +1518,19 @@ mod tests {
                     })
                     .collect();
                 let key = |e: (u32, f32, f32, usize)| (e.0, e.1.to_bits(), e.2.to_bits(), e.3);
-                assert_eq!(key(extremes_dispatch::<true>(&row)), key(extremes_portable::<true>(&row)), "{row:?}");
-                assert_eq!(key(extremes_dispatch::<false>(&row)), key(extremes_portable::<false>(&row)), "{row:?}");
+                // A zero extreme compared as +0: the AVX-512 loop's 64 lanes may keep the other
+                // zero (no caller of that path keeps the sign).
+                let plus0 = |e: (u32, f32, f32, usize)| (e.0, (e.1 + 0.0).to_bits(), (e.2 + 0.0).to_bits(), e.3);
+                assert_eq!(plus0(extremes_dispatch::<true>(&row)), plus0(extremes_portable::<true>(&row)), "{row:?}");
+                assert_eq!(plus0(extremes_dispatch::<false>(&row)), plus0(extremes_portable::<false>(&row)), "{row:?}");
+                // The AVX2 loop (what a CPU without AVX-512 runs) to the bit, zero signs too.
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU supports AVX2, checked just above.
+                    let (t, f) = unsafe { (extremes_avx2::<true>(&row), extremes_avx2::<false>(&row)) };
+                    assert_eq!(key(t), key(extremes_portable::<true>(&row)), "{row:?}");
+                    assert_eq!(key(f), key(extremes_portable::<false>(&row)), "{row:?}");
+                }
             }
         }
     }
@@ -1335,33 +1592,136 @@ mod tests {
         }
     }
 
-    /// The AVX2 row loops give the same bits as the portable ones (the recorded values must not
-    /// depend on the machine's vector unit).
+    /// The AVX2 row loops, and the AVX-512 kurtosis loop where the CPU has it, give the same
+    /// bits as the portable ones (the recorded values must not depend on the machine's vector
+    /// unit).
     #[test]
     fn avx2_row_loops_equal_portable_bits() {
+        let a = RowFns::portable();
+        // What this CPU runs (AVX-512 `centred` where it has it) and, with AVX2, the AVX2
+        // loops themselves (what a CPU without AVX-512 runs).
+        let mut impls = vec![RowFns::detect()];
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            impls.push(RowFns {
+                // SAFETY (all three): the CPU supports AVX2, checked just above.
+                sums: |r, p| unsafe { avx2::row_sums(r, p) },
+                centred: |r, m| unsafe { avx2::row_centred(r, m) },
+                pairs: |p, r| unsafe { avx2::pair_sumsq(p, r) },
+                fused: None,
+            });
+        }
+        for b in impls {
+            let mut bits = xorshift(0x9e37_79b9_7f4a_7c15);
+            let mut next = || {
+                let state = bits();
+                // Spread over many binades, both signs.
+                let m = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                m * 10f32.powi((state % 60) as i32 - 30)
+            };
+            for len in [0usize, 1, 7, 15, 16, 17, 33, 255, 1000] {
+                let x: Vec<f32> = (0..len).map(|_| next()).collect();
+                let y: Vec<f32> = (0..len).map(|_| next()).collect();
+                let bits3 = |t: (f64, f64, f64)| [t.0.to_bits(), t.1.to_bits(), t.2.to_bits()];
+                assert_eq!(bits3((a.sums)(&x, 0.25)), bits3((b.sums)(&x, 0.25)), "sums, len {len}");
+                let (c, d) = ((a.centred)(&x, -1e-3), (b.centred)(&x, -1e-3));
+                assert_eq!((c.0.to_bits(), c.1.to_bits()), (d.0.to_bits(), d.1.to_bits()), "centred, len {len}");
+                assert_eq!((a.pairs)(&x, &y).to_bits(), (b.pairs)(&x, &y).to_bits(), "pairs, len {len}");
+                // Unit-scale data about a mean of the same scale (above, the wide spread of
+                // magnitudes hides the mean: an `x + mean` slip gave the same sums).
+                let u: Vec<f32> = (0..len).map(|i| (i * 7919 % 1000) as f32 / 1000.0 - 0.3).collect();
+                let (c, d) = ((a.centred)(&u, 0.2), (b.centred)(&u, 0.2));
+                assert_eq!((c.0.to_bits(), c.1.to_bits()), (d.0.to_bits(), d.1.to_bits()), "centred unit-scale, len {len}");
+                let want: (f64, f64) = u.iter().fold((0.0, 0.0), |t, &v| (t.0 + (v as f64 - 0.2).powi(2), t.1 + (v as f64 - 0.2).powi(4)));
+                assert!((c.0 - want.0).abs() <= 1e-12 * want.0.max(1.0) && (c.1 - want.1).abs() <= 1e-12 * want.1.max(1.0), "centred vs host, len {len}");
+            }
+        }
+    }
+
+    /// The fused pass-1 row loop (AVX-512, where the CPU has it) gives the composition's bits:
+    /// the sums, the pair sum, and for a finite row the extremes and the per-channel maxima;
+    /// for a row with NaN or an infinity, non-finite sums and per-channel maxima that the
+    /// element path (the finite |x|) then completes to the same values. Rows of every length
+    /// around the 16-value step, with zeros of both signs, subnormals and extreme values.
+    #[test]
+    fn fused_row_pass_equals_the_composition() {
         let (a, b) = (RowFns::portable(), RowFns::detect());
-        let mut bits = xorshift(0x9e37_79b9_7f4a_7c15);
-        let mut next = || {
-            let state = bits();
-            // Spread over many binades, both signs.
-            let m = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-            m * 10f32.powi((state % 60) as i32 - 30)
-        };
-        for len in [0usize, 1, 7, 15, 16, 17, 33, 255, 1000] {
-            let x: Vec<f32> = (0..len).map(|_| next()).collect();
-            let y: Vec<f32> = (0..len).map(|_| next()).collect();
-            let bits3 = |t: (f64, f64, f64)| [t.0.to_bits(), t.1.to_bits(), t.2.to_bits()];
-            assert_eq!(bits3((a.sums)(&x, 0.25)), bits3((b.sums)(&x, 0.25)), "sums, len {len}");
-            let (c, d) = ((a.centred)(&x, -1e-3), (b.centred)(&x, -1e-3));
-            assert_eq!((c.0.to_bits(), c.1.to_bits()), (d.0.to_bits(), d.1.to_bits()), "centred, len {len}");
-            assert_eq!((a.pairs)(&x, &y).to_bits(), (b.pairs)(&x, &y).to_bits(), "pairs, len {len}");
-            // Unit-scale data about a mean of the same scale (above, the wide spread of
-            // magnitudes hides the mean: an `x + mean` slip gave the same sums).
-            let u: Vec<f32> = (0..len).map(|i| (i * 7919 % 1000) as f32 / 1000.0 - 0.3).collect();
-            let (c, d) = ((a.centred)(&u, 0.2), (b.centred)(&u, 0.2));
-            assert_eq!((c.0.to_bits(), c.1.to_bits()), (d.0.to_bits(), d.1.to_bits()), "centred unit-scale, len {len}");
-            let want: (f64, f64) = u.iter().fold((0.0, 0.0), |t, &v| (t.0 + (v as f64 - 0.2).powi(2), t.1 + (v as f64 - 0.2).powi(4)));
-            assert!((c.0 - want.0).abs() <= 1e-12 * want.0.max(1.0) && (c.1 - want.1).abs() <= 1e-12 * want.1.max(1.0), "centred vs host, len {len}");
+        #[cfg(target_arch = "x86_64")]
+        if b.fused.is_none() {
+            eprintln!("fused_row_pass_equals_the_composition: no AVX-512F here, the fused loop is not tested");
+        }
+        let mut next = xorshift(0x6a09_e667_f3bc_c909);
+        let special = [0.0f32, -0.0, 1e-40, -1e-40, f32::MAX, f32::MIN, 3.0e-39, f32::INFINITY, f32::NEG_INFINITY, f32::NAN];
+        for len in [0usize, 1, 5, 15, 16, 17, 31, 32, 33, 64, 255, 256, 257, 1000] {
+            for trial in 0..20 {
+                let mut gen = |salt: u64| -> Vec<f32> {
+                    (0..len)
+                        .map(|_| {
+                            let r = next() ^ salt;
+                            let ordinary = ((r >> 11) as f64 / (1u64 << 53) as f64 * 6.0 - 2.0) as f32 * 10f32.powi((r % 9) as i32 - 4);
+                            let zero = if r % 2 == 0 { 0.0 } else { -0.0 };
+                            match trial / 4 {
+                                // Finite and ordinary.
+                                0 => ordinary,
+                                // With finite specials (trials 4-7), then with any special.
+                                1 | 2 if r % 5 == 0 => special[(r >> 8) as usize % (special.len() - if trial < 8 { 3 } else { 0 })],
+                                1 | 2 => ordinary,
+                                // A ReLU output with zeros of both signs (ties at a zero
+                                // minimum: which zero a lane keeps), then only zeros.
+                                3 if r % 3 == 0 => zero,
+                                3 => ordinary.max(0.0),
+                                _ => zero,
+                            }
+                        })
+                        .collect()
+                };
+                let (row, prev) = (gen(0), gen(0x5555));
+                for with_prev in [false, true] {
+                    let p = with_prev.then_some(&prev[..]);
+                    let (mut ca, mut cb) = (vec![0.5f32; len], vec![0.5f32; len]);
+                    let (x, y) = (a.row_pass(&row, 0.125, p, Some(&mut ca)), b.row_pass(&row, 0.125, p, Some(&mut cb)));
+                    let bits3 = |t: (f64, f64, f64)| [t.0.to_bits(), t.1.to_bits(), t.2.to_bits()];
+                    let key3 = |e: (u32, f32, f32)| (e.0, e.1.to_bits(), e.2.to_bits());
+                    let ctx = format!("len {len}, trial {trial}, prev {with_prev}");
+                    // A non-finite sum sends the row (or pair) to the element path whatever it
+                    // is (NaN of either sign, an infinity): only finiteness must agree there.
+                    let same = |u: f64, v: f64| if u.is_finite() { u.to_bits() == v.to_bits() } else { !v.is_finite() };
+                    assert!(same(x.sums.0, y.sums.0) && same(x.sums.1, y.sums.1) && same(x.sums.2, y.sums.2), "sums {:?} vs {:?}, {ctx}", x.sums, y.sums);
+                    assert!(same(x.pair, y.pair), "pair {} vs {}, {ctx}", x.pair, y.pair);
+                    if !with_prev {
+                        assert!(x.pair.is_nan() && y.pair.is_nan(), "no previous row, no pair sum: {ctx}");
+                    }
+                    let finite = row.iter().all(|v| v.is_finite());
+                    assert_eq!(finite, x.sums.0.is_finite() && x.sums.2.is_finite(), "finite sums iff a finite row, {ctx}");
+                    assert_eq!(finite, y.sums.0.is_finite() && y.sums.2.is_finite(), "finite sums iff a finite row, {ctx}");
+                    if finite {
+                        // The 16-lane loop's extremes to the bit (zero signs too), whatever
+                        // loop the composition's `row_extremes` dispatches to on this CPU.
+                        let key = |e: (u32, f32, f32)| (e.0, e.1.to_bits(), e.2.to_bits());
+                        let e = extremes_portable::<false>(&row);
+                        assert_eq!(key(y.extremes), key((e.0, e.1, e.2)), "extremes, {ctx}");
+                        assert_eq!(ca, cb, "per-channel max, {ctx}");
+                    } else {
+                        // What the element path then does: raise each channel to the finite |x|.
+                        for (ch, &v) in [&mut ca, &mut cb].into_iter().flat_map(|c| c.iter_mut().zip(&row)) {
+                            if v.is_finite() {
+                                *ch = ch.max(v.abs());
+                            }
+                        }
+                        assert_eq!(ca, cb, "per-channel max after the element path, {ctx}");
+                    }
+                    if finite {
+                        // The composition's parts, called alone.
+                        assert_eq!(bits3(x.sums), bits3((a.sums)(&row, 0.125)), "{ctx}");
+                    }
+                    // Without the per-channel maxima: the same sums, pair and extremes.
+                    let w = b.row_pass(&row, 0.125, p, None);
+                    assert!(same(w.sums.0, y.sums.0) && same(w.sums.2, y.sums.2) && same(w.pair, y.pair), "{ctx}");
+                    if finite {
+                        assert_eq!(key3(w.extremes), key3(y.extremes), "{ctx}");
+                    }
+                }
+            }
         }
     }
 

@@ -276,23 +276,30 @@ impl RowFns {
         }
     }
 
+    /// The AVX2 loops (what a CPU with AVX2 and without AVX-512F runs), or `None` without AVX2.
+    #[cfg(target_arch = "x86_64")]
+    fn avx2() -> Option<RowFns> {
+        std::arch::is_x86_feature_detected!("avx2").then_some(RowFns {
+            // SAFETY (all three): the CPU supports AVX2, checked just above.
+            sums: |r, p| unsafe { avx2::row_sums(r, p) },
+            centred: |r, m| unsafe { avx2::row_centred(r, m) },
+            pairs: |p, r| unsafe { avx2::pair_sumsq(p, r) },
+            fused: None,
+        })
+    }
+
     fn detect() -> RowFns {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+        if let Some(fns) = RowFns::avx2() {
+            if !std::arch::is_x86_feature_detected!("avx512f") {
+                return fns;
+            }
             return RowFns {
-                // SAFETY (all three): the CPU supports AVX2, checked just above.
-                sums: |r, p| unsafe { avx2::row_sums(r, p) },
-                centred: if avx512 {
-                    // SAFETY: the CPU supports AVX-512F, checked above.
-                    |r, m| unsafe { avx512::row_centred(r, m) }
-                } else {
-                    |r, m| unsafe { avx2::row_centred(r, m) }
-                },
-                pairs: |p, r| unsafe { avx2::pair_sumsq(p, r) },
-                // SAFETY: the CPU supports AVX-512F, checked above; `row_pass` checks the
-                // slices' lengths.
-                fused: avx512.then_some((|r, p, prev, chan| unsafe { avx512::row_pass(r, p, prev, chan) }) as FusedRow),
+                // SAFETY (both): the CPU supports AVX-512F, checked just above; `row_pass`
+                // checks the slices' lengths.
+                centred: |r, m| unsafe { avx512::row_centred(r, m) },
+                fused: Some(|r, p, prev, chan| unsafe { avx512::row_pass(r, p, prev, chan) }),
+                ..fns
             };
         }
         RowFns::portable()
@@ -1602,15 +1609,7 @@ mod tests {
         // loops themselves (what a CPU without AVX-512 runs).
         let mut impls = vec![RowFns::detect()];
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            impls.push(RowFns {
-                // SAFETY (all three): the CPU supports AVX2, checked just above.
-                sums: |r, p| unsafe { avx2::row_sums(r, p) },
-                centred: |r, m| unsafe { avx2::row_centred(r, m) },
-                pairs: |p, r| unsafe { avx2::pair_sumsq(p, r) },
-                fused: None,
-            });
-        }
+        impls.extend(RowFns::avx2());
         for b in impls {
             let mut bits = xorshift(0x9e37_79b9_7f4a_7c15);
             let mut next = || {

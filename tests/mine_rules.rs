@@ -262,3 +262,33 @@ fn calibration_counts_nan_and_both_infinities() {
     assert!(c.notes.contains(&opscope::mine::CalibrationNote::NonFinite(9.0)), "{:?}", c.notes);
     assert_eq!(c.highest, finite_max);
 }
+
+/// The subnormals rule on recorded sketches: a non-negative activation holding subnormal values
+/// (a masked softmax's underflow) is flagged with its `min` as evidence, at the boundary too (the
+/// largest subnormal); exact zeros and f32's smallest normal are not subnormal.
+#[test]
+fn a_non_negative_tensor_with_subnormal_values_is_flagged() {
+    use opscope::mine::kinds::SUBNORMALS;
+    let base: Vec<f32> = randn(64 * 128, 9).iter().map(|v| v.abs() + 0.01).collect();
+    // Every 16th value set to `tiny`; the rest at least 0.01.
+    let with = |tiny: f32| -> Vec<f32> { base.iter().enumerate().map(|(i, &v)| if i % 16 == 0 { tiny } else { v }).collect() };
+    for tiny in [f32::from_bits(1), 1e-39, f32::from_bits(0x007f_ffff)] {
+        assert!(tiny.is_subnormal());
+        let v = mine_once(&with(tiny));
+        let s = v.iter().find(|v| v.kind == SUBNORMALS).unwrap_or_else(|| panic!("{tiny:e}: {:?}", kinds(&v)));
+        assert_eq!((s.role.as_str(), evidence(s, "subnormal_extreme")), ("lhs", tiny as f64), "{tiny:e}");
+        assert_eq!((evidence(s, "runs_with_subnormal"), evidence(s, "runs")), (1.0, 1.0));
+        // `nnz` counts them: the density is the host's count of x != 0.
+        assert_eq!(evidence(s, "density"), 1.0, "{tiny:e}");
+        assert_eq!(s.payoff, 0.0, "a warning, not a kernel");
+    }
+    for not_subnormal in [0.0, -0.0, f32::MIN_POSITIVE] {
+        let v = mine_once(&with(not_subnormal));
+        assert!(!kinds(&v).contains(&SUBNORMALS.name), "{not_subnormal:e}: {:?}", kinds(&v));
+    }
+    // A non-positive tensor's smallest |x| is its max.
+    let neg: Vec<f32> = with(1e-40).iter().map(|v| -v).collect();
+    let v = mine_once(&neg);
+    let s = v.iter().find(|v| v.kind == SUBNORMALS).unwrap_or_else(|| panic!("{:?}", kinds(&v)));
+    assert_eq!(evidence(s, "subnormal_extreme"), -1e-40f32 as f64);
+}

@@ -181,6 +181,28 @@ fn a_recording_out_of_run_order_is_read_whole_and_too_small_a_sample_is_refused(
     };
     assert_eq!(health(&sampled), vec![("lhs".to_string(), vec![("nonfinite".to_string(), 3.0)])]);
     assert_eq!(health(&sampled), health(&load_compact(&nan).unwrap()));
+    // A subnormal `min` in the same left-out run (2^-149, f32's smallest subnormal, through the
+    // CSV text and back): the subnormals verdict stays too, counted over every run.
+    let tiny = f32::from_bits(1);
+    for r in runs[last as usize].iter_mut().filter(|r| &*r.role == "lhs" && &*r.stat == "min") {
+        r.value = tiny;
+    }
+    let sub = write("subnormal.csv", &runs);
+    let sampled = load_sampled(&sub, 4).unwrap();
+    assert!(sampled[&lhs].runs.iter().all(|r| r.step != last), "the test's premise: the subnormal run is left out");
+    let subnormals = |s: &std::collections::BTreeMap<SeriesKey, Series>| {
+        opscope::mine::mine(s)
+            .into_iter()
+            .filter(|v| v.kind.name == "subnormals")
+            .map(|v| (v.role, v.evidence.into_iter().filter(|(k, _)| k != "density").collect::<Vec<_>>()))
+            .collect::<Vec<_>>()
+    };
+    let want = vec![(
+        "lhs".to_string(),
+        vec![("subnormal_extreme".to_string(), tiny as f64), ("runs_with_subnormal".to_string(), 1.0), ("runs".to_string(), 12.0)],
+    )];
+    assert_eq!(subnormals(&sampled), want);
+    assert_eq!(subnormals(&load_compact(&sub).unwrap()), want);
     // A crafted row far beyond the tensor (2^40 values) is refused, not allocated.
     runs[0][0].idx = 1 << 40;
     runs[0][0].stat = "chan_maxabs".into();

@@ -256,6 +256,8 @@ struct Exact {
     extremes: (Option<f64>, Option<f64>),
     flops: f64,
     nonfinite: f64,
+    /// Runs with a subnormal `min` or `max`, and the first such value ([`Series::subnormal_over_runs`]).
+    subnormal: (usize, Option<f64>),
     compiles: std::collections::BTreeSet<u32>,
 }
 
@@ -337,6 +339,19 @@ impl Series {
             return self.exact.nonfinite;
         }
         self.runs.iter().map(nonfinite).sum()
+    }
+
+    /// The runs whose `min` or `max` statistic is subnormal (non-zero, |x| below f32's smallest
+    /// normal, 2^-126), and the first such value in reading order, over every run of the
+    /// series, after a sampled load too. The smallest |x| of a tensor of one sign is its `min`
+    /// or `max`, so a run counted here holds subnormal values; a mixed-sign tensor's extremes are
+    /// its largest and show none.
+    pub fn subnormal_over_runs(&self) -> (usize, Option<f64>) {
+        if self.is_sampled() {
+            return self.exact.subnormal;
+        }
+        let tiny: Vec<f64> = self.runs.iter().filter_map(subnormal_extreme).collect();
+        (tiny.len(), tiny.first().copied())
     }
 
     /// True if the series has a run of compile `compile`, after a sampled load too.
@@ -483,6 +498,12 @@ fn remove_run(s: &mut Series, runs: &mut std::collections::HashMap<(u32, u64), u
 /// NaN, +Inf and -Inf values of one run (0 where not recorded).
 fn nonfinite(r: &StepStats) -> f64 {
     [tensor::NAN_COUNT, tensor::POSINF_COUNT, tensor::NEGINF_COUNT].iter().filter_map(|k| r.scalar(*k)).sum()
+}
+
+/// The run's `min` or `max` (in that order) when it is subnormal: non-zero and below
+/// [`f32::MIN_POSITIVE`] in magnitude.
+fn subnormal_extreme(r: &StepStats) -> Option<f64> {
+    [r.scalar(tensor::MIN), r.scalar(tensor::MAX)].into_iter().flatten().find(|&x| x != 0.0 && x.abs() < f32::MIN_POSITIVE as f64)
 }
 
 /// What a sampled load keeps per series besides its runs: per tensor shape of its runs (the
@@ -696,6 +717,9 @@ impl Builder {
         }
         s.exact.flops += r.flops(s.flops).unwrap_or(0) as f64;
         s.exact.nonfinite += nonfinite(r);
+        if let Some(x) = subnormal_extreme(r) {
+            s.exact.subnormal = (s.exact.subnormal.0 + 1, s.exact.subnormal.1.or(Some(x)));
+        }
         s.exact.compiles.insert(r.compile);
         if self.max_runs.is_some() {
             let last = sample.last_ended.entry(r.compile).or_insert(r.step);

@@ -41,6 +41,8 @@ pub mod kinds {
     pub const EXACT_REPEAT: Kind = Kind { name: "exact_repeat", doc: "elemsig and sumsq identical in every run: memoize" };
     /// Low rank suspected.
     pub const LOW_RANK_PROBE: Kind = Kind { name: "low_rank_probe", doc: "row-energy CV >= 0.35 (a Gaussian gives sqrt(2/C)): low rank is suspected but not observable from sketches; a randomized range finder (Halko, Martinsson, Tropp 2011) would confirm it" };
+    /// Subnormal values: density counts them, and a CPU may compute slowly on them.
+    pub const SUBNORMALS: Kind = Kind { name: "subnormals", doc: "a run's min or max is subnormal (0 < |x| < 2^-126, f32's smallest normal): the tensor holds values that `nnz` counts as non-zeros where a flush-to-zero kernel (FTZ/DAZ on x86, GPU fast math) reads 0, so its density is an upper bound of what such a kernel sees; a CPU kernel without FTZ/DAZ takes microcode assists on them (IEEE 754-2008 subnormals; Intel 64 and IA-32 Architectures Optimization Reference Manual)" };
     pub use super::super::HEALTH;
 }
 
@@ -327,6 +329,7 @@ const NEEDS: &[Need] = {
     &[
         need(kinds::HEALTH, &[NAN_COUNT, POSINF_COUNT, NEGINF_COUNT], 1),
         need(kinds::SPARSE_GEMM, &[NNZ], 1),
+        need(kinds::SUBNORMALS, &[MIN, MAX], 1),
         need(kinds::CHANNEL_OUTLIERS, &[CHAN_OUTLIER, CHAN_MAXABS], 1),
         need(kinds::SCATTERED_OUTLIERS, &[NNZ, KURTOSIS], 1),
         need(kinds::PER_CHANNEL_INT8, &[MIN, MAX, SUMSQ, CHAN_MAXABS], 1),
@@ -407,6 +410,16 @@ fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>)
         let nonfinite: f64 = s.nonfinite_over_runs();
         if nonfinite > 0.0 {
             push(kinds::HEALTH, vec![("nonfinite", Some(nonfinite))], "any NaN or Inf", "health check");
+        }
+        // Over every run, also after a sampled load (`Series::subnormal_over_runs`).
+        let (tiny_runs, tiny_first) = s.subnormal_over_runs();
+        if tiny_runs > 0 {
+            push(
+                kinds::SUBNORMALS,
+                vec![("subnormal_extreme", tiny_first), ("runs_with_subnormal", Some(tiny_runs as f64)), ("runs", Some(s.runs_seen() as f64)), ("density", density)],
+                "0 < |min| or |max| < 2^-126 (f32's smallest normal, 1.18e-38) in some run; `nnz` counts subnormals as non-zeros, so the density is an upper bound of what a flush-to-zero kernel sees",
+                "IEEE 754-2008 subnormal numbers; x86 computes on them through microcode assists unless FTZ/DAZ are set (Intel 64 and IA-32 Architectures Optimization Reference Manual)",
+            );
         }
         let d = density.unwrap_or(1.0);
         if d <= 0.3 {

@@ -279,6 +279,10 @@ fn word_list(raw: &RawValue, allowed: Vec<&str>) -> Result<OptionValue, String> 
         RawValue::List(items) => items.clone(),
         RawValue::Scalar(s) => vec![s.clone()],
     };
+    if items.is_empty() {
+        // `roles=[]` or `stats=[]` would tap nothing and fail only after the model ran.
+        return Err(format!("an empty list selects nothing: list at least one of [{}]", allowed.join(",")));
+    }
     if let Some(dup) = items.iter().enumerate().find(|(i, it)| items[..*i].contains(it)) {
         return Err(format!("'{}' is listed twice", dup.1));
     }

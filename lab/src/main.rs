@@ -17,6 +17,14 @@ mod plan_cmd;
 mod ab_many;
 use plan_cmd::{measure_plan, plan, PlanArgs};
 
+/// `println!` through [`emit`]: a closed pipe ends the output quietly; other write errors are
+/// returned.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        emit(&format!("{}\n", format_args!($($arg)*)))?
+    };
+}
+
 #[derive(Parser)]
 #[command(name = "opscope", version, about = "Record what flows through an RLX model's op sites")]
 struct Cli {
@@ -302,9 +310,9 @@ fn parity(a: ParityArgs) -> Result<()> {
     let how = opscope_lab::parity::Check { tol: opscope_lab::parity::Tolerance { rtol: a.rtol, atol: a.atol }, search: a.search, pipeline };
     let report = opscope_lab::parity::check_with(&input, &how)?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        say!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", opscope_lab::parity::render(&report));
+        emit(&opscope_lab::parity::render(&report))?;
     }
     Ok(())
 }
@@ -1237,7 +1245,7 @@ fn sweep(a: SweepArgs) -> Result<()> {
     truth_path.push(".truth.json");
     let json = serde_json::to_vec_pretty(&truth).context("ground truth JSON")?;
     opscope::recording::write_atomic(std::path::Path::new(&truth_path), &json)?;
-    println!(
+    say!(
         "recorded {} planted sites ({} structures x {} shapes x {} seeds) to {}, ground truth in {}",
         truth.sites.len(),
         opscope_lab::sweep::Planted::ALL.len(),
@@ -1254,11 +1262,11 @@ fn sweep(a: SweepArgs) -> Result<()> {
             expected = opscope_lab::sweep::expected_confirmed;
         }
         let check = opscope_lab::sweep::check(&truth, &verdicts, expected);
-        print!("{}", check.table());
+        emit(&check.table())?;
         if !check.perfect() {
             anyhow::bail!("{} departures from the ground truth:\n{}", check.errors.len(), check.errors.join("\n"));
         }
-        println!("perfect: every planted structure got its verdicts; no verdict on any Gaussian null");
+        say!("perfect: every planted structure got its verdicts; no verdict on any Gaussian null");
     }
     Ok(())
 }
@@ -1353,7 +1361,6 @@ fn interrupt_on_ctrl_c() -> Result<()> {
     .context("installing the Ctrl-C handler")
 }
 
-/// Write to stdout; a closed pipe (`| head`) ends the output quietly instead of panicking.
 /// Write `value` as pretty JSON to `path` (temp name, then rename) when a path is given.
 fn write_json(path: Option<&std::path::Path>, value: &impl serde::Serialize, what: &str) -> Result<()> {
     let Some(path) = path else { return Ok(()) };
@@ -1362,6 +1369,8 @@ fn write_json(path: Option<&std::path::Path>, value: &impl serde::Serialize, wha
     Ok(())
 }
 
+/// Write to stdout; a closed pipe (`| head`) ends the output quietly instead of panicking
+/// (Rust ignores SIGPIPE, so `println!` panics on it).
 fn emit(text: &str) -> Result<()> {
     use std::io::Write;
     match std::io::stdout().lock().write_all(text.as_bytes()) {
@@ -1370,16 +1379,20 @@ fn emit(text: &str) -> Result<()> {
     }
 }
 
-fn passes() {
+/// `passes`: every registered pass, its options, defaults and types (one write: a closed pipe
+/// ends it quietly).
+fn passes() -> Result<()> {
+    let mut out = String::new();
     for p in opscope::pass::registered() {
-        println!("{}  ({})  {}", p.name(), p.kind(), p.doc());
+        out.push_str(&format!("{}  ({})  {}\n", p.name(), p.kind(), p.doc()));
         let w = p.options().iter().map(|o| o.name.len()).max().unwrap_or(0);
         let d = p.options().iter().map(|o| o.default.len()).max().unwrap_or(0);
         for o in p.options() {
-            println!("    {:<w$}  default {:<d$}  {}", o.name, o.default, o.doc);
-            println!("    {:<w$}  {:<8}{}", "", "type", o.ty.describe());
+            out.push_str(&format!("    {:<w$}  default {:<d$}  {}\n", o.name, o.default, o.doc));
+            out.push_str(&format!("    {:<w$}  {:<8}{}\n", "", "type", o.ty.describe()));
         }
     }
+    emit(&out)
 }
 
 /// `record --inputs FILE.npz`: any ONNX model, its inputs from numpy arrays.
@@ -1399,7 +1412,7 @@ fn record_npz(a: &RecordArgs, pipeline: &Pipeline, npz: &std::path::Path) -> Res
         opscope_lab::output::release_claims();
         std::process::exit(130);
     }
-    println!("recorded {} batches of {} with '{pipeline}' to {}", job.batches(), npz.display(), written_to(&a.out, &before));
+    say!("recorded {} batches of {} with '{pipeline}' to {}", job.batches(), npz.display(), written_to(&a.out, &before));
     Ok(())
 }
 
@@ -1426,7 +1439,7 @@ fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> R
         anyhow::bail!("nothing to record: the pipeline '{pipeline}' finds no site in {}", gguf.display());
     }
     let cfg = &job.model.config;
-    println!(
+    say!(
         "{}: Llama, {} blocks, d_model {}, {} heads ({} KV heads, head width {}), SwiGLU {}, vocabulary {}, RoPE base {}",
         gguf.display(),
         cfg.layers,
@@ -1440,7 +1453,7 @@ fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> R
     );
     let packed = job.model.notes.iter().filter(|n| n.bound_as == "packed").count();
     let deq: Vec<String> = job.model.dequantized().iter().map(|n| format!("{} ({})", n.tensor, n.ggml_type)).collect();
-    println!("{packed} projections stay packed (DequantMatMul); dequantized to f32 on load: {}", if deq.len() > 4 { format!("{} and {} more (norm gains)", deq[..2].join(", "), deq.len() - 2) } else { deq.join(", ") });
+    say!("{packed} projections stay packed (DequantMatMul); dequantized to f32 on load: {}", if deq.len() > 4 { format!("{} and {} more (norm gains)", deq[..2].join(", "), deq.len() - 2) } else { deq.join(", ") });
 
     let before = partitions_before(&a.out);
     let file = opscope::recording::open(&a.out)?;
@@ -1476,9 +1489,9 @@ fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> R
     }
     emit(&summary.table())?;
     for (p, cn) in &samples {
-        println!("greedy: {:?} -> {:?}", p, cn);
+        say!("greedy: {:?} -> {:?}", p, cn);
     }
-    println!(
+    say!(
         "perplexity {:.3} over {} next-token predictions in {} sequences (--seq {seq}; {} entries truncated; no BOS, as the GGUF asks)",
         ppl.value(),
         ppl.tokens,
@@ -1511,7 +1524,7 @@ fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> R
         decode: job.decode,
     };
     opscope::recording::write_atomic(&side, &serde_json::to_vec_pretty(&doc).context("model JSON")?)?;
-    println!(
+    say!(
         "recorded {} sequences ({} per batch, {seq} tokens{}) with '{pipeline}' to {}; the model and its perplexity in {}",
         job.seqs.len(),
         job.batch.min(job.seqs.len()),
@@ -1659,9 +1672,9 @@ fn record(a: RecordArgs) -> Result<()> {
     if opscope::online::enabled(&pipeline) {
         let path = opscope::online::state_path(&a.out);
         opscope::online::take().write(&path).map_err(|e| anyhow::anyhow!(e))?;
-        println!("online state (DDSketch quantiles, distinct tensors per site) in {}", path.display());
+        say!("online state (DDSketch quantiles, distinct tensors per site) in {}", path.display());
     }
-    println!(
+    say!(
         "recorded {} text entries ({} per batch, {} tokens) with '{}' to {}",
         job.sentences(),
         batch.min(job.sentences()),
@@ -1682,10 +1695,7 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     let res = match cli.cmd {
-        Cmd::Passes => {
-            passes();
-            Ok(())
-        }
+        Cmd::Passes => passes(),
         Cmd::Record(a) => record(a),
         Cmd::Sweep(a) => sweep(a),
         Cmd::Mine(a) => mine(a),

@@ -22,6 +22,20 @@ fn passes_lists_every_pass_with_kind_and_options() {
     }
 }
 
+/// `opscope passes | head -1`: the reader closes the pipe; the listing ends quietly (exit 0, no
+/// panic), as `mine` and `sites` do (Rust ignores SIGPIPE, so a `println!` there panics).
+#[test]
+fn a_closed_stdout_pipe_ends_the_output_quietly() {
+    for _ in 0..3 {
+        let mut child = opscope().arg("passes").stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+        // Closed before the child writes (its start takes milliseconds): the first write fails.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && !err.contains("panicked"), "{:?}: {err}", out.status);
+    }
+}
+
 #[test]
 fn record_refuses_a_pipeline_without_a_tap() {
     let out = opscope()

@@ -15,6 +15,38 @@ fn env_activation_runs_an_actuation_on_unchanged_code() {
     assert_ne!(plain.stdout, q.stdout, "the actuation reached the program");
     let lines = |o: &[u8]| String::from_utf8_lossy(o).lines().count();
     assert_eq!(lines(&plain.stdout), lines(&q.stdout), "outputs keep their count");
+    // Said on stderr, not left to an empty table (a new user's report).
+    let err = String::from_utf8_lossy(&q.stderr);
+    assert!(err.contains("RLX_OPSCOPE='fakequant{bits=2}' has no tap pass") && err.contains("q.csv holds no rows"), "{err}");
+}
+
+/// `RLX_OPSCOPE_OUT` naming a file that is not a recording stops the program at its first
+/// compile and leaves the file as it was; an earlier recording is replaced, said on stderr
+/// (plain and gzip CSV).
+#[test]
+fn env_activation_never_overwrites_a_file_that_is_not_a_recording() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["notes.csv", "notes.csv.gz"] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, b"my notes\n").unwrap();
+        let out = example("mlp").env("RLX_OPSCOPE", "matmul").env("RLX_OPSCOPE_OUT", &path).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{name}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("exists and is not an opscope recording: refusing to overwrite it"), "{err}");
+        assert!(out.stdout.is_empty(), "stopped before any output");
+        assert_eq!(std::fs::read(&path).unwrap(), b"my notes\n", "{name} left as it was");
+    }
+    for name in ["rec.csv", "rec.csv.gz"] {
+        let path = dir.path().join(name);
+        let run = || example("mlp").env("RLX_OPSCOPE", "matmul").env("RLX_OPSCOPE_OUT", &path).output().unwrap();
+        let first = run();
+        assert!(first.status.success() && !String::from_utf8_lossy(&first.stderr).contains("earlier recording"));
+        let again = run();
+        assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+        let err = String::from_utf8_lossy(&again.stderr);
+        assert!(err.contains("holds an earlier recording; this one replaces it when it is complete"), "{err}");
+        assert!(opscope::recording::holds_recording(&path), "{name}");
+    }
 }
 
 #[test]

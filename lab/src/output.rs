@@ -52,11 +52,7 @@ fn head(path: &Path) -> Vec<u8> {
 fn is_ours(path: &Path, kind: Output) -> bool {
     let h = head(path);
     match kind {
-        Output::Recording | Output::RecordingAppend => {
-            let header = opscope::recording::header().join(",");
-            h.starts_with(header.as_bytes())
-                || (h.starts_with(b"PAR1") && opscope::recording::sidecar_path(path).exists())
-        }
+        Output::Recording | Output::RecordingAppend => opscope::recording::holds_recording(path),
         Output::Report => String::from_utf8_lossy(&h).contains(r#"<meta name="generator" content="opscope">"#),
         Output::Json => h.iter().find(|b| !b.is_ascii_whitespace()).is_some_and(|&b| b == b'{'),
         Output::TrtCache => h.starts_with(b"TRT-"),

@@ -85,7 +85,13 @@ pub(super) fn env_state() -> Option<&'static Result<EnvState, String>> {
             None => Stage::Deployed,
         };
         let out = v.out.clone().unwrap_or_else(|| "opscope-recording.csv".into());
+        // Never over a file that is not a recording; an earlier recording is replaced once this
+        // one is complete, and said so.
+        let replaces = crate::recording::check_replaceable(std::path::Path::new(&out)).map_err(|e| format!("{ENV_OUT}: {e}"))?;
         let sink = crate::recording::open(&out).map_err(|e| format!("{ENV_OUT}: {e}"))?;
+        if replaces {
+            eprintln!("opscope: note: {out} holds an earlier recording; this one replaces it when it is complete ({ENV_OUT})");
+        }
         Ok(EnvState {
             pipeline,
             recorder: Arc::new(Recorder::new(sink, new_run_id())),
@@ -138,7 +144,14 @@ pub fn finish() -> Result<(), Error> {
                 let path = crate::online::state_path(std::path::Path::new(&out));
                 crate::online::take().write(&path).map_err(|why| Error::Write { path: path.clone(), why })?;
             }
-            if st.pipeline.has_tap() && (appending == 0 || runs == 0) {
+            if !st.pipeline.has_tap() {
+                let out = vars().and_then(|v| v.out.clone()).unwrap_or_else(|| "opscope-recording.csv".into());
+                eprintln!(
+                    "opscope: note: {ENV_PIPELINE}='{}' has no tap pass: the model ran with its actuations and {out} holds no \
+                     rows (its manifest lists what was changed); add a tap (e.g. {ENV_PIPELINE}='{},matmul') to record",
+                    st.pipeline, st.pipeline
+                );
+            } else if appending == 0 || runs == 0 {
                 eprintln!(
                     "opscope: warning: {ENV_PIPELINE}='{}' recorded no rows: {compiles} graph(s) compiled, {appending} with a site, {runs} tapped run(s)",
                     st.pipeline

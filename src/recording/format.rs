@@ -262,6 +262,48 @@ pub fn check_path(path: &Path) -> Result<(), Error> {
     }
 }
 
+/// True if the file at `path` holds an opscope recording: a CSV table whose first line is the
+/// recording [`header`] (read through gzip when the file is gzip), or a Parquet file beside its
+/// manifest sidecar ([`sidecar_path`]). False for anything else, and for a file that cannot be
+/// read.
+pub fn holds_recording(path: &Path) -> bool {
+    use std::io::Read;
+    let Ok(mut f) = std::fs::File::open(path) else { return false };
+    let mut raw = vec![0u8; 4096];
+    let n = f.read(&mut raw).unwrap_or(0);
+    raw.truncate(n);
+    if raw.starts_with(b"PAR1") {
+        return sidecar_path(path).exists();
+    }
+    if raw.starts_with(&[0x1f, 0x8b]) {
+        let mut out = vec![0u8; 4096];
+        let n = flate2::read::GzDecoder::new(&raw[..]).read(&mut out).unwrap_or(0);
+        out.truncate(n);
+        raw = out;
+    }
+    raw.starts_with(header().join(",").as_bytes())
+}
+
+/// Whether a new recording may be written at `path` over what is there: `Ok(false)` when no
+/// file is there, `Ok(true)` when the file holds an opscope recording (the new one replaces it
+/// once complete: a CSV recording is written to `<path>.partial` and renamed into place), and
+/// an error naming the fix for any other file, which a recording never overwrites. A directory
+/// is left to the sinks ([`check_path`]: a Parquet dataset adds its partition beside the others).
+///
+/// Errors: [`Error::BadPath`] for an existing file that is not an opscope recording.
+pub fn check_replaceable(path: &Path) -> Result<bool, Error> {
+    if !path.is_file() {
+        return Ok(false);
+    }
+    if holds_recording(path) {
+        return Ok(true);
+    }
+    Err(Error::BadPath {
+        path: path.to_path_buf(),
+        why: "exists and is not an opscope recording: refusing to overwrite it; pick another path, or remove the file".into(),
+    })
+}
+
 /// Write `bytes` to `path` atomically (temporary name, fsync, rename).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
     let io = |source| Error::Io {

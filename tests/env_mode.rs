@@ -105,6 +105,20 @@ fn without_the_variable_nothing_is_recorded() {
     let out = example("mlp").current_dir(dir.path()).output().unwrap();
     assert!(out.status.success());
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "no file written");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("opscope"), "silent when off");
+    // RLX_OPSCOPE_OUT alone (RLX_OPSCOPE forgotten or blank): nothing recorded, said once.
+    for pipeline in [None, Some(" ")] {
+        let mut cmd = example("mlp");
+        cmd.current_dir(dir.path()).env("RLX_OPSCOPE_OUT", dir.path().join("r.csv"));
+        if let Some(p) = pipeline {
+            cmd.env("RLX_OPSCOPE", p);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.matches("RLX_OPSCOPE_OUT is set but RLX_OPSCOPE is empty or unset").count(), 1, "{err}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "no file written");
+    }
 }
 
 #[test]

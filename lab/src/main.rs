@@ -36,7 +36,9 @@ struct Cli {
 enum Cmd {
     /// List every registered pass with its kind, options, defaults and doc.
     Passes,
-    /// Run an ONNX sentence encoder over text with a tap pipeline and write a recording.
+    /// Run a model over text with a tap pipeline and write a recording: an ONNX sentence encoder
+    /// (--onnx, --tokenizer), a GGUF decoder (--gguf), or any ONNX model's inputs from a .npz
+    /// (--inputs).
     Record(RecordArgs),
     /// Record synthetic tensors with planted structures (ground truth for the miner) through
     /// real tapped RLX matmul graphs; writes the recording and `<out>.truth.json`.

@@ -44,7 +44,8 @@ pub fn brace(names: &[&str]) -> String {
 }
 
 /// The verdicts of `opscope mine` as text (see the module doc). `series` gives the site names
-/// whose common prefix is dropped; `no_data` lines are printed as they are.
+/// whose common prefix is dropped; `no_data` lines are printed as they are, except that
+/// [`group_not_sketched`] folds the sites one reason leaves unsketched into one line.
 pub fn text(verdicts: &[Verdict], cannot: &[CannotRun], no_data: &[String], series: &BTreeMap<SeriesKey, Series>) -> String {
     let names: Vec<&str> = series.keys().map(|k| k.0.as_str()).collect();
     let prefix = common_prefix(&names);
@@ -154,13 +155,68 @@ pub fn text(verdicts: &[Verdict], cannot: &[CannotRun], no_data: &[String], seri
             let _ = writeln!(out, "  (a tap's default stats=[all] records every statistic; runs come from more text or steps)");
         }
     }
-    for line in no_data {
+    for line in group_not_sketched(no_data) {
         let _ = writeln!(out, "{line}");
     }
     if verdicts.iter().any(|v| v.kind == kinds::LOW_RANK_PROBE || v.kind == kinds::TWO_FOUR_PROBE) {
         let _ = writeln!(out, "note: {NOT_OBSERVABLE}");
     }
     out
+}
+
+/// `no_data` lines for the text output: the `site/role: not sketched: reason` lines of more
+/// than three sites sharing a role and a reason become one line naming how many sites and the
+/// first and last few (in natural order: `blk.2` before `blk.10`), so a packed-weight decoder's
+/// 211 weights read as one line; other lines are kept as they are, in their order.
+pub fn group_not_sketched(no_data: &[String]) -> Vec<String> {
+    const SEP: &str = ": not sketched: ";
+    let mut groups: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    let mut first_at: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut out: Vec<Vec<String>> = Vec::new();
+    for line in no_data {
+        let parsed = line.split_once(SEP).and_then(|(head, reason)| head.rsplit_once('/').map(|(site, role)| (site, role, reason)));
+        match parsed {
+            Some((site, role, reason)) => {
+                let key = (role.to_string(), reason.to_string());
+                first_at.entry(key.clone()).or_insert_with(|| {
+                    out.push(Vec::new());
+                    out.len() - 1
+                });
+                groups.entry(key).or_default().push(site.to_string());
+            }
+            None => out.push(vec![line.clone()]),
+        }
+    }
+    for (key, mut sites) in groups {
+        let at = first_at[&key];
+        let (role, reason) = key;
+        out[at] = if sites.len() <= 3 {
+            sites.iter().map(|s| format!("{s}/{role}{SEP}{reason}")).collect()
+        } else {
+            sites.sort_by(|a, b| natural_key(a).cmp(&natural_key(b)));
+            let n = sites.len();
+            vec![format!("{role} of {n} sites ({}, {}, {}, ..., {}){SEP}{reason}", sites[0], sites[1], sites[2], sites[n - 1])]
+        };
+    }
+    out.into_iter().flatten().collect()
+}
+
+/// Sort key that orders runs of digits by value (`blk.2` before `blk.10`).
+fn natural_key(s: &str) -> Vec<(u8, u64, String)> {
+    let mut key = Vec::new();
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        if digits > 0 {
+            key.push((0, rest[..digits].parse().unwrap_or(u64::MAX), String::new()));
+            rest = &rest[digits..];
+        } else {
+            let text = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+            key.push((1, 0, rest[..text].to_string()));
+            rest = &rest[text..];
+        }
+    }
+    key
 }
 
 #[cfg(test)]
@@ -178,6 +234,27 @@ mod tests {
             "l0/attention/self/{query,key,value}/MatMul"
         );
         assert_eq!(brace(&["a/x", "a/y"]), "a/{x,y}");
+    }
+
+    /// Many sites unsketched for one reason: one line, sites in natural order; a reason of at
+    /// most three sites and other lines as they were, in place.
+    #[test]
+    fn not_sketched_lines_of_one_reason_fold_into_one() {
+        let mut lines = vec!["g (compile 1) x/lhs: no data".to_string()];
+        for b in [10, 2, 0, 1] {
+            lines.push(format!("blk.{b}.attn_q/rhs: not sketched: dtype U8 is not F32"));
+        }
+        lines.push("a/out: not sketched: other".into());
+        let folded = group_not_sketched(&lines);
+        assert_eq!(
+            folded,
+            vec![
+                "g (compile 1) x/lhs: no data".to_string(),
+                "rhs of 4 sites (blk.0.attn_q, blk.1.attn_q, blk.2.attn_q, ..., blk.10.attn_q): not sketched: dtype U8 is not F32".into(),
+                "a/out: not sketched: other".into(),
+            ]
+        );
+        assert_eq!(group_not_sketched(&lines[..4]), lines[..4].to_vec(), "three sites stay one line each");
     }
 }
 
@@ -228,3 +305,4 @@ pub fn series_summary(series: &BTreeMap<SeriesKey, Series>) -> Vec<SeriesSummary
         })
         .collect()
 }
+

@@ -36,6 +36,26 @@ fn a_closed_stdout_pipe_ends_the_output_quietly() {
     }
 }
 
+/// Misplaced inputs name the fix: an ONNX file given as --gguf, and a recording named without
+/// the `.partial` an interrupted record left.
+#[test]
+fn an_onnx_file_as_gguf_and_a_missing_recording_name_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let onnx = dir.path().join("m.onnx");
+    // An ONNX protobuf begins with field 1 (ir_version), byte 0x08.
+    std::fs::write(&onnx, [0x08, 0x07, 0x12, 0x04]).unwrap();
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, "one entry\n").unwrap();
+    let out = opscope().args(["record", "--gguf"]).arg(&onnx).arg("--text").arg(&text).arg("--out").arg(dir.path().join("r.csv")).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("not a GGUF file") && err.contains("pass it as --onnx"), "{err}");
+    let rec = dir.path().join("ci.csv");
+    std::fs::write(dir.path().join("ci.csv.partial"), b"").unwrap();
+    let out = opscope().arg("mine").arg(&rec).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("ci.csv.partial holds an interrupted one"), "{err}");
+}
+
 #[test]
 fn record_refuses_a_pipeline_without_a_tap() {
     let out = opscope()

@@ -63,7 +63,14 @@ struct EnvVars {
 fn vars() -> Option<&'static EnvVars> {
     static VARS: OnceLock<Option<EnvVars>> = OnceLock::new();
     VARS.get_or_init(|| {
-        let pipeline = rlx_ir::env::var(ENV_PIPELINE).filter(|t| !t.trim().is_empty())?;
+        let Some(pipeline) = rlx_ir::env::var(ENV_PIPELINE).filter(|t| !t.trim().is_empty()) else {
+            // Companions without the pipeline: said once, so a misspelt or forgotten
+            // RLX_OPSCOPE is not a silent no-op.
+            if let Some(other) = [ENV_OUT, ENV_STAGE].into_iter().find(|v| rlx_ir::env::var(v).is_some()) {
+                eprintln!("opscope: note: {other} is set but {ENV_PIPELINE} is empty or unset: nothing is tapped or recorded");
+            }
+            return None;
+        };
         Some(EnvVars {
             pipeline,
             out: rlx_ir::env::var(ENV_OUT),

@@ -45,6 +45,17 @@ pub struct RowRef<'a> {
 /// problem; a Parquet file without its footer, left by a killed process, says so); a Parquet
 /// file or directory in a build without the `parquet` feature.
 pub fn read_rows(path: &Path, mut f: impl FnMut(RowRef<'_>)) -> Result<(), Error> {
+    if !path.exists() {
+        let partial = super::partial_path(path);
+        return Err(Error::BadPath {
+            path: path.to_path_buf(),
+            why: if partial.exists() {
+                format!("no such recording; {} holds an interrupted one: read it by that name", partial.display())
+            } else {
+                "no such file or directory".into()
+            },
+        });
+    }
     if path.is_dir() {
         #[cfg(feature = "parquet")]
         return super::dataset::read(path, &mut f);

@@ -215,6 +215,12 @@ impl LlamaModel {
         if !path.is_file() {
             bail!("{}: no such GGUF file (run scripts/fetch-assets.sh to fetch SmolLM2-135M)", path.display());
         }
+        let mut magic = [0u8; 4];
+        let read = std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic));
+        if read.is_ok() && &magic != b"GGUF" {
+            let hint = if magic[0] == 0x08 { " (it looks like ONNX: pass it as --onnx, with --tokenizer)" } else { "" };
+            bail!("{}: not a GGUF file: it does not begin with 'GGUF'{hint}; --gguf takes a Llama-architecture GGUF decoder such as SmolLM2-135M", path.display());
+        }
         let file = GgufFile::from_path(path).with_context(|| format!("reading {} as GGUF", path.display()))?;
         let config = LlamaConfig::from_gguf(&file).with_context(|| path.display().to_string())?;
         let name = path

@@ -281,14 +281,24 @@ impl OnnxEncoder {
     /// Errors: a derived param cannot be computed, or one the graph declares was never set.
     pub fn compile(&self, session: &Session) -> Result<CompiledGraph> {
         let mut c = session.compile_with(self.graph.clone(), &compile_options());
+        self.bind(&mut c)?;
+        Ok(c)
+    }
+
+    /// Bind the weights (and the params an actuation derives from them) and the input-shape
+    /// param of `c`, compiled from [`OnnxEncoder::graph`] with [`compile_options`]: what
+    /// [`OnnxEncoder::compile`] does after the compile itself.
+    ///
+    /// Errors: as [`OnnxEncoder::compile`].
+    pub fn bind(&self, c: &mut CompiledGraph) -> Result<()> {
         for (name, data) in &self.params {
-            opscope::params::bind(&mut c, name, data)?;
+            opscope::params::bind(c, name, data)?;
         }
-        opscope::params::check(&c)?;
+        opscope::params::check(c)?;
         let shape = [self.batch as i64, self.seq as i64];
         let bytes: Vec<u8> = shape.iter().flat_map(|v| v.to_le_bytes()).collect();
         c.set_param_typed("__onnx_runtime__/input_ids_shape", &bytes, DType::I64);
-        Ok(c)
+        Ok(())
     }
 
     /// The graph, its weights and one batch's inputs as typed buffers, for a node-by-node

@@ -24,6 +24,16 @@ pub enum Output {
     TrtCache,
 }
 
+/// The names a command writing `kind` takes.
+fn out_ext(kind: Output) -> &'static str {
+    match kind {
+        Output::Recording | Output::RecordingAppend => ".csv, .csv.gz or .parquet (a dataset directory)",
+        Output::Report => ".html",
+        Output::Json => ".json",
+        Output::TrtCache => ".cache",
+    }
+}
+
 /// True if `a` and `b` name the same file (both exist and are the same inode, or equal paths).
 fn same_file(a: &Path, b: &Path) -> bool {
     match (a.canonicalize(), b.canonicalize()) {
@@ -101,13 +111,7 @@ pub fn check(out: &Path, inputs: &[&Path], kind: Output, force: bool) -> Result<
         Output::TrtCache => name.ends_with(".cache"),
     };
     if !fits {
-        let want = match kind {
-            Output::Recording | Output::RecordingAppend => ".csv, .csv.gz or .parquet (a dataset directory)",
-            Output::Report => ".html",
-            Output::Json => ".json",
-            Output::TrtCache => ".cache",
-        };
-        bail!("{}: this command writes {want}; name the output file so", out.display());
+        bail!("{}: this command writes {}; name the output file so", out.display(), out_ext(kind));
     }
     if kind == Output::RecordingAppend && !opscope::recording::is_dataset_path(out) {
         bail!(
@@ -116,7 +120,13 @@ pub fn check(out: &Path, inputs: &[&Path], kind: Output, force: bool) -> Result<
             out.display()
         );
     }
-    opscope::recording::check_path(out)?;
+    if matches!(kind, Output::Recording | Output::RecordingAppend) {
+        opscope::recording::check_path(out)?;
+    } else if out.is_dir() {
+        bail!("{} is a directory: give a file path ending in {}", out.display(), out_ext(kind));
+    } else if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty() && !d.is_dir()) {
+        bail!("{}: its directory {} does not exist; create it first", out.display(), dir.display());
+    }
     if let Some(why) = part_of_a_recording(out, kind) {
         bail!("{}: {why}; writing there would make the recording unreadable: pick another path (--force does not allow it)", out.display());
     }

@@ -54,6 +54,16 @@ fn an_onnx_file_as_gguf_and_a_missing_recording_name_the_fix() {
     let out = opscope().arg("mine").arg(&rec).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("ci.csv.partial holds an interrupted one"), "{err}");
+    // A CSV recording renamed .parquet; a report into a directory that does not exist.
+    let csv = dir.path().join("r.parquet");
+    std::fs::write(&csv, format!("{}\n", opscope::recording::header().join(","))).unwrap();
+    let out = opscope().arg("mine").arg(&csv).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("a CSV recording") && err.contains("name it .csv"), "{err}");
+    let html = dir.path().join("nodir").join("r.html");
+    let out = opscope().arg("report").arg(&csv).arg("-o").arg(&html).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("its directory") && err.contains("does not exist") && !err.contains("recording"), "{err}");
 }
 
 #[test]

@@ -67,6 +67,15 @@ pub fn read_rows(path: &Path, mut f: impl FnMut(RowRef<'_>)) -> Result<(), Error
     let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
     let base = name.strip_suffix(".partial").unwrap_or(&name);
     if base.ends_with(".parquet") {
+        // A CSV recording renamed: say so rather than "corrupt footer".
+        let mut magic = [0u8; 4];
+        let read = std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic));
+        if read.is_ok() && &magic != b"PAR1" && super::holds_recording(path) {
+            return Err(Error::BadPath {
+                path: path.to_path_buf(),
+                why: "a CSV recording (it begins with the recording's CSV header), not Parquet: name it .csv (or .csv.gz if it is gzip)".into(),
+            });
+        }
         #[cfg(feature = "parquet")]
         return super::parquet::read(path, super::parquet::Origin::File, &mut f);
         #[cfg(not(feature = "parquet"))]

@@ -187,6 +187,11 @@ fn a_recording_out_of_run_order_is_read_whole_and_too_small_a_sample_is_refused(
     for r in runs[last as usize].iter_mut().filter(|r| &*r.role == "lhs" && &*r.stat == "min") {
         r.value = tiny;
     }
+    // A larger subnormal in the first run: the evidence is the smallest in magnitude, whichever
+    // run is read first.
+    for r in runs[0].iter_mut().filter(|r| &*r.role == "lhs" && &*r.stat == "min") {
+        r.value = 1e-39;
+    }
     let sub = write("subnormal.csv", &runs);
     let sampled = load_sampled(&sub, 4).unwrap();
     assert!(sampled[&lhs].runs.iter().all(|r| r.step != last), "the test's premise: the subnormal run is left out");
@@ -199,10 +204,15 @@ fn a_recording_out_of_run_order_is_read_whole_and_too_small_a_sample_is_refused(
     };
     let want = vec![(
         "lhs".to_string(),
-        vec![("subnormal_extreme".to_string(), tiny as f64), ("runs_with_subnormal".to_string(), 1.0), ("runs".to_string(), 12.0)],
+        vec![("subnormal_extreme".to_string(), tiny as f64), ("runs_with_subnormal".to_string(), 2.0), ("runs".to_string(), 12.0)],
     )];
     assert_eq!(subnormals(&sampled), want);
     assert_eq!(subnormals(&load_compact(&sub).unwrap()), want);
+    runs.reverse();
+    let sub_reversed = write("subnormal_reversed.csv", &runs);
+    assert_eq!(subnormals(&load_sampled(&sub_reversed, 4).unwrap()), want, "the same value in the other order");
+    assert_eq!(subnormals(&opscope::mine::load(&sub_reversed).unwrap()), want);
+    runs.reverse();
     // A crafted row far beyond the tensor (2^40 values) is refused, not allocated.
     runs[0][0].idx = 1 << 40;
     runs[0][0].stat = "chan_maxabs".into();

@@ -342,8 +342,9 @@ impl Series {
     }
 
     /// The runs whose `min` or `max` statistic is subnormal (non-zero, |x| below f32's smallest
-    /// normal, 2^-126), and the first such value in reading order, over every run of the
-    /// series, after a sampled load too. The smallest |x| of a tensor of one sign is its `min`
+    /// normal, 2^-126), and of those values the smallest in magnitude (of two, the negative),
+    /// over every run of the series, after a sampled load too (the same whatever order the
+    /// runs were read in). The smallest |x| of a tensor of one sign is its `min`
     /// or `max`, so a run counted here holds subnormal values; a mixed-sign tensor's extremes are
     /// its largest and show none.
     pub fn subnormal_over_runs(&self) -> (usize, Option<f64>) {
@@ -351,7 +352,7 @@ impl Series {
             return self.exact.subnormal;
         }
         let tiny: Vec<f64> = self.runs.iter().filter_map(subnormal_extreme).collect();
-        (tiny.len(), tiny.first().copied())
+        (tiny.len(), tiny.iter().copied().reduce(deepest))
     }
 
     /// True if the series has a run of compile `compile`, after a sampled load too.
@@ -500,10 +501,20 @@ fn nonfinite(r: &StepStats) -> f64 {
     [tensor::NAN_COUNT, tensor::POSINF_COUNT, tensor::NEGINF_COUNT].iter().filter_map(|k| r.scalar(*k)).sum()
 }
 
-/// The run's `min` or `max` (in that order) when it is subnormal: non-zero and below
-/// [`f32::MIN_POSITIVE`] in magnitude.
+/// The run's `min` or `max` when it is subnormal (non-zero and below [`f32::MIN_POSITIVE`] in
+/// magnitude); of both, the smaller in magnitude ([`deepest`]).
 fn subnormal_extreme(r: &StepStats) -> Option<f64> {
-    [r.scalar(tensor::MIN), r.scalar(tensor::MAX)].into_iter().flatten().find(|&x| x != 0.0 && x.abs() < f32::MIN_POSITIVE as f64)
+    [r.scalar(tensor::MIN), r.scalar(tensor::MAX)].into_iter().flatten().filter(|&x| x != 0.0 && x.abs() < f32::MIN_POSITIVE as f64).reduce(deepest)
+}
+
+/// Of two subnormal values, the smaller in magnitude; of equal magnitudes, the negative: an
+/// order-independent choice, so a sampled and a full load report the same value.
+fn deepest(a: f64, b: f64) -> f64 {
+    match a.abs().total_cmp(&b.abs()) {
+        std::cmp::Ordering::Less => a,
+        std::cmp::Ordering::Greater => b,
+        std::cmp::Ordering::Equal => a.min(b),
+    }
 }
 
 /// What a sampled load keeps per series besides its runs: per tensor shape of its runs (the
@@ -718,7 +729,7 @@ impl Builder {
         s.exact.flops += r.flops(s.flops).unwrap_or(0) as f64;
         s.exact.nonfinite += nonfinite(r);
         if let Some(x) = subnormal_extreme(r) {
-            s.exact.subnormal = (s.exact.subnormal.0 + 1, s.exact.subnormal.1.or(Some(x)));
+            s.exact.subnormal = (s.exact.subnormal.0 + 1, Some(s.exact.subnormal.1.map_or(x, |y| deepest(x, y))));
         }
         s.exact.compiles.insert(r.compile);
         if self.max_runs.is_some() {

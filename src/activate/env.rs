@@ -67,7 +67,7 @@ fn vars() -> Option<&'static EnvVars> {
             // Companions without the pipeline: said once, so a misspelt or forgotten
             // RLX_OPSCOPE is not a silent no-op.
             if let Some(other) = [ENV_OUT, ENV_STAGE].into_iter().find(|v| rlx_ir::env::var(v).is_some()) {
-                eprintln!("opscope: note: {other} is set but {ENV_PIPELINE} is empty or unset: nothing is tapped or recorded");
+                eprintln!("opscope: note: {other} is set but {ENV_PIPELINE} is empty or unset: the environment mode is off ({other} is not used)");
             }
             return None;
         };
@@ -154,8 +154,8 @@ pub fn finish() -> Result<(), Error> {
             if !st.pipeline.has_tap() {
                 let out = vars().and_then(|v| v.out.clone()).unwrap_or_else(|| "opscope-recording.csv".into());
                 eprintln!(
-                    "opscope: note: {ENV_PIPELINE}='{}' has no tap pass: the model ran with its actuations and {out} holds no \
-                     rows (its manifest lists what was changed); add a tap (e.g. {ENV_PIPELINE}='{},matmul') to record",
+                    "opscope: note: {ENV_PIPELINE}='{}' has no tap pass: nothing was recorded ({out} holds no rows; its \
+                     manifest lists the actuations, if any); add a tap (e.g. {ENV_PIPELINE}='{},matmul') to record",
                     st.pipeline, st.pipeline
                 );
             } else if appending == 0 || runs == 0 {

@@ -36,6 +36,20 @@ fn env_activation_never_overwrites_a_file_that_is_not_a_recording() {
         assert!(out.stdout.is_empty(), "stopped before any output");
         assert_eq!(std::fs::read(&path).unwrap(), b"my notes\n", "{name} left as it was");
     }
+    // An interrupted recording's `.partial` at the path is not replaced either; an empty file
+    // (a `mktemp`) is, without a note.
+    let path = dir.path().join("cut.csv");
+    std::fs::write(dir.path().join("cut.csv.partial"), b"rows of an interrupted recording\n").unwrap();
+    let out = example("mlp").env("RLX_OPSCOPE", "matmul").env("RLX_OPSCOPE_OUT", &path).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cut.csv.partial is there: an interrupted recording"), "{err}");
+    assert_eq!(std::fs::read(dir.path().join("cut.csv.partial")).unwrap(), b"rows of an interrupted recording\n");
+    let path = dir.path().join("empty.csv");
+    std::fs::write(&path, b"").unwrap();
+    let out = example("mlp").env("RLX_OPSCOPE", "matmul").env("RLX_OPSCOPE_OUT", &path).output().unwrap();
+    assert!(out.status.success() && !String::from_utf8_lossy(&out.stderr).contains("opscope"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(opscope::recording::holds_recording(&path));
     for name in ["rec.csv", "rec.csv.gz"] {
         let path = dir.path().join(name);
         let run = || example("mlp").env("RLX_OPSCOPE", "matmul").env("RLX_OPSCOPE_OUT", &path).output().unwrap();

@@ -233,3 +233,36 @@ fn compiles_are_numbered_from_1_in_each_recording_and_run_ids_differ() {
     }
     assert_ne!(a[0].run_id, b[0].run_id, "each scope is its own recording");
 }
+
+/// A file that is not a recording, written at the path while a CSV recording runs, is not
+/// replaced when the recording finishes: the error names it, and the complete recording stays
+/// at `<path>.partial` (with its manifest sidecar), readable.
+#[test]
+fn a_foreign_file_appearing_at_the_path_is_not_replaced_at_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("late.csv");
+    let memory = MemorySink::default();
+    opscope::scope(&pipeline(), Box::new(memory.clone()), || compile_and_run(2)).unwrap();
+    let mut sink = CsvSink::create(&path).unwrap();
+    sink.write(&memory.rows()).unwrap();
+    std::fs::write(&path, b"my notes\n").unwrap();
+    let err = sink.finish().unwrap_err().to_string();
+    assert!(err.contains("not an opscope recording appeared here") && err.contains("late.csv.partial"), "{err}");
+    assert_eq!(std::fs::read(&path).unwrap(), b"my notes\n", "left as it was");
+    let partial = dir.path().join("late.csv.partial");
+    // An empty file appearing there is replaced (nothing to lose).
+    let path = dir.path().join("empty.csv");
+    let mut sink = CsvSink::create(&path).unwrap();
+    sink.write(&memory.rows()).unwrap();
+    std::fs::write(&path, b"").unwrap();
+    sink.finish().unwrap();
+    assert!(opscope::recording::holds_recording(&path));
+    // The .partial holds every row the recording wrote, like the one that finished normally.
+    let rows = |p: &std::path::Path| {
+        let mut n = 0;
+        opscope::recording::read_rows(p, |_| n += 1).unwrap();
+        n
+    };
+    assert_eq!(rows(&partial), memory.rows().len(), "the complete recording is at .partial");
+    assert_eq!(rows(&path), memory.rows().len());
+}

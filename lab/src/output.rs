@@ -151,6 +151,15 @@ pub fn check(out: &Path, inputs: &[&Path], kind: Output, force: bool) -> Result<
     if force {
         return Ok(());
     }
+    let partial = opscope::recording::partial_path(out);
+    if matches!(kind, Output::Recording | Output::RecordingAppend) && partial.is_file() {
+        bail!(
+            "{} is there: an interrupted recording (or one another process is writing), which this one would \
+             replace: read it (`opscope mine {}`), move it away, or pass --force to replace it",
+            partial.display(),
+            partial.display()
+        );
+    }
     if let Some(input) = inputs.iter().find(|i| same_file(out, i)) {
         bail!("{} is also an input ({}): writing it would destroy it; pick another output path (or --force)", out.display(), input.display());
     }

@@ -234,6 +234,12 @@ fn ctrl_c_during_record_leaves_a_readable_partial_recording() {
     assert!(mined.status.success(), "{}", String::from_utf8_lossy(&mined.stderr));
     let series = opscope::mine::load(&partial).unwrap();
     assert!(series.values().any(|s| s.runs.len() >= 2), "the runs before the interrupt are there");
+    // A second record to the same --out would replace the interrupted rows: refused, naming them.
+    let before = std::fs::read(&partial).unwrap();
+    let again = opscope().arg("record").args(a.cli_args()).args(["--limit", "2", "--out"]).arg(&out).output().unwrap();
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(!again.status.success() && err.contains("rec.csv.gz.partial is there: an interrupted recording"), "{err}");
+    assert_eq!(std::fs::read(&partial).unwrap(), before, "the interrupted recording is left as it was");
 }
 
 #[test]

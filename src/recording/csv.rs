@@ -60,6 +60,15 @@ pub struct CsvSink {
     /// Nothing written since the last successful flush (the recorder flushes after each run),
     /// so the file ends on a whole run: recorded in the sidecar of an abandoned recording.
     ends_on_run: bool,
+    /// What was at `<path>` when the recording began (length, modification time), if anything:
+    /// a file the caller chose to replace. A different file there at `finish` appeared while
+    /// recording and is not replaced.
+    there_at_start: Option<(u64, Option<std::time::SystemTime>)>,
+}
+
+/// The length and modification time of the file at `path`, if one is there.
+fn file_stamp(path: &Path) -> Option<(u64, Option<std::time::SystemTime>)> {
+    std::fs::metadata(path).ok().filter(|m| m.is_file()).map(|m| (m.len(), m.modified().ok()))
 }
 
 impl CsvSink {
@@ -103,6 +112,7 @@ impl CsvSink {
             error: e,
         })?;
         Ok(CsvSink {
+            there_at_start: file_stamp(&path),
             path,
             writer: Some(writer),
             manifests: Vec::new(),
@@ -154,6 +164,22 @@ impl Sink for CsvSink {
     fn finish(&mut self) -> Result<(), Error> {
         if self.close()? {
             let tmp = partial_path(&self.path);
+            // A file that appeared at the path (or changed) while this recording was written,
+            // and is not a recording (or empty), is not replaced: the rows stay at
+            // `<path>.partial`. A file there from the start is the caller's to replace.
+            let now = file_stamp(&self.path);
+            if now.is_some_and(|(len, _)| len > 0) && now != self.there_at_start && !super::format::holds_recording(&self.path) {
+                // Closed whole: the reader takes every row (none is a cut run).
+                write_sidecar_ending(&tmp, std::mem::take(&mut self.manifests), true)?;
+                return Err(Error::BadPath {
+                    path: self.path.clone(),
+                    why: format!(
+                        "a file that is not an opscope recording appeared here while recording: it is left as it is, and \
+                         the recording is complete at {}",
+                        tmp.display()
+                    ),
+                });
+            }
             std::fs::rename(&tmp, &self.path).map_err(|source| Error::Io {
                 path: self.path.clone(),
                 error: source,

@@ -285,14 +285,30 @@ pub fn holds_recording(path: &Path) -> bool {
 }
 
 /// Whether a new recording may be written at `path` over what is there: `Ok(false)` when no
-/// file is there, `Ok(true)` when the file holds an opscope recording (the new one replaces it
-/// once complete: a CSV recording is written to `<path>.partial` and renamed into place), and
-/// an error naming the fix for any other file, which a recording never overwrites. A directory
-/// is left to the sinks ([`check_path`]: a Parquet dataset adds its partition beside the others).
+/// file is there (or an empty one: nothing to lose), `Ok(true)` when the file holds an opscope
+/// recording (the new one replaces it once complete: a CSV recording is written to
+/// `<path>.partial` and renamed into place), and an error naming the fix for any other file,
+/// which a recording never overwrites, and for a `<path>.partial` already there (an interrupted
+/// recording, or one another process is writing), which the new recording's rows would
+/// replace. A directory is left to the sinks ([`check_path`]: a Parquet dataset adds its
+/// partition beside the others).
 ///
-/// Errors: [`Error::BadPath`] for an existing file that is not an opscope recording.
+/// Errors: [`Error::BadPath`] for an existing file that is not an opscope recording, or an
+/// existing `<path>.partial`.
 pub fn check_replaceable(path: &Path) -> Result<bool, Error> {
-    if !path.is_file() {
+    let partial = partial_path(path);
+    if partial.exists() && !is_dataset_path(path) {
+        return Err(Error::BadPath {
+            path: path.to_path_buf(),
+            why: format!(
+                "{} is there: an interrupted recording, or one another process is writing; this recording would \
+                 replace it: read it (`opscope mine {}`), move or remove it, or pick another path",
+                partial.display(),
+                partial.display()
+            ),
+        });
+    }
+    if !path.is_file() || std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
         return Ok(false);
     }
     if holds_recording(path) {

@@ -45,7 +45,7 @@ pub struct RowRef<'a> {
 /// problem; a Parquet file without its footer, left by a killed process, says so); a Parquet
 /// file or directory in a build without the `parquet` feature.
 pub fn read_rows(path: &Path, mut f: impl FnMut(RowRef<'_>)) -> Result<(), Error> {
-    if !path.exists() {
+    if std::fs::symlink_metadata(path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
         let partial = super::partial_path(path);
         return Err(Error::BadPath {
             path: path.to_path_buf(),

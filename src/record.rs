@@ -159,6 +159,8 @@ struct Front {
     steps: HashMap<u32, u64>,
     /// Compiles whose manifest appended at least one output (a recorded run is expected).
     appending: usize,
+    /// Runs handed to the writer (sampled in, when a `sample` setting gates the taps).
+    recorded: u64,
     error: Option<Error>,
     tx: Option<SyncSender<Msg>>,
     writer: Option<JoinHandle<Result<(), Error>>>,
@@ -167,6 +169,20 @@ struct Front {
     capture_dir: Option<PathBuf>,
     /// Sampling and budget state of captured tensors.
     selector: Selector,
+}
+
+/// What a [`Recorder`] has seen so far ([`Recorder::counts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecordCounts {
+    /// Compiles tapped (one manifest each).
+    pub compiles: usize,
+    /// Compiles whose pipeline appended at least one tap output (found a site).
+    pub appending: usize,
+    /// Runs of tapped compiles, sampled in or not (each run takes a step number).
+    pub runs: u64,
+    /// Runs whose rows were handed to the writer: `runs` less the runs a `sample` setting
+    /// left out.
+    pub recorded: u64,
 }
 
 /// Shared recording state of one scope (or of the environment-activated process).
@@ -265,6 +281,7 @@ impl Recorder {
                 manifests: HashMap::new(),
                 steps: HashMap::new(),
                 appending: 0,
+                recorded: 0,
                 error,
                 tx,
                 writer,
@@ -402,6 +419,7 @@ impl Recorder {
             now
         });
         if let (Some(step), 0) = (step, unsampled) {
+            self.with_front(|s| s.recorded += 1);
             let mut outputs: Vec<RunOutput> = outputs().into_iter().map(Into::into).collect();
             let captures: Result<Vec<Vec<f32>>, String> = if ncap > 0 && outputs.len() >= ncap {
                 outputs.split_off(outputs.len() - ncap).into_iter().map(RunOutput::into_f32).collect()
@@ -462,10 +480,15 @@ impl Recorder {
         self.close(Some(false))
     }
 
-    /// What was recorded so far: (compiles tapped, compiles that appended outputs, runs
-    /// recorded).
-    pub fn counts(&self) -> (usize, usize, u64) {
-        self.with_front(|s| (s.manifests.len(), s.appending, s.steps.values().sum())).unwrap_or_default()
+    /// What was recorded so far (all zero if the recorder's lock is poisoned).
+    pub fn counts(&self) -> RecordCounts {
+        self.with_front(|s| RecordCounts {
+            compiles: s.manifests.len(),
+            appending: s.appending,
+            runs: s.steps.values().sum(),
+            recorded: s.recorded,
+        })
+        .unwrap_or_default()
     }
 
     fn close(&self, end: Option<bool>) -> Result<(), Error> {

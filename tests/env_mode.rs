@@ -181,6 +181,11 @@ fn env_activation_that_records_nothing_says_so() {
     assert!(out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("recorded no rows") && err.contains("attn"), "{err}");
+    // A sample setting that leaves out every run the program makes.
+    let out = example("mlp").env("RLX_OPSCOPE", "sample{every=1000000},matmul").env("RLX_OPSCOPE_OUT", dir.path().join("s.csv")).output().unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("recorded none of them") && err.contains("lower N"), "{err}");
 }
 
 // ---- examples/run_paths: every run path, the stage, the default path, .csv.gz, fakequant ----

@@ -208,6 +208,12 @@ fn a_scope_that_records_nothing_says_why() {
     // A pipeline that matches nothing.
     let (_, res) = Scope::new(&Pipeline::parse("attn").unwrap(), sink()).run(|| compile_and_run(1));
     assert!(warn(res).contains("found no site"));
+    // A sample setting that leaves out every run: the runs counted, none recorded.
+    let p = Pipeline::parse("sample{every=1000000},matmul").unwrap();
+    let (_, res) = Scope::new(&p, sink()).run(|| compile_and_run(3));
+    let summary = res.unwrap();
+    assert_eq!((summary.runs, summary.recorded), (3, 0));
+    assert!(summary.warnings.join(" | ").contains("recorded none of them"), "{:?}", summary.warnings);
     // And a scope that did record has no warning.
     let (_, res) = Scope::new(&pipeline(), sink()).run(|| compile_and_run(1));
     assert_eq!(res.unwrap().warnings, Vec::<String>::new());

@@ -188,6 +188,15 @@ fn the_miner_says_no_data_and_flags_non_finite_values() {
     assert!(verdicts.iter().any(|v| v.kind == opscope::mine::HEALTH && v.role == "lhs"), "{verdicts:?}");
     let no_data = opscope::mine::no_data(&path, &series).unwrap();
     assert!(no_data.iter().any(|l| l.ends_with("/lhs: no data")), "{no_data:?}");
+    // A damaged sidecar is an error naming both fixes; without one, a note says what is unknown.
+    let side = opscope::recording::sidecar_path(&path);
+    std::fs::write(&side, b"{\"format\": 1, \"gra").unwrap();
+    let err = opscope::mine::no_data(&path, &series).unwrap_err().to_string();
+    assert!(err.contains("manifest sidecar is damaged") && err.contains("restore it") && err.contains("move it away"), "{err}");
+    std::fs::remove_file(&side).unwrap();
+    let no_data = opscope::mine::no_data(&path, &series).unwrap();
+    assert_eq!(no_data.len(), 1, "{no_data:?}");
+    assert!(no_data[0].starts_with("note: no manifest sidecar") && no_data[0].contains("r.csv.manifest.json"), "{no_data:?}");
 }
 
 /// Every row of a Parquet file, or of every `*.parquet` file under a dataset directory (by

@@ -143,7 +143,7 @@ pub fn tapped_devices() -> Vec<rlx_runtime::Device> {
 pub fn finish() -> Result<(), Error> {
     match ENV.get() {
         Some(Ok(st)) => {
-            let (compiles, appending, runs) = st.recorder.counts();
+            let crate::record::RecordCounts { compiles, appending, runs, recorded } = st.recorder.counts();
             st.recorder.finish()?;
             if crate::online::enabled(&st.pipeline) {
                 // The online state beside the recording, written then renamed.
@@ -163,6 +163,8 @@ pub fn finish() -> Result<(), Error> {
                     "opscope: warning: {ENV_PIPELINE}='{}' recorded no rows: {compiles} graph(s) compiled, {appending} with a site, {runs} tapped run(s)",
                     st.pipeline
                 );
+            } else if recorded == 0 {
+                eprintln!("opscope: warning: {}", super::scope::sampled_out(&st.pipeline, runs));
             }
             Ok(())
         }

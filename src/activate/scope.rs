@@ -63,13 +63,17 @@ pub struct Scope<'a> {
 pub struct Summary {
     /// Graphs compiled (and tapped) inside the scope.
     pub compiles: usize,
-    /// Runs of tapped graphs recorded.
+    /// Runs of tapped graphs inside the scope (each took a step number).
     pub runs: u64,
+    /// Of those, the runs whose rows were written: fewer than `runs` when a `sample` setting
+    /// left runs out.
+    pub recorded: u64,
     /// The interrupt flag was set: the recording was closed as partial (left at `.partial`).
     pub interrupted: bool,
     /// Why the recording may not hold what the caller expects (also printed on stderr): no
     /// graph compiled inside the scope (a graph compiled before it, or on another thread, or
-    /// inside a nested scope, is not tapped by this one), or tapped graphs never run inside it.
+    /// inside a nested scope, is not tapped by this one), tapped graphs never run inside it, or
+    /// a `sample` setting that left every run out.
     pub warnings: Vec<String>,
 }
 
@@ -137,7 +141,7 @@ impl<'a> Scope<'a> {
         let forget = Forget;
         let value = taps::with_tap(tap, f);
         drop(forget);
-        let (compiles, appending, runs) = recorder.counts();
+        let crate::record::RecordCounts { compiles, appending, runs, recorded } = recorder.counts();
         let interrupted = self.interrupt.is_some_and(|f| f.load(Ordering::SeqCst));
         let res = if interrupted { recorder.abandon() } else { recorder.finish() };
         let mut warnings = Vec::new();
@@ -159,11 +163,13 @@ impl<'a> Scope<'a> {
                  not recorded (pipeline '{}')",
                 self.pipeline
             ));
+        } else if appending > 0 && recorded == 0 && res.is_ok() {
+            warnings.push(sampled_out(&self.pipeline, runs));
         }
         for w in &warnings {
             eprintln!("opscope: warning: {w}");
         }
-        (value, res.map(|_| Summary { compiles, runs, interrupted, warnings }))
+        (value, res.map(|_| Summary { compiles, runs, recorded, interrupted, warnings }))
     }
 }
 
@@ -176,3 +182,13 @@ pub fn scope<T>(pipeline: &Pipeline, sink: Box<dyn Sink>, f: impl FnOnce() -> T)
     res.map(|_| value)
 }
 
+
+/// The warning for a recording whose tapped graphs ran but whose `sample` setting left every
+/// run out, so it holds no row (a `sample{every=N}` with N beyond the run count).
+pub(super) fn sampled_out(pipeline: &Pipeline, runs: u64) -> String {
+    format!(
+        "the pipeline '{pipeline}' tapped {runs} run(s) and its `sample` setting recorded none of them, so the recording \
+         holds no row: `sample{{every=N}}` records about one run in N, chosen by input content; run more inputs or \
+         lower N"
+    )
+}

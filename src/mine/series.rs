@@ -921,10 +921,19 @@ pub fn load_sampled(path: &Path, max_runs: usize) -> Result<BTreeMap<SeriesKey, 
 }
 
 /// Sites and roles a recording's manifest lists that have no rows: they never ran (or were
-/// skipped, with the manifest's reason). Reads `<recording>.manifest.json` if it exists.
+/// skipped, with the manifest's reason). Reads `<recording>.manifest.json` (a dataset: each
+/// partition's `_manifest.json`); without one, a single line says that what it would list is
+/// unknown, so a recording whose sidecar was lost does not read as one where every site ran.
 pub fn no_data(recording: &Path, series: &BTreeMap<SeriesKey, Series>) -> Result<Vec<String>, Error> {
     let Some(sidecar) = read_sidecar(recording)? else {
-        return Ok(Vec::new());
+        let side = if recording.is_dir() {
+            format!("{}/recording=<id>/_manifest.json", recording.display())
+        } else {
+            crate::recording::sidecar_path(recording).display().to_string()
+        };
+        return Ok(vec![format!(
+            "note: no manifest sidecar ({side}): sites the pipeline skipped, or that never ran, cannot be listed"
+        )]);
     };
     let mut out = Vec::new();
     for m in &sidecar.graphs {

@@ -368,7 +368,7 @@ pub fn partitions(root: &Path) -> Result<Vec<Partition>, Error> {
             p.sidecar = Some(serde_json::from_slice(&bytes).map_err(|e| RecordingError {
                 path: side.clone(),
                 line: Some(e.line() as u64),
-                reason: format!("manifest sidecar: {e}"),
+                reason: super::damaged_sidecar(&e),
             })?);
         }
         if !p.parts.is_empty() || !p.open.is_empty() || p.sidecar.is_some() {

@@ -83,7 +83,17 @@ pub fn read_sidecar(recording: &Path) -> Result<Option<Sidecar>, Error> {
     let bytes = std::fs::read(&side).map_err(|e| Error::Io { path: side.clone(), error: e })?;
     serde_json::from_slice(&bytes)
         .map(Some)
-        .map_err(|e| RecordingError { path: side, line: Some(e.line() as u64), reason: format!("manifest sidecar: {e}") }.into())
+        .map_err(|e| RecordingError { path: side, line: Some(e.line() as u64), reason: damaged_sidecar(&e) }.into())
+}
+
+/// The error reason for a manifest sidecar that does not parse: what it holds and the two
+/// fixes (restore it, or mine the rows without it).
+pub(crate) fn damaged_sidecar(e: &serde_json::Error) -> String {
+    format!(
+        "the manifest sidecar is damaged ({e}); it lists the graphs, sites and skipped sites of the recording, and the \
+         rows do not need it: restore it from a copy, or move it away to mine the rows alone (the sites it would list \
+         as skipped or never run then go unlisted)"
+    )
 }
 
 #[cfg(not(feature = "parquet"))]

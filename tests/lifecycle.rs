@@ -120,6 +120,22 @@ fn a_finished_gzip_recording_cut_afterwards_is_an_error() {
     let partial = dir.path().join("done.csv.gz.partial");
     std::fs::rename(&path, &partial).unwrap();
     assert!(opscope::mine::load(&partial).is_ok());
+    // A plain CSV recording cut mid-row (a copy that stopped early): the error says the last
+    // row is cut short, not only that two rows have different field counts.
+    let path = dir.path().join("done.csv");
+    opscope::scope(&pipeline(), opscope::open_sink(&path).unwrap(), || compile_and_run(3)).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let mid_row = bytes[..bytes.len() / 2].iter().rposition(|&b| b == b',').unwrap();
+    std::fs::write(&path, &bytes[..mid_row]).unwrap();
+    let err = opscope::mine::load(&path).err().expect("a cut finished recording is an error").to_string();
+    assert!(err.contains("is cut short") && err.contains("of its 15 fields") && err.contains("cut or damaged since"), "{err}");
+    // A short row in the middle of a file is malformed, not a cut.
+    let mut spliced = bytes[..mid_row].to_vec();
+    spliced.push(b'\n');
+    spliced.extend_from_slice(&bytes[bytes.len() / 2..]);
+    std::fs::write(&path, &spliced).unwrap();
+    let err = opscope::mine::load(&path).err().expect("malformed").to_string();
+    assert!(!err.contains("cut short") && err.contains("fields"), "{err}");
 }
 
 /// A plain CSV recording cut by a crash at every byte of its last two runs: read, it holds

@@ -362,6 +362,22 @@ fn read_records(path: &Path, gz: bool, limit: Option<u64>, f: &mut dyn FnMut(Row
             Ok(false) => return Ok(None),
             // A cut compressed stream ends with an I/O error.
             Err(e) if matches!(e.kind(), csv::ErrorKind::Io(_)) && limit.is_none() => return Ok(Some(format!("it ends mid-stream after line {line}: {e}"))),
+            // A short row that is the file's last is where the file was cut (a crash, or a
+            // copy or truncation after it was written), not a malformed row.
+            Err(e) if limit.is_none() && matches!(e.kind(), csv::ErrorKind::UnequalLengths { .. }) => {
+                let fields = match e.kind() {
+                    csv::ErrorKind::UnequalLengths { len, .. } => *len,
+                    _ => 0,
+                };
+                if matches!(csv.read_byte_record(&mut rec), Ok(false)) {
+                    return Ok(Some(format!(
+                        "its last row (line {}) is cut short, {fields} of its {} fields",
+                        line + 1,
+                        header_row.len()
+                    )));
+                }
+                return Err(malformed(Some(line + 1), e.to_string()).into());
+            }
             Err(e) => return Err(malformed(Some(line + 1), e.to_string()).into()),
         }
         line += 1;

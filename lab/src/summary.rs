@@ -24,8 +24,12 @@ pub struct SiteSummary {
     pub count: f64,
     /// Non-zero finite elements over all runs.
     pub nnz: Option<f64>,
-    /// Sum of per-run kurtosis values and their number (the table shows the mean).
-    pub kurtosis: Option<(f64, f64)>,
+    /// The per-run kurtosis values, keyed by the run's sampling priority
+    /// ([`opscope::mine::run_priority`]): the table shows their median, as `opscope mine` and
+    /// the report do. Every run's up to [`opscope::mine::DEFAULT_MAX_RUNS`], past that the runs
+    /// of least priority, the same uniform sample `opscope mine` reads by default, so the
+    /// summary's memory is bounded whatever the run count.
+    pub kurtosis: BTreeMap<u64, f64>,
     /// Largest per-run chan_outlier.
     pub chan_outlier: Option<f64>,
     /// NaN + Inf elements over all runs, if any of the three counts was recorded.
@@ -41,9 +45,11 @@ impl SiteSummary {
     pub fn density(&self) -> Option<f64> {
         (self.count > 0.0).then_some(self.nnz? / self.count)
     }
-    /// Mean of the per-run kurtosis values.
-    pub fn kurtosis_mean(&self) -> Option<f64> {
-        self.kurtosis.map(|(s, n)| s / n)
+    /// Median of the per-run kurtosis values ([`opscope::mine::median`]: of an even count the
+    /// upper middle value, one some run had); over the sample past
+    /// [`opscope::mine::DEFAULT_MAX_RUNS`] runs.
+    pub fn kurtosis_median(&self) -> Option<f64> {
+        opscope::mine::median(self.kurtosis.values().copied().collect())
     }
 }
 
@@ -98,7 +104,7 @@ impl SummarySink {
                 s.shape,
                 show(s.absmax(), 4),
                 show(s.density(), 4),
-                show(s.kurtosis_mean(), 2),
+                show(s.kurtosis_median(), 2),
                 show(s.chan_outlier, 2),
                 show(s.nonfinite, 0)
             );
@@ -106,7 +112,7 @@ impl SummarySink {
         if sites.iter().any(|((_, r, _), _)| tensor_role(r)) {
             let _ = writeln!(
                 out,
-                "(over all runs: absmax and chan_outlier the largest, density nnz/count, kurtosis the mean of the runs', non-finite the count)"
+                "(over all runs: absmax and chan_outlier the largest, density nnz/count, kurtosis the median of the runs', as in `opscope mine`, non-finite the count)"
             );
         }
         if !probes.is_empty() {
@@ -156,9 +162,11 @@ impl Sink for SummarySink {
                 "min" => s.min = Some(s.min.map_or(v, |m| m.min(v))),
                 "max" => s.max = Some(s.max.map_or(v, |m| m.max(v))),
                 "kurtosis" => {
-                    let k = s.kurtosis.get_or_insert((0.0, 0.0));
-                    k.0 += v;
-                    k.1 += 1.0;
+                    // Bottom-k sampling: the runs of least priority, as `opscope mine` keeps.
+                    s.kurtosis.insert(opscope::mine::run_priority(r.compile, r.step), v);
+                    if s.kurtosis.len() > opscope::mine::DEFAULT_MAX_RUNS {
+                        s.kurtosis.pop_last();
+                    }
                 }
                 "chan_outlier" => s.chan_outlier = Some(s.chan_outlier.map_or(v, |m| m.max(v))),
                 "nan_count" | "posinf_count" | "neginf_count" => *s.nonfinite.get_or_insert(0.0) += v,
@@ -172,3 +180,4 @@ impl Sink for SummarySink {
         Ok(())
     }
 }
+

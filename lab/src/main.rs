@@ -1677,10 +1677,14 @@ fn record(a: RecordArgs) -> Result<()> {
         say!("online state (DDSketch quantiles, distinct tensors per site) in {}", path.display());
     }
     say!(
-        "recorded {} text entries ({} per batch, {} tokens) with '{}' to {}",
+        "recorded {} text entries ({} per batch, {} tokens, {}) with '{}' to {}",
         job.sentences(),
         batch.min(job.sentences()),
         seq,
+        match job.truncated() {
+            0 => "none longer".to_string(),
+            n => format!("{n} longer, cut to {seq}: pass --seq to run more of them"),
+        },
         pipeline,
         written_to(&a.out, &before)
     );

@@ -68,6 +68,9 @@ pub struct Encoded {
     pub ids: Vec<i64>,
     /// 1 on real tokens, 0 on padding.
     pub mask: Vec<i64>,
+    /// Texts of the batch longer than `seq` tokens (with special tokens), cut to `seq`: their
+    /// tail was not run.
+    pub truncated: usize,
 }
 
 /// Pad tokens of the common tokenizer families, tried in this order when `tokenizer.json` has
@@ -125,6 +128,8 @@ impl TextEncoder {
             .map_err(|e| anyhow::anyhow!("tokenizing: {e}"))?;
         let mut ids = Vec::with_capacity(texts.len() * self.seq);
         let mut mask = Vec::with_capacity(texts.len() * self.seq);
+        // `tokenizers` keeps what truncation cut off as overflowing encodings.
+        let truncated = encs.iter().filter(|e| !e.get_overflowing().is_empty()).count();
         for e in &encs {
             if e.get_ids().len() != self.seq {
                 bail!("tokenizer produced {} tokens, expected {}", e.get_ids().len(), self.seq);
@@ -132,7 +137,7 @@ impl TextEncoder {
             ids.extend(e.get_ids().iter().map(|&i| i as i64));
             mask.extend(e.get_attention_mask().iter().map(|&m| m as i64));
         }
-        Ok(Encoded { ids, mask })
+        Ok(Encoded { ids, mask, truncated })
     }
 }
 
@@ -471,6 +476,11 @@ impl Job {
     /// The tokenized batches, in run order.
     pub fn encoded(&self) -> &[Encoded] {
         &self.encoded
+    }
+
+    /// Sentences longer than `seq` tokens, cut to `seq` (their tail is not run).
+    pub fn truncated(&self) -> usize {
+        self.encoded.iter().map(|e| e.truncated).sum()
     }
 
     /// Run every batch with `pipeline` active at `stage`, recording to `sink`; `each` gets the

@@ -116,12 +116,13 @@ fn variant_tokenizer(dir: &std::path::Path, pad_name: &str, padding: serde_json:
 }
 
 /// Hugging Face `tokenizers` (Python) on the same file: ids and mask padded to `seq`, keeping
-/// the file's own padding side and token when it has a padding configuration.
-fn python_encode(tok: &std::path::Path, pad: &str, seq: usize, texts: &[&str]) -> (Vec<i64>, Vec<i64>) {
+/// the file's own padding side and token when it has a padding configuration; and how many
+/// texts truncation cut (their overflowing encodings).
+fn python_encode(tok: &std::path::Path, pad: &str, seq: usize, texts: &[&str]) -> (Vec<i64>, Vec<i64>, usize) {
     let code = format!(
         "import json,sys\nfrom tokenizers import Tokenizer\nt=Tokenizer.from_file(sys.argv[1])\np=t.padding\nt.enable_truncation({seq})\n\
          d=p['direction'] if p else 'right'\npid=t.token_to_id('{pad}')\nt.enable_padding(length={seq},direction=d,pad_id=pid,pad_token='{pad}')\n\
-         e=t.encode_batch(json.loads(sys.argv[2]))\nprint(json.dumps([sum((x.ids for x in e),[]),sum((x.attention_mask for x in e),[])]))"
+         e=t.encode_batch(json.loads(sys.argv[2]))\nprint(json.dumps([sum((x.ids for x in e),[]),sum((x.attention_mask for x in e),[]),sum(1 for x in e if x.overflowing)]))"
     );
     let out = Command::new("python3").args(["-c", &code]).arg(tok).arg(serde_json::to_string(texts).unwrap()).output().unwrap();
     assert!(out.status.success(), "python tokenizers: {}", String::from_utf8_lossy(&out.stderr));
@@ -136,8 +137,9 @@ fn a_tokenizer_padding_with_angle_bracket_pad_encodes_as_hugging_face_does() {
     // No padding configuration: the pad token is found in the vocabulary (<pad>, RoBERTa's).
     let plain = variant_tokenizer(dir.path(), "<pad>", serde_json::Value::Null);
     let enc = opscope_lab::model::TextEncoder::load(&plain, 8).unwrap().encode(&owned).unwrap();
-    assert_eq!((enc.ids.clone(), enc.mask.clone()), python_encode(&plain, "<pad>", 8, &texts));
+    assert_eq!((enc.ids.clone(), enc.mask.clone(), enc.truncated), python_encode(&plain, "<pad>", 8, &texts));
     assert_eq!(enc.mask.iter().filter(|&&m| m == 0).count(), 4, "'Hi.' is [CLS] hi . [SEP]: 4 pads of 8");
+    assert_eq!(enc.truncated, 1, "the shoe sentence is longer than 8 tokens");
     // A padding configuration on the left: its side and token are used.
     let left = variant_tokenizer(
         dir.path(),
@@ -145,7 +147,7 @@ fn a_tokenizer_padding_with_angle_bracket_pad_encodes_as_hugging_face_does() {
         serde_json::json!({"strategy": "BatchLongest", "direction": "Left", "pad_to_multiple_of": null, "pad_id": 0, "pad_type_id": 0, "pad_token": "<|pad|>"}),
     );
     let enc = opscope_lab::model::TextEncoder::load(&left, 8).unwrap().encode(&owned).unwrap();
-    assert_eq!((enc.ids.clone(), enc.mask.clone()), python_encode(&left, "<|pad|>", 8, &texts));
+    assert_eq!((enc.ids.clone(), enc.mask.clone(), enc.truncated), python_encode(&left, "<|pad|>", 8, &texts));
     assert_eq!(&enc.mask[..4], &[0, 0, 0, 0], "left padding");
 }
 

@@ -574,3 +574,30 @@ fn a_file_holding_two_recordings_is_refused() {
         assert_eq!(rows(&one).unwrap(), ma.rows().len());
     }
 }
+
+/// Two recordings that reach one dataset with the same recording id (two processes of one PID
+/// in one second, before ids had random bits) never share a partition: the second is refused
+/// at its first part, naming the clash, and the first keeps every row. Fresh ids differ.
+#[cfg(feature = "parquet")]
+#[test]
+fn a_second_recording_with_the_same_id_never_replaces_the_first_in_a_dataset() {
+    use opscope::recording::{DatasetSink, PartLimits};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("d.parquet");
+    let sink = || {
+        let mut s = DatasetSink::create(&root, PartLimits { runs: 1, bytes: 1 << 30 }).unwrap();
+        s.recording_id("run-1-1-1").unwrap();
+        Box::new(s)
+    };
+    run_into(sink()).unwrap();
+    let mut before = 0;
+    opscope::recording::read_rows(&root, |_| before += 1).unwrap();
+    assert!(before > 0);
+    let err = run_into(sink()).unwrap_err().to_string();
+    assert!(err.contains("already holds a partition of recording id 'run-1-1-1'"), "{err}");
+    let mut after = 0;
+    opscope::recording::read_rows(&root, |_| after += 1).unwrap();
+    assert_eq!(after, before, "the first recording's rows are all there");
+    assert_eq!(opscope::recording::partitions(&root).unwrap().len(), 1);
+    assert_ne!(opscope::recording::new_run_id(), opscope::recording::new_run_id());
+}

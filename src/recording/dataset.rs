@@ -113,6 +113,8 @@ pub struct DatasetSink {
     /// Row groups of the open run were written already ([`GROUP_ROWS`]): the run still ends
     /// (counts towards the part's limits) at the next flush, even with no rows pending.
     run_open: bool,
+    /// This sink created its partition directory (see `partition`).
+    partition_made: bool,
 }
 
 /// A run's rows are written as a row group every this many rows (and at the run's end), so the
@@ -143,6 +145,7 @@ impl DatasetSink {
             sidecar_written: None,
             done: false,
             run_open: false,
+            partition_made: false,
         })
     }
 
@@ -152,8 +155,20 @@ impl DatasetSink {
         // An id is a directory name: keep it to characters every file system and URL takes.
         let safe: String = id.chars().map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' }).collect();
         let dir = self.root.join(format!("recording={safe}"));
-        if !dir.is_dir() {
-            std::fs::create_dir(&dir).map_err(|e| Error::Io { path: dir.clone(), error: e })?;
+        if !self.partition_made {
+            // Created here, exclusively: a partition of the same id already in the dataset is
+            // another recording's, whose parts this one's would replace.
+            std::fs::create_dir(&dir).map_err(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => Error::BadPath {
+                    path: dir.clone(),
+                    why: format!(
+                        "the dataset already holds a partition of recording id '{id}': another recording's, whose \
+                         parts this one would replace; give this recording another id (or record into another dataset)"
+                    ),
+                },
+                _ => Error::Io { path: dir.clone(), error: e },
+            })?;
+            self.partition_made = true;
         }
         Ok(dir)
     }

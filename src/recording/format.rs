@@ -348,8 +348,9 @@ pub(super) fn write_sidecar_ending(recording: &Path, graphs: Vec<std::sync::Arc<
     write_atomic(&sidecar_path(recording), &json)
 }
 
-/// A recording id, unique per recorder: `run-<unix seconds>-<pid>-<n>`, `n` counting the
-/// recorders of the process (two scopes of one process get two ids).
+/// A recording id, unique per recorder: `run-<unix seconds>-<pid>-<n>-<8 hex digits>`, `n`
+/// counting the recorders of the process (two scopes of one process get two ids) and the hex
+/// digits random (two processes with one PID in one second get two ids).
 pub fn new_run_id() -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(1);
@@ -357,5 +358,8 @@ pub fn new_run_id() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    format!("run-{secs}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    // 32 random bits: two processes of one PID started in the same second (PID 1 in two
+    // containers, jobs of a cluster array) still get different ids, so their partitions of a
+    // shared dataset never coincide.
+    format!("run-{secs}-{}-{}-{:08x}", std::process::id(), N.fetch_add(1, Ordering::Relaxed), rand::random::<u32>())
 }

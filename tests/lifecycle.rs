@@ -288,3 +288,25 @@ fn a_foreign_file_appearing_at_the_path_is_not_replaced_at_finish() {
     assert_eq!(rows(&partial), memory.rows().len(), "the complete recording is at .partial");
     assert_eq!(rows(&path), memory.rows().len());
 }
+
+/// A CSV recording whose manifest cannot be written at finish (here its temporary file's name
+/// is taken by a directory; a full disk or `ulimit -f` fail the same write) is not renamed into
+/// place: the earlier recording and its manifest stay as they were, paired, and the new rows
+/// are complete at `<path>.partial`, which the error names.
+#[test]
+fn a_manifest_that_cannot_be_written_leaves_the_earlier_recording_paired_with_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.csv");
+    opscope::scope(&Pipeline::parse("matmul{stats=[max]}").unwrap(), opscope::open_sink(&path).unwrap(), || compile_and_run(1)).unwrap();
+    let (rows, manifest) = (std::fs::read(&path).unwrap(), std::fs::read(dir.path().join("r.csv.manifest.json")).unwrap());
+    std::fs::create_dir(dir.path().join("r.csv.manifest.json.partial")).unwrap();
+    let err = opscope::scope(&Pipeline::parse("matmul{stats=[min]}").unwrap(), opscope::open_sink(&path).unwrap(), || compile_and_run(2))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("writing the manifest sidecar") && err.contains("complete at") && err.contains("r.csv.partial"), "{err}");
+    assert_eq!(std::fs::read(&path).unwrap(), rows, "the earlier rows");
+    assert_eq!(std::fs::read(dir.path().join("r.csv.manifest.json")).unwrap(), manifest, "with their own manifest");
+    let mut n = 0;
+    opscope::recording::read_rows(&dir.path().join("r.csv.partial"), |r| n += usize::from(r.stat == "min")).unwrap();
+    assert!(n > 0, "the new recording's rows, every run of them, at .partial");
+}

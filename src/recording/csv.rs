@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::error::Error;
 use crate::manifest::Manifest;
 
-use super::format::{check_path, column_index, header, partial_path, write_sidecar, write_sidecar_ending, Row};
+use super::format::{check_path, column_index, header, partial_path, sidecar_json, write_sidecar_ending, Row};
 use super::read::RowRef;
 use super::sink::Sink;
 use super::RecordingError;
@@ -180,11 +180,38 @@ impl Sink for CsvSink {
                     ),
                 });
             }
-            std::fs::rename(&tmp, &self.path).map_err(|source| Error::Io {
-                path: self.path.clone(),
-                error: source,
-            })?;
-            write_sidecar(&self.path, std::mem::take(&mut self.manifests))?;
+            // The manifest is written in full (beside, synced) before anything is renamed: a
+            // write that fails (disk full, `ulimit -f`) leaves the recording at `<path>.partial`
+            // and an earlier recording at `<path>` with its own manifest, both untouched. Then
+            // the earlier manifest is removed, so no moment pairs the new rows with it (a crash
+            // between the renames leaves the rows without a manifest, which `mine` notes).
+            let side = super::format::sidecar_path(&self.path);
+            let side_tmp = partial_path(&side);
+            let manifests = std::mem::take(&mut self.manifests);
+            if let Err(e) = super::format::write_synced(&side_tmp, &sidecar_json(manifests.clone(), false)?) {
+                let _ = std::fs::remove_file(&side_tmp);
+                let _ = write_sidecar_ending(&tmp, manifests, true);
+                return Err(Error::Write {
+                    path: side,
+                    why: format!(
+                        "writing the manifest sidecar: {e}{}; the recording is complete at {} (read it by that name), and \
+                         anything at {} is left as it was",
+                        super::format::space_hint(&e.to_string()),
+                        tmp.display(),
+                        self.path.display()
+                    ),
+                });
+            }
+            let io = |path: &Path| {
+                let path = path.to_path_buf();
+                move |error| Error::Io { path, error }
+            };
+            match std::fs::remove_file(&side) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&side)(e)),
+                _ => {}
+            }
+            std::fs::rename(&tmp, &self.path).map_err(io(&self.path))?;
+            std::fs::rename(&side_tmp, &side).map_err(io(&side))?;
         }
         Ok(())
     }

@@ -176,13 +176,7 @@ impl DatasetSink {
     fn write_err(&self, path: &Path, what: &str, e: impl std::fmt::Display) -> Error {
         let closed = self.next_part;
         let e = e.to_string();
-        let hint = if e.contains("File too large") || e.contains("os error 27") {
-            " (the file-size limit, `ulimit -f`, was reached)"
-        } else if e.contains("No space left") || e.contains("os error 28") {
-            " (the disk is full)"
-        } else {
-            ""
-        };
+        let hint = super::format::space_hint(&e);
         Error::Write {
             path: path.to_path_buf(),
             why: format!(

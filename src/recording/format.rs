@@ -322,15 +322,28 @@ pub fn check_replaceable(path: &Path) -> Result<bool, Error> {
 
 /// Write `bytes` to `path` atomically (temporary name, fsync, rename).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
-    let io = |source| Error::Io {
-        path: path.to_path_buf(),
-        error: source,
-    };
     let tmp = partial_path(path);
-    let mut f = File::create(&tmp).map_err(io)?;
-    f.write_all(bytes).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    write_synced(&tmp, bytes).map_err(|source| Error::Io { path: path.to_path_buf(), error: source })?;
+    std::fs::rename(&tmp, path).map_err(|source| Error::Io { path: path.to_path_buf(), error: source })
+}
+
+/// Create `path` holding `bytes`, written and synced to disk.
+pub(super) fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut f = File::create(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+/// What an I/O error's text says of its cause, for a message: the file-size limit or a full
+/// disk; empty otherwise.
+pub(super) fn space_hint(error: &str) -> &'static str {
+    if error.contains("File too large") || error.contains("os error 27") {
+        " (the file-size limit, `ulimit -f`, was reached)"
+    } else if error.contains("No space left") || error.contains("os error 28") {
+        " (the disk is full)"
+    } else {
+        ""
+    }
 }
 
 
@@ -343,9 +356,12 @@ pub fn write_sidecar(recording: &Path, graphs: Vec<std::sync::Arc<Manifest>>) ->
 
 /// [`write_sidecar`] with [`Sidecar::ends_on_run`].
 pub(super) fn write_sidecar_ending(recording: &Path, graphs: Vec<std::sync::Arc<Manifest>>, ends_on_run: bool) -> Result<(), Error> {
-    let json = serde_json::to_vec_pretty(&Sidecar { format: FORMAT, graphs, ends_on_run })
-        .map_err(|e| Error::Internal(format!("manifest JSON: {e}")))?;
-    write_atomic(&sidecar_path(recording), &json)
+    write_atomic(&sidecar_path(recording), &sidecar_json(graphs, ends_on_run)?)
+}
+
+/// The JSON text of a manifest sidecar.
+pub(super) fn sidecar_json(graphs: Vec<std::sync::Arc<Manifest>>, ends_on_run: bool) -> Result<Vec<u8>, Error> {
+    serde_json::to_vec_pretty(&Sidecar { format: FORMAT, graphs, ends_on_run }).map_err(|e| Error::Internal(format!("manifest JSON: {e}")))
 }
 
 /// A recording id, unique per recorder: `run-<unix seconds>-<pid>-<n>-<8 hex digits>`, `n`

@@ -58,6 +58,20 @@ fn a_missing_directory_is_a_clear_error() {
     assert!(msg.contains("/nonexistent-dir/rec.csv") && msg.contains("its directory does not exist"), "{msg}");
 }
 
+/// A FIFO at the path is refused, not replaced by the recording's rename (its reader would
+/// wait forever on the unlinked pipe); it is left in place.
+#[test]
+fn a_fifo_at_the_path_is_refused_and_left_in_place() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("pipe.csv");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let msg = CsvSink::create(&fifo).err().expect("refused").to_string();
+    assert!(msg.contains("not a regular file") && msg.contains("FIFO"), "{msg}");
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+    assert!(!dir.path().join("pipe.csv.partial").exists(), "nothing written beside it");
+}
+
 struct FailingSink;
 
 impl Sink for FailingSink {

@@ -254,6 +254,11 @@ pub fn check_path(path: &Path) -> Result<(), Error> {
     if path.is_dir() {
         return bad("is a directory; give a file path such as <dir>/recording.csv.gz");
     }
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        // A recording is written beside its path and renamed over it, which would replace a
+        // FIFO (its reader then waits forever on the unlinked pipe), a socket or a device.
+        return bad("is not a regular file (a FIFO, socket or device): a recording is renamed into place over it; give a regular file path");
+    }
     match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => {
             bad("its directory does not exist; create it first")

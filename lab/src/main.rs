@@ -1350,15 +1350,19 @@ fn interrupted_rows(out: &std::path::Path) -> String {
     }
 }
 
-/// Stop a running job after the batch in progress on Ctrl-C (SIGINT), closing its recording as
-/// partial; a second Ctrl-C ends the process at once.
+/// Stop a running job after the batch in progress on Ctrl-C (SIGINT), SIGTERM or SIGHUP (what
+/// `timeout`, `docker stop`, systemd and Slurm send first), closing its recording as partial; a
+/// second signal ends the process at once.
 fn interrupt_on_ctrl_c() -> Result<()> {
     ctrlc::set_handler(|| {
         if INTERRUPTED.swap(true, Ordering::SeqCst) {
             opscope_lab::output::release_claims();
             std::process::exit(130);
         }
-        eprintln!("\nopscope: interrupting after the batch in progress (Ctrl-C again to stop at once)");
+        eprintln!(
+            "\nopscope: interrupting after the batch in progress; Ctrl-C again stops at once, losing the runs not yet \
+             closed (a Parquet recording's open part, a CSV recording's run in progress)"
+        );
     })
     .context("installing the Ctrl-C handler")
 }

@@ -242,6 +242,48 @@ fn ctrl_c_during_record_leaves_a_readable_partial_recording() {
     assert_eq!(std::fs::read(&partial).unwrap(), before, "the interrupted recording is left as it was");
 }
 
+/// SIGTERM (what `timeout`, `docker stop`, systemd and Slurm send) stops a Parquet recording
+/// as Ctrl-C does: the runs of the open part are closed into a readable part, not lost with it.
+#[test]
+fn sigterm_during_record_closes_the_open_part() {
+    let a = opscope_lab::model::MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("rec.parquet");
+    let child = opscope()
+        .arg("record")
+        .args(a.cli_args())
+        .args(["--batch", "1", "--seq", "16", "--out"])
+        .arg(&out)
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until the open part (runs not yet closed: 32 a part) has some runs.
+    let open = || -> u64 {
+        let Ok(parts) = std::fs::read_dir(&out) else { return 0 };
+        parts
+            .flatten()
+            .filter_map(|p| std::fs::read_dir(p.path()).ok())
+            .flatten()
+            .flatten()
+            .filter(|f| f.file_name().to_string_lossy().ends_with(".parquet.partial"))
+            .map(|f| f.metadata().map(|m| m.len()).unwrap_or(0))
+            .sum()
+    };
+    let start = std::time::Instant::now();
+    while open() < 20_000 {
+        assert!(start.elapsed().as_secs() < 120, "no progress");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let res = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&res.stderr);
+    assert_eq!(res.status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted after"), "{err}");
+    let series = opscope::mine::load(&out).unwrap();
+    assert!(series.values().any(|s| s.runs.len() >= 2), "the open part's runs were closed into a readable part");
+}
+
 #[test]
 fn a_batch_too_large_for_memory_is_refused_before_allocating() {
     let dir = tempfile::tempdir().unwrap();

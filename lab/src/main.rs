@@ -1422,12 +1422,17 @@ fn record_npz(a: &RecordArgs, pipeline: &Pipeline, npz: &std::path::Path) -> Res
     Ok(())
 }
 
-/// `<out>.model.json`: what `record --gguf` ran (beside the recording and its manifest).
+/// `<out>.model.json`: what `record --gguf` ran (beside a CSV recording and its manifest; in a
+/// Parquet dataset, `_model.json` in the recording's own partition: [`MODEL_IN_PARTITION`]).
 fn model_sidecar(out: &std::path::Path) -> PathBuf {
     let mut s = out.as_os_str().to_owned();
     s.push(".model.json");
     PathBuf::from(s)
 }
+
+/// The name of a GGUF recording's model description inside its partition of a Parquet
+/// dataset: one per recording, so a recording appended beside it keeps its own.
+const MODEL_IN_PARTITION: &str = "_model.json";
 
 /// `record --gguf MODEL --text FILE`: a Llama GGUF decoder over text, prefill and greedy decode
 /// with a KV cache; prints the perplexity and the weights dequantized to f32, and writes both
@@ -1435,8 +1440,15 @@ fn model_sidecar(out: &std::path::Path) -> PathBuf {
 fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> Result<()> {
     use opscope_lab::llama::job::{LlamaJob, Perplexity};
     let c = &a.corpus;
+    let dataset = opscope::recording::is_dataset_path(&a.out);
     let side = model_sidecar(&a.out);
-    opscope_lab::output::check(&side, &c.inputs(), Output::Json, a.force)?;
+    if !dataset && side.exists() && !a.force && !opscope::recording::holds_recording(&a.out) {
+        anyhow::bail!(
+            "{} is there beside no recording at {}: a new model description would replace it; move it away, or pass --force",
+            side.display(),
+            a.out.display()
+        );
+    }
     let entries = c.entries()?;
     let job = LlamaJob::new(gguf, &entries, c.batch as usize, c.seq as usize, c.decode.unwrap_or(0) as usize)?;
     let options = rlx_runtime::CompileOptions::default();
@@ -1528,6 +1540,21 @@ fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> R
         truncated: job.truncated,
         seq,
         decode: job.decode,
+    };
+    // In a dataset: inside the partition this recording added (an appended recording keeps
+    // each one's own).
+    let side = if dataset {
+        let new: Vec<PathBuf> = partitions_before(&a.out).into_iter().filter(|p| !before.contains(p)).collect();
+        match new.as_slice() {
+            [dir] => dir.join(MODEL_IN_PARTITION),
+            _ => anyhow::bail!(
+                "{}: cannot tell which partition this recording added ({} new), so its model description is not written",
+                a.out.display(),
+                new.len()
+            ),
+        }
+    } else {
+        side
     };
     opscope::recording::write_atomic(&side, &serde_json::to_vec_pretty(&doc).context("model JSON")?)?;
     say!(

@@ -71,8 +71,9 @@ fn is_ours(path: &Path, kind: Output) -> bool {
 
 /// Why `out` belongs to a recording and no command may write it (`None` when it does not): a
 /// recording's manifest sidecar (`<recording>.manifest.json`, a partition's `_manifest.json`),
-/// a sweep's ground truth (`<recording>.truth.json`), or any file inside a Parquet dataset
-/// directory (a path component ending in `.parquet` that is a directory, or a `recording=<id>`
+/// a sweep's ground truth (`<recording>.truth.json`), a GGUF recording's model description
+/// (`<recording>.model.json`), any file inside a capture directory (`<recording>.capture`
+/// holding its `manifest.json`), or any file inside a Parquet dataset directory (a path component ending in `.parquet` that is a directory, or a `recording=<id>`
 /// partition). A recording written into its own dataset is the sink's business, not this check's.
 fn part_of_a_recording(out: &Path, kind: Output) -> Option<String> {
     let name = out.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
@@ -83,10 +84,16 @@ fn part_of_a_recording(out: &Path, kind: Output) -> Option<String> {
         if name.ends_with(".truth.json") {
             return Some("this is a sweep's ground truth (opscope sweep writes it beside its recording)".into());
         }
+        if name.ends_with(".model.json") {
+            return Some("this is a GGUF recording's model description (record --gguf writes it beside its recording)".into());
+        }
     }
     let parent = out.parent()?;
     for dir in parent.ancestors().filter(|d| !d.as_os_str().is_empty()) {
         let n = dir.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+        if n.ends_with(".capture") && dir.join("manifest.json").is_file() {
+            return Some(format!("it is inside the capture directory {} (a capture pass's tensors and their manifest)", dir.display()));
+        }
         if n.starts_with("recording=") || (n.ends_with(".parquet") && dir.is_dir()) {
             return Some(format!("it is inside the Parquet dataset {}", if n.starts_with("recording=") { dir.parent().unwrap_or(dir).display() } else { dir.display() }));
         }

@@ -460,7 +460,11 @@ fn calibration_errors_name_the_problem_and_the_fix() {
         (vec!["--method", "minmax", "--force", "--out", "d.parquet/recording=x/_manifest.json"], "recording's manifest sidecar"),
         (vec!["--method", "minmax", "--force", "--out", "d.parquet/recording=x/t.json"], "inside the Parquet dataset"),
         (vec!["--method", "minmax", "--force", "--out", "s.parquet.truth.json"], "sweep's ground truth"),
+        (vec!["--method", "minmax", "--force", "--out", "g.parquet.model.json"], "GGUF recording's model description"),
+        (vec!["--method", "minmax", "--force", "--out", "c.csv.capture/manifest.json"], "inside the capture directory"),
     ] {
+        std::fs::create_dir_all(dir.path().join("c.csv.capture")).unwrap();
+        std::fs::write(dir.path().join("c.csv.capture/manifest.json"), "{}").unwrap();
         std::fs::create_dir_all(dir.path().join("d.parquet/recording=x")).unwrap();
         let sidecar = dir.path().join("d.parquet/recording=x/_manifest.json");
         std::fs::write(&sidecar, "{\"format\": 1}").unwrap();
@@ -470,5 +474,6 @@ fn calibration_errors_name_the_problem_and_the_fix() {
         assert!(err.contains(want), "{err}");
         assert_eq!(std::fs::read_to_string(&sidecar).unwrap(), "{\"format\": 1}", "the sidecar is left alone");
         assert!(!dir.path().join("d.parquet/recording=x/t.json").exists());
+        assert_eq!(std::fs::read_to_string(dir.path().join("c.csv.capture/manifest.json")).unwrap(), "{}", "the capture manifest too");
     }
 }

@@ -171,6 +171,36 @@ fn logits_and_sketches_match_numpy_on_fortunes() {
     let deq: Vec<&str> = doc["weights"].as_array().unwrap().iter().filter(|w| w["bound_as"] == "f32").map(|w| w["tensor"].as_str().unwrap()).collect();
     assert!(deq.contains(&"token_embd.weight") && deq.iter().all(|t| *t == "token_embd.weight" || t.ends_with("norm.weight")), "dequantized: {deq:?}");
 
+    // Into a Parquet dataset, each recording's model description is in its own partition: a
+    // second recording appended beside the first (here of 2 entries, not 4) keeps both.
+    let ds = dir.path().join("rec.parquet");
+    let two = dir.path().join("two.txt");
+    std::fs::write(&two, entries[..2].join("\n%\n")).unwrap();
+    for (text, extra) in [(&fortunes, None), (&two, Some("--append"))] {
+        let st = std::process::Command::new(env!("CARGO_BIN_EXE_opscope"))
+            .args(["record", "--gguf"])
+            .arg(&gguf)
+            .arg("--text")
+            .arg(text)
+            .args(["--batch", "2", "--seq", &seq.to_string(), "--pipeline", "matmul{sites=[output]}", "--out"])
+            .arg(&ds)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(st.status.success(), "opscope record --gguf into a dataset: {}", String::from_utf8_lossy(&st.stderr));
+    }
+    let mut sequences: Vec<u64> = opscope::recording::partitions(&ds)
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(p.dir.join("_model.json")).unwrap()).unwrap();
+            doc["sequences"].as_u64().unwrap()
+        })
+        .collect();
+    sequences.sort();
+    assert_eq!(sequences, vec![2, 4], "each recording's own model description");
+    assert!(!dir.path().join("rec.parquet.model.json").exists());
+
 }
 
 /// KV-cache decode (a fixed-shape decode graph fed the cache, one token per run) continues each

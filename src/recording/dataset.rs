@@ -241,7 +241,10 @@ impl DatasetSink {
         let Some(part) = self.open.take() else { return Ok(()) };
         let file = part.writer.finish().map_err(|e| self.write_err(&part.tmp, "closing the part (footer)", e))?;
         file.sync_all().map_err(|e| self.write_err(&part.tmp, "syncing the part", e))?;
-        self.write_sidecar(false)?;
+        // Before the rename: a part is never readable without the manifests of its compiles.
+        // Its count of closed parts is the parts before this one (written again after it at the
+        // end, or at the next part's close).
+        self.write_sidecar(true)?;
         let dir = part.tmp.parent().map(Path::to_path_buf).unwrap_or_default();
         let path = dir.join(format!("part-{:05}.parquet", self.next_part));
         std::fs::rename(&part.tmp, &path).map_err(|e| Error::Io { path: path.clone(), error: e })?;
@@ -260,7 +263,12 @@ impl DatasetSink {
         }
         let dir = self.partition()?;
         let path = dir.join(PARTITION_SIDECAR);
-        let json = serde_json::to_vec_pretty(&Sidecar { format: FORMAT, graphs: self.manifests.clone(), ends_on_run: false })
+        let json = serde_json::to_vec_pretty(&Sidecar {
+            format: FORMAT,
+            graphs: self.manifests.clone(),
+            ends_on_run: false,
+            closed_parts: Some(self.next_part),
+        })
             .map_err(|e| Error::Internal(format!("manifest JSON: {e}")))?;
         write_atomic(&path, &json).map_err(|e| self.write_err(&path, "writing the manifest sidecar", e))?;
         self.sidecar_written = Some(self.manifests.len());
@@ -419,6 +427,15 @@ pub(super) fn read(root: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Err
         }
         .into());
     }
+    for p in &parts {
+        if let Some(missing) = missing_parts(p) {
+            eprintln!(
+                "opscope: warning: {} lacks {missing}: deleted or lost since it was written; its runs are not in what \
+                 is read (restore the part to read them)",
+                p.dir.display()
+            );
+        }
+    }
     let open: Vec<&PathBuf> = parts.iter().flat_map(|p| &p.open).collect();
     if !open.is_empty() {
         eprintln!(
@@ -449,6 +466,25 @@ pub(super) fn read(root: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Err
         offset += n;
     }
     Ok(())
+}
+
+/// The closed parts a partition lacks, named (`None` when it lacks none): every
+/// `part-NNNNN.parquet` numbered below its sidecar's [`Sidecar::closed_parts`], or below the
+/// highest part present (parts are numbered from 0 without gaps). An open part left by a
+/// killed process is not missing: it was never closed.
+pub fn missing_parts(p: &Partition) -> Option<String> {
+    let numbers: std::collections::BTreeSet<usize> = p
+        .parts
+        .iter()
+        .filter_map(|f| f.file_name()?.to_str()?.strip_prefix("part-")?.strip_suffix(".parquet")?.parse().ok())
+        .collect();
+    let expected = p.sidecar.as_ref().and_then(|s| s.closed_parts).unwrap_or(0).max(numbers.last().map_or(0, |n| n + 1));
+    let missing: Vec<String> = (0..expected).filter(|n| !numbers.contains(n)).map(|n| format!("part-{n:05}.parquet")).collect();
+    match missing.len() {
+        0 => None,
+        1 => Some(missing[0].clone()),
+        k => Some(format!("{k} parts ({} ... {})", missing[0], missing[k - 1])),
+    }
 }
 
 /// The sidecars of every partition as one, compiles shifted as [`read`] shifts them. `None` if
@@ -486,5 +522,5 @@ pub(super) fn read_sidecar(root: &Path) -> Result<Option<Sidecar>, Error> {
         };
         offset += n;
     }
-    Ok(Some(Sidecar { format: FORMAT, graphs, ends_on_run: false }))
+    Ok(Some(Sidecar { format: FORMAT, graphs, ends_on_run: false, closed_parts: None }))
 }

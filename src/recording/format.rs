@@ -193,6 +193,12 @@ pub struct Sidecar {
     /// its last run out, which a crash may have cut.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ends_on_run: bool,
+    /// In a dataset partition's `_manifest.json`: how many parts were closed when it was
+    /// written (it is rewritten as each part closes, and last after the last one), so a reader
+    /// finds a part that was deleted or lost since (`part-NNNNN.parquet` numbered from 0).
+    /// Absent in a CSV recording's sidecar and in datasets written before it was added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closed_parts: Option<usize>,
 }
 
 /// Path of the manifest sidecar of a recording.
@@ -366,7 +372,7 @@ pub(super) fn write_sidecar_ending(recording: &Path, graphs: Vec<std::sync::Arc<
 
 /// The JSON text of a manifest sidecar.
 pub(super) fn sidecar_json(graphs: Vec<std::sync::Arc<Manifest>>, ends_on_run: bool) -> Result<Vec<u8>, Error> {
-    serde_json::to_vec_pretty(&Sidecar { format: FORMAT, graphs, ends_on_run }).map_err(|e| Error::Internal(format!("manifest JSON: {e}")))
+    serde_json::to_vec_pretty(&Sidecar { format: FORMAT, graphs, ends_on_run, closed_parts: None }).map_err(|e| Error::Internal(format!("manifest JSON: {e}")))
 }
 
 /// A recording id, unique per recorder: `run-<unix seconds>-<pid>-<n>-<8 hex digits>`, `n`

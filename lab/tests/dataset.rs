@@ -225,6 +225,14 @@ fn a_file_size_limit_is_a_clear_error_and_keeps_the_closed_parts() {
     // And the truncated dataset mines.
     let series = opscope::mine::load(&limited).unwrap();
     assert!(!series.is_empty());
+    // A CSV recording past the limit: the same cause named, and its flushed runs readable at
+    // .partial.
+    let csv = dir.path().join("limited.csv");
+    let out = sweep(&csv, Some(1024));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !stderr.contains("panicked"), "{stderr}");
+    assert!(stderr.contains("File too large") && stderr.contains("ulimit -f") && stderr.contains("limited.csv.partial"), "{stderr}");
+    assert!(!opscope::mine::load(&dir.path().join("limited.csv.partial")).unwrap().is_empty());
 }
 
 #[test]

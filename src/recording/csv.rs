@@ -121,10 +121,21 @@ impl CsvSink {
     }
 
     fn csv_err(&self, source: csv::Error) -> Error {
-        Error::Csv {
-            path: partial_path(&self.path),
-            error: source,
+        let path = partial_path(&self.path);
+        if let csv::ErrorKind::Io(e) = source.kind() {
+            // A failed write (disk full, `ulimit -f`): say the cause, and what is kept.
+            let e = e.to_string();
+            return Error::Write {
+                why: format!(
+                    "{e}{}; the runs flushed before it stay readable in {} (read it by that name; its last run may be cut and \
+                     is left out)",
+                    super::format::space_hint(&e),
+                    path.display()
+                ),
+                path,
+            };
         }
+        Error::Csv { path, error: source }
     }
 }
 

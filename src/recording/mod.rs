@@ -59,6 +59,15 @@ pub fn open(path: impl AsRef<Path>) -> Result<Box<dyn Sink>, Error> {
     if name.ends_with(".csv") || name.ends_with(".gz") {
         return Ok(Box::new(CsvSink::create(path)?));
     }
+    if name.ends_with(".parquet") {
+        // `is_dataset_path` declines a `.parquet` name that is a regular file.
+        return Err(Error::BadPath {
+            path: path.to_path_buf(),
+            why: "a file is there, and a Parquet recording is a dataset directory of that name (never written over a \
+                  file): move the file away or pick another name"
+                .into(),
+        });
+    }
     Err(Error::BadPath {
         path: path.to_path_buf(),
         why: "unknown recording format: name the file .csv, .csv.gz or .parquet".into(),

@@ -1604,6 +1604,16 @@ fn record(a: RecordArgs) -> Result<()> {
     }
     let kind = if a.append { Output::RecordingAppend } else { Output::Recording };
     opscope_lab::output::check(&a.out, &c.inputs(), kind, a.force)?;
+    // A capture pass writes `<out>.capture`, which never holds two captures: refused now, not
+    // after the model ran (when the recording's first part is already open).
+    let capture = opscope::recording::capture_dir_of(&a.out);
+    if pipeline.instances().iter().any(|i| i.pass.name() == "capture") && capture.join("manifest.json").exists() {
+        anyhow::bail!(
+            "{} already holds a capture (its manifest.json), and a capture pass writes there: move it away (or pick \
+             another --out)",
+            capture.display()
+        );
+    }
     // Held until this recording ends: a second `record` into the same new path is refused.
     let _claim = opscope_lab::output::claim(&a.out, kind)?;
     check_device(a.device)?;

@@ -89,6 +89,22 @@ fn probe_singular_values_of_captured_minilm_tensors_equal_numpy() {
     let rec = dir.path().join("rec.parquet");
     record(&rec, "capture{sites=[*layer.0/attention/self/query*,*layer.0/intermediate*],roles=[lhs,rhs]}", "8");
     let cap = dir.path().join("rec.parquet.capture");
+    // A second capture appended into the dataset is refused before the model runs: the
+    // dataset gains no partition (nor an open part) and the capture is left as it was.
+    let a = opscope_lab::model::MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}"));
+    let capture_manifest = std::fs::read(cap.join("manifest.json")).unwrap();
+    let again = Command::new(env!("CARGO_BIN_EXE_opscope"))
+        .arg("record")
+        .args(a.cli_args())
+        .args(["--limit", "8", "--pipeline", "capture{roles=[lhs]}", "--append", "--out"])
+        .arg(&rec)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(!again.status.success() && err.contains("already holds a capture"), "{err}");
+    assert_eq!(opscope::recording::partitions(&rec).unwrap().len(), 1, "no partition added: {err}");
+    assert!(opscope::recording::partitions(&rec).unwrap()[0].open.is_empty());
+    assert_eq!(std::fs::read(cap.join("manifest.json")).unwrap(), capture_manifest);
     let o = Command::new(env!("CARGO_BIN_EXE_opscope")).args(["probe", "--json", "--capture"]).arg(&cap).output().unwrap();
     assert!(o.status.success(), "probe: {}", String::from_utf8_lossy(&o.stderr));
     let doc: Value = serde_json::from_slice(&o.stdout).unwrap();

@@ -150,6 +150,11 @@ fn a_file_that_is_not_a_recording_is_a_clear_error() {
     let e = opscope::mine::load(&q).err().expect("error").to_string();
     let want = if cfg!(feature = "parquet") { "not a readable Parquet recording" } else { "cargo feature `parquet`" };
     assert!(e.contains(want), "{e}");
+    // An empty file says so, not that a column is missing.
+    let empty = dir.path().join("empty.csv");
+    std::fs::write(&empty, b"").unwrap();
+    let e = opscope::mine::load(&empty).err().expect("error").to_string();
+    assert!(e.contains("the file is empty (0 bytes)"), "{e}");
     // Recording to it: a Parquet recording is a directory, never written over the file.
     let e = opscope::recording::open(&q).err().expect("refused").to_string();
     assert!(e.contains("a Parquet recording is a dataset directory") && e.contains("move the file away"), "{e}");

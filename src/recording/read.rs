@@ -56,6 +56,16 @@ pub fn read_rows(path: &Path, mut f: impl FnMut(RowRef<'_>)) -> Result<(), Error
             },
         });
     }
+    if std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == 0) {
+        return Err(RecordingError {
+            path: path.to_path_buf(),
+            line: None,
+            reason: "the file is empty (0 bytes), and a recording holds at least its header: it was cut to nothing, or \
+                     another program created it; record again"
+                .into(),
+        }
+        .into());
+    }
     if path.is_dir() {
         #[cfg(feature = "parquet")]
         return super::dataset::read(path, &mut f);

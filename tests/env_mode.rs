@@ -45,6 +45,12 @@ fn env_activation_never_overwrites_a_file_that_is_not_a_recording() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cut.csv.partial is there: an interrupted recording"), "{err}");
     assert_eq!(std::fs::read(dir.path().join("cut.csv.partial")).unwrap(), b"rows of an interrupted recording\n");
+    // One that holds no row (killed before its first run reached the disk) says so, and that
+    // removing it loses nothing.
+    std::fs::write(dir.path().join("cut.csv.partial"), b"").unwrap();
+    let out = example("mlp").env("RLX_OPSCOPE", "matmul").env("RLX_OPSCOPE_OUT", &path).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(2) && err.contains("holds no row") && err.contains("nothing is lost"), "{err}");
     let path = dir.path().join("empty.csv");
     std::fs::write(&path, b"").unwrap();
     let out = example("mlp").env("RLX_OPSCOPE", "matmul").env("RLX_OPSCOPE_OUT", &path).output().unwrap();

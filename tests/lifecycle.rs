@@ -303,7 +303,7 @@ fn a_manifest_that_cannot_be_written_leaves_the_earlier_recording_paired_with_it
     let err = opscope::scope(&Pipeline::parse("matmul{stats=[min]}").unwrap(), opscope::open_sink(&path).unwrap(), || compile_and_run(2))
         .unwrap_err()
         .to_string();
-    assert!(err.contains("writing the manifest sidecar") && err.contains("complete at") && err.contains("r.csv.partial"), "{err}");
+    assert!(err.contains("writing the manifest sidecar") && err.contains("it is complete") && err.contains("r.csv.partial"), "{err}");
     assert_eq!(std::fs::read(&path).unwrap(), rows, "the earlier rows");
     assert_eq!(std::fs::read(dir.path().join("r.csv.manifest.json")).unwrap(), manifest, "with their own manifest");
     let mut n = 0;

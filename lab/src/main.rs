@@ -807,6 +807,7 @@ fn report(a: ReportArgs) -> Result<()> {
         sites: t.shares.iter().chain(&t.parts).map(|(k, v)| (k.clone(), *v)).collect(),
     });
     let mut notes = opscope::mine::no_data(&a.recording, &series)?;
+    notes.extend(opscope::mine::sidecar_note(&a.recording)?);
     notes.push(opscope::mine::NOT_OBSERVABLE.to_string());
     let manifests = opscope::recording::read_sidecar(&a.recording)?.map(|s| s.graphs).unwrap_or_default();
     let cost = match (&a.cost, &a.onnx) {
@@ -1028,6 +1029,7 @@ fn mine(a: MineArgs) -> Result<()> {
     let time = a.time_shares.as_deref().map(opscope::mine::TimeShares::load).transpose()?;
     let verdicts = opscope::mine::mine_with(&series, time.as_ref());
     let no_data = opscope::mine::no_data(&a.recording, &series)?;
+    let notes: Vec<String> = opscope::mine::sidecar_note(&a.recording)?.into_iter().collect();
     let cannot = opscope::mine::cannot_run(&series);
     let untimed = time.as_ref().map(|t| opscope::mine::untimed_sites(&series, t));
     if a.json {
@@ -1036,6 +1038,7 @@ fn mine(a: MineArgs) -> Result<()> {
             "verdicts": verdicts,
             "cannot_run": cannot,
             "no_data": no_data,
+            "notes": notes,
             "not_observable": opscope::mine::NOT_OBSERVABLE,
             "series": opscope_lab::verdicts::series_summary(&series),
         });
@@ -1068,6 +1071,9 @@ fn mine(a: MineArgs) -> Result<()> {
         }
     }
     text.push_str(&opscope_lab::verdicts::text(&verdicts, &cannot, &no_data, &series));
+    for n in &notes {
+        text.push_str(&format!("note: {n}\n"));
+    }
     emit(&text)
 }
 
@@ -1232,10 +1238,27 @@ struct SweepArgs {
     force: bool,
 }
 
+/// A capture pass writes `<out>.capture`, which never holds two captures: refused before the
+/// model runs, not after (when the recording's first part is already open).
+///
+/// Errors: `pipeline` has a capture pass and `<out>.capture` holds a capture already.
+fn check_capture_dir(pipeline: &Pipeline, out: &std::path::Path) -> Result<()> {
+    let capture = opscope::recording::capture_dir_of(out);
+    if pipeline.instances().iter().any(|i| i.pass.name() == "capture") && capture.join("manifest.json").exists() {
+        anyhow::bail!(
+            "{} already holds a capture (its manifest.json), and a capture pass writes there: move it away (or pick \
+             another --out)",
+            capture.display()
+        );
+    }
+    Ok(())
+}
+
 fn sweep(a: SweepArgs) -> Result<()> {
     let text = if a.confirm { format!("{},{}", a.pipeline, opscope_lab::sweep::CONFIRM_CAPTURE) } else { a.pipeline.clone() };
     let pipeline = Pipeline::parse(&text)?;
     opscope_lab::output::check(&a.out, &[], Output::Recording, a.force)?;
+    check_capture_dir(&pipeline, &a.out)?;
     let _claim = opscope_lab::output::claim(&a.out, Output::Recording)?;
     let before = partitions_before(&a.out);
     let sink = opscope::recording::open(&a.out)?;
@@ -1354,7 +1377,18 @@ fn interrupted_rows(out: &std::path::Path) -> String {
 /// `timeout`, `docker stop`, systemd and Slurm send first), closing its recording as partial; a
 /// second signal ends the process at once.
 fn interrupt_on_ctrl_c() -> Result<()> {
-    ctrlc::set_handler(|| {
+    // A signal the process was started with ignored stays ignored: `nohup` ignores SIGHUP, and a
+    // non-interactive shell's background job ignores SIGINT; the handler would take them over.
+    let signals = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+    let ignored: Vec<libc::c_int> = signals
+        .into_iter()
+        .filter(|&sig| {
+            // SAFETY: a query (null new action) into a zeroed sigaction the call fills in.
+            let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+            unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN }
+        })
+        .collect();
+    let installed = ctrlc::set_handler(|| {
         if INTERRUPTED.swap(true, Ordering::SeqCst) {
             opscope_lab::output::release_claims();
             std::process::exit(130);
@@ -1364,7 +1398,14 @@ fn interrupt_on_ctrl_c() -> Result<()> {
              closed (a Parquet recording's open part, a CSV recording's run in progress)"
         );
     })
-    .context("installing the Ctrl-C handler")
+    .context("installing the Ctrl-C handler");
+    for sig in ignored {
+        // SAFETY: setting a signal's disposition back to SIG_IGN.
+        unsafe {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+    }
+    installed
 }
 
 /// Write `value` as pretty JSON to `path` (temp name, then rename) when a path is given.
@@ -1412,6 +1453,7 @@ fn record_npz(a: &RecordArgs, pipeline: &Pipeline, npz: &std::path::Path) -> Res
     }
     interrupt_on_ctrl_c()?;
     let before = partitions_before(&a.out);
+    recheck_out(a)?;
     job.run(pipeline, a.stage, opscope::open_sink(&a.out)?)?;
     if INTERRUPTED.load(Ordering::SeqCst) {
         eprintln!("opscope: interrupted: the rows recorded so far are in {}", interrupted_rows(&a.out));
@@ -1420,6 +1462,14 @@ fn record_npz(a: &RecordArgs, pipeline: &Pipeline, npz: &std::path::Path) -> Res
     }
     say!("recorded {} batches of {} with '{pipeline}' to {}", job.batches(), npz.display(), written_to(&a.out, &before));
     Ok(())
+}
+
+/// `record`'s check of `--out` again, right before the recording is created: the model took
+/// seconds to load, and a file that appeared at the path meanwhile is refused as at the start
+/// (the sink itself only refuses one that appears while it records).
+fn recheck_out(a: &RecordArgs) -> Result<()> {
+    let kind = if a.append { Output::RecordingAppend } else { Output::Recording };
+    opscope_lab::output::check(&a.out, &a.corpus.inputs(), kind, a.force)
 }
 
 /// `<out>.model.json`: what `record --gguf` ran (beside a CSV recording and its manifest; in a
@@ -1474,6 +1524,7 @@ fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> R
     say!("{packed} projections stay packed (DequantMatMul); dequantized to f32 on load: {}", if deq.len() > 4 { format!("{} and {} more (norm gains)", deq[..2].join(", "), deq.len() - 2) } else { deq.join(", ") });
 
     let before = partitions_before(&a.out);
+    recheck_out(a)?;
     let file = opscope::recording::open(&a.out)?;
     let summary = SummarySink::default();
     let sink = opscope::recording::Tee(vec![file, Box::new(summary.clone())]);
@@ -1499,9 +1550,9 @@ fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> R
         Ok(())
     });
     bar.finish();
-    res?;
+    let recorded = res?;
     if INTERRUPTED.load(Ordering::SeqCst) {
-        eprintln!("opscope: interrupted: the rows recorded so far are in {}.partial", a.out.display());
+        eprintln!("opscope: interrupted: the rows recorded so far are in {}", interrupted_rows(&a.out));
         opscope_lab::output::release_claims();
         std::process::exit(130);
     }
@@ -1544,13 +1595,14 @@ fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> R
     // In a dataset: inside the partition this recording added (an appended recording keeps
     // each one's own).
     let side = if dataset {
-        let new: Vec<PathBuf> = partitions_before(&a.out).into_iter().filter(|p| !before.contains(p)).collect();
-        match new.as_slice() {
-            [dir] => dir.join(MODEL_IN_PARTITION),
-            _ => anyhow::bail!(
-                "{}: cannot tell which partition this recording added ({} new), so its model description is not written",
-                a.out.display(),
-                new.len()
+        // The partition is named after the recording id (another process may append its own
+        // beside it meanwhile).
+        let ours = format!("recording={}", recorded.run_id);
+        match partitions_before(&a.out).into_iter().find(|p| p.file_name().is_some_and(|n| n.to_string_lossy() == ours)) {
+            Some(dir) => dir.join(MODEL_IN_PARTITION),
+            None => anyhow::bail!(
+                "{}: no partition {ours} after the recording, so its model description is not written",
+                a.out.display()
             ),
         }
     } else {
@@ -1604,16 +1656,7 @@ fn record(a: RecordArgs) -> Result<()> {
     }
     let kind = if a.append { Output::RecordingAppend } else { Output::Recording };
     opscope_lab::output::check(&a.out, &c.inputs(), kind, a.force)?;
-    // A capture pass writes `<out>.capture`, which never holds two captures: refused now, not
-    // after the model ran (when the recording's first part is already open).
-    let capture = opscope::recording::capture_dir_of(&a.out);
-    if pipeline.instances().iter().any(|i| i.pass.name() == "capture") && capture.join("manifest.json").exists() {
-        anyhow::bail!(
-            "{} already holds a capture (its manifest.json), and a capture pass writes there: move it away (or pick \
-             another --out)",
-            capture.display()
-        );
-    }
+    check_capture_dir(&pipeline, &a.out)?;
     // Held until this recording ends: a second `record` into the same new path is refused.
     let _claim = opscope_lab::output::claim(&a.out, kind)?;
     check_device(a.device)?;
@@ -1665,6 +1708,7 @@ fn record(a: RecordArgs) -> Result<()> {
     }
 
     let before = partitions_before(&a.out);
+    recheck_out(&a)?;
     let file = opscope::recording::open(&a.out)?;
     let summary = SummarySink::default();
     let sink = opscope::recording::Tee(vec![file, Box::new(summary.clone())]);

@@ -160,12 +160,7 @@ pub fn check(out: &Path, inputs: &[&Path], kind: Output, force: bool) -> Result<
     }
     let partial = opscope::recording::partial_path(out);
     if matches!(kind, Output::Recording | Output::RecordingAppend) && partial.is_file() {
-        bail!(
-            "{} is there: an interrupted recording (or one another process is writing), which this one would \
-             replace: read it (`opscope mine {}`), move it away, or pass --force to replace it",
-            partial.display(),
-            partial.display()
-        );
+        bail!("{}; or pass --force to replace it", opscope::recording::partial_in_the_way(&partial));
     }
     if let Some(input) = inputs.iter().find(|i| same_file(out, i)) {
         bail!("{} is also an input ({}): writing it would destroy it; pick another output path (or --force)", out.display(), input.display());

@@ -282,6 +282,24 @@ fn sigterm_during_record_closes_the_open_part() {
     assert!(err.contains("interrupted after"), "{err}");
     let series = opscope::mine::load(&out).unwrap();
     assert!(series.values().any(|s| s.runs.len() >= 2), "the open part's runs were closed into a readable part");
+
+    // Started with SIGHUP ignored (as `nohup` starts it), a hang-up leaves the recording running.
+    let out = dir.path().join("nohup.parquet");
+    let mut child = Command::new("bash")
+        .args(["-c", "trap '' HUP; exec \"$0\" \"$@\"", env!("CARGO_BIN_EXE_opscope"), "record"])
+        .args(a.cli_args())
+        .args(["--batch", "1", "--seq", "16", "--out"])
+        .arg(&out)
+        .stderr(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert!(Command::new("kill").args(["-HUP", &child.id().to_string()]).status().unwrap().success());
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert!(child.try_wait().unwrap().is_none(), "SIGHUP ignored by the caller stopped the recording");
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    assert_eq!(child.wait().unwrap().code(), Some(130));
 }
 
 #[test]

@@ -686,7 +686,8 @@ fn a_compact_load_mines_as_the_full_load() {
 
 /// A closed part deleted or lost after the recording (here one in the middle and the last)
 /// is named when the dataset is read: the sidecar counts the parts closed, so the last one is
-/// missed too, not only a gap in the numbering. A killed process's open part is not missing.
+/// missed too, not only a gap in the numbering; so does a killed recorder's open part (the
+/// parts before it were closed). The open part itself is not missing.
 #[test]
 fn a_part_deleted_since_it_was_written_is_named() {
     let (_, _, text) = assets();
@@ -707,5 +708,14 @@ fn a_part_deleted_since_it_was_written_is_named() {
     assert!(err.contains("lacks part-00003.parquet") && err.contains("deleted or lost"), "{err}");
     std::fs::remove_file(&parts[1]).unwrap();
     let err = mine();
-    assert!(err.contains("lacks 2 parts (part-00001.parquet ... part-00003.parquet)"), "{err}");
+    assert!(err.contains("lacks 2 parts: part-00001.parquet, part-00003.parquet"), "{err}");
+    // A killed recorder's open part (numbered 4 here) says the parts before it were closed:
+    // with no sidecar count to go by, the last closed part deleted is still named.
+    let side = parts[0].parent().unwrap().join("_manifest.json");
+    let mut doc: Value = serde_json::from_slice(&std::fs::read(&side).unwrap()).unwrap();
+    doc.as_object_mut().unwrap().remove("closed_parts");
+    std::fs::write(&side, serde_json::to_vec(&doc).unwrap()).unwrap();
+    std::fs::copy(&parts[0], parts[0].with_file_name("_part-00004.parquet.partial")).unwrap();
+    let err = mine();
+    assert!(err.contains("lacks 2 parts: part-00001.parquet, part-00003.parquet") && err.contains("skipped 1 open part"), "{err}");
 }

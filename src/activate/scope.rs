@@ -68,6 +68,9 @@ pub struct Summary {
     /// Of those, the runs whose rows were written: fewer than `runs` when a `sample` setting
     /// left runs out.
     pub recorded: u64,
+    /// The recording id (the rows' `run_id`; in a Parquet dataset, the partition
+    /// `recording=<id>` this scope wrote).
+    pub run_id: String,
     /// The interrupt flag was set: the recording was closed as partial (left at `.partial`).
     pub interrupted: bool,
     /// Why the recording may not hold what the caller expects (also printed on stderr): no
@@ -169,7 +172,7 @@ impl<'a> Scope<'a> {
         for w in &warnings {
             eprintln!("opscope: warning: {w}");
         }
-        (value, res.map(|_| Summary { compiles, runs, recorded, interrupted, warnings }))
+        (value, res.map(|_| Summary { compiles, runs, recorded, run_id: recorder.run_id().to_string(), interrupted, warnings }))
     }
 }
 

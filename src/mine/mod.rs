@@ -35,7 +35,7 @@ pub use calibrate::{
 };
 pub use hist::{histograms_by_run, merged_histogram, merged_histograms, MergedHistogram, RunHistograms};
 pub use series::{
-    fingerprints, load, load_compact, load_sampled, no_data, repeat_rate, row_layout, run_priority, series_from_rows, weighted_vector, ChanSummary, RepeatRate, RowSummary, Series,
+    fingerprints, load, load_compact, load_sampled, no_data, repeat_rate, sidecar_note, row_layout, run_priority, series_from_rows, weighted_vector, ChanSummary, RepeatRate, RowSummary, Series,
     SeriesKey, StepStats,
 };
 pub use time::{PayoffBasis, TimeShares, TimeSharesError, SUM_TOLERANCE};

@@ -920,20 +920,29 @@ pub fn load_sampled(path: &Path, max_runs: usize) -> Result<BTreeMap<SeriesKey, 
     Ok(b.finish())
 }
 
+/// A note for a recording without its manifest sidecar (`None` when it has one): what
+/// [`no_data`] would list (sites skipped or never run) is unknown, so a recording whose sidecar
+/// was lost does not read as one where every site ran.
+///
+/// Errors: as [`read_sidecar`] (a sidecar that exists but does not parse).
+pub fn sidecar_note(recording: &Path) -> Result<Option<String>, Error> {
+    if read_sidecar(recording)?.is_some() {
+        return Ok(None);
+    }
+    let side = if recording.is_dir() {
+        format!("{}/recording=<id>/_manifest.json", recording.display())
+    } else {
+        crate::recording::sidecar_path(recording).display().to_string()
+    };
+    Ok(Some(format!("no manifest sidecar ({side}): sites the pipeline skipped, or that never ran, cannot be listed")))
+}
+
 /// Sites and roles a recording's manifest lists that have no rows: they never ran (or were
 /// skipped, with the manifest's reason). Reads `<recording>.manifest.json` (a dataset: each
-/// partition's `_manifest.json`); without one, a single line says that what it would list is
-/// unknown, so a recording whose sidecar was lost does not read as one where every site ran.
+/// partition's `_manifest.json`); none without one ([`sidecar_note`] says so).
 pub fn no_data(recording: &Path, series: &BTreeMap<SeriesKey, Series>) -> Result<Vec<String>, Error> {
     let Some(sidecar) = read_sidecar(recording)? else {
-        let side = if recording.is_dir() {
-            format!("{}/recording=<id>/_manifest.json", recording.display())
-        } else {
-            crate::recording::sidecar_path(recording).display().to_string()
-        };
-        return Ok(vec![format!(
-            "note: no manifest sidecar ({side}): sites the pipeline skipped, or that never ran, cannot be listed"
-        )]);
+        return Ok(Vec::new());
     };
     let mut out = Vec::new();
     for m in &sidecar.graphs {

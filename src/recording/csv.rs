@@ -201,28 +201,42 @@ impl Sink for CsvSink {
             let manifests = std::mem::take(&mut self.manifests);
             if let Err(e) = super::format::write_synced(&side_tmp, &sidecar_json(manifests.clone(), false)?) {
                 let _ = std::fs::remove_file(&side_tmp);
-                let _ = write_sidecar_ending(&tmp, manifests, true);
+                // Its own sidecar marks the `.partial` whole; if that write fails too (the same
+                // full disk), a reader leaves its last run out, as after a crash.
+                let marked = write_sidecar_ending(&tmp, manifests, true).is_ok();
                 return Err(Error::Write {
                     path: side,
                     why: format!(
-                        "writing the manifest sidecar: {e}{}; the recording is complete at {} (read it by that name), and \
-                         anything at {} is left as it was",
+                        "writing the manifest sidecar: {e}{}; the recording is at {} (read it by that name{}), and anything \
+                         at {} is left as it was",
                         super::format::space_hint(&e.to_string()),
                         tmp.display(),
+                        if marked { "; it is complete" } else { "; its last run is left out when read, as after a crash" },
                         self.path.display()
                     ),
                 });
             }
-            let io = |path: &Path| {
-                let path = path.to_path_buf();
-                move |error| Error::Io { path, error }
+            // A rename that fails here leaves the files where the error says.
+            let (path, tmp, side_tmp, side) = (&self.path, &tmp, &side_tmp, &side);
+            let stuck = |what: String| {
+                move |error: std::io::Error| Error::Write {
+                    path: path.clone(),
+                    why: format!(
+                        "{what}: {error}; the new recording is complete at {} with its manifest at {} (rename them to \
+                         {} and {} to finish it by hand)",
+                        tmp.display(),
+                        side_tmp.display(),
+                        path.display(),
+                        side.display()
+                    ),
+                }
             };
-            match std::fs::remove_file(&side) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&side)(e)),
+            match std::fs::remove_file(side) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(stuck(format!("removing the earlier manifest {}", side.display()))(e)),
                 _ => {}
             }
-            std::fs::rename(&tmp, &self.path).map_err(io(&self.path))?;
-            std::fs::rename(&side_tmp, &side).map_err(io(&side))?;
+            std::fs::rename(tmp, path).map_err(stuck("renaming the recording into place".into()))?;
+            std::fs::rename(side_tmp, side).map_err(stuck("renaming its manifest into place".into()))?;
         }
         Ok(())
     }

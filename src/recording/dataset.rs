@@ -469,21 +469,21 @@ pub(super) fn read(root: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Err
 }
 
 /// The closed parts a partition lacks, named (`None` when it lacks none): every
-/// `part-NNNNN.parquet` numbered below its sidecar's [`Sidecar::closed_parts`], or below the
-/// highest part present (parts are numbered from 0 without gaps). An open part left by a
-/// killed process is not missing: it was never closed.
+/// `part-NNNNN.parquet` numbered below its sidecar's [`Sidecar::closed_parts`], below the
+/// highest closed part present, or below an open part's number (parts are numbered from 0
+/// without gaps, and a part is opened only after the one before it closed). An open part left
+/// by a killed process is not missing: it was never closed.
 pub fn missing_parts(p: &Partition) -> Option<String> {
-    let numbers: std::collections::BTreeSet<usize> = p
-        .parts
-        .iter()
-        .filter_map(|f| f.file_name()?.to_str()?.strip_prefix("part-")?.strip_suffix(".parquet")?.parse().ok())
-        .collect();
-    let expected = p.sidecar.as_ref().and_then(|s| s.closed_parts).unwrap_or(0).max(numbers.last().map_or(0, |n| n + 1));
+    let number = |f: &PathBuf, prefix: &str, suffix: &str| -> Option<usize> { f.file_name()?.to_str()?.strip_prefix(prefix)?.strip_suffix(suffix)?.parse().ok() };
+    let numbers: std::collections::BTreeSet<usize> = p.parts.iter().filter_map(|f| number(f, "part-", ".parquet")).collect();
+    let opened = p.open.iter().filter_map(|f| number(f, "_part-", ".parquet.partial")).max().unwrap_or(0);
+    let expected = p.sidecar.as_ref().and_then(|s| s.closed_parts).unwrap_or(0).max(numbers.last().map_or(0, |n| n + 1)).max(opened);
     let missing: Vec<String> = (0..expected).filter(|n| !numbers.contains(n)).map(|n| format!("part-{n:05}.parquet")).collect();
     match missing.len() {
         0 => None,
         1 => Some(missing[0].clone()),
-        k => Some(format!("{k} parts ({} ... {})", missing[0], missing[k - 1])),
+        k if k <= 4 => Some(format!("{k} parts: {}", missing.join(", "))),
+        k => Some(format!("{k} parts: {}, ... and {} more", missing[..3].join(", "), k - 3)),
     }
 }
 

@@ -309,15 +309,7 @@ pub fn holds_recording(path: &Path) -> bool {
 pub fn check_replaceable(path: &Path) -> Result<bool, Error> {
     let partial = partial_path(path);
     if partial.exists() && !is_dataset_path(path) {
-        return Err(Error::BadPath {
-            path: path.to_path_buf(),
-            why: format!(
-                "{} is there: an interrupted recording, or one another process is writing; this recording would \
-                 replace it: read it (`opscope mine {}`), move or remove it, or pick another path",
-                partial.display(),
-                partial.display()
-            ),
-        });
+        return Err(Error::BadPath { path: path.to_path_buf(), why: partial_in_the_way(&partial) });
     }
     if !path.is_file() || std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
         return Ok(false);
@@ -329,6 +321,30 @@ pub fn check_replaceable(path: &Path) -> Result<bool, Error> {
         path: path.to_path_buf(),
         why: "exists and is not an opscope recording: refusing to overwrite it; pick another path, or remove the file".into(),
     })
+}
+
+/// Why a new recording does not start over the `.partial` at `partial`, and what to do: read it,
+/// move or remove it, or pick another path; when it holds no row (empty, or the CSV header
+/// only: a recording stopped before its first run reached the disk, or one another process has
+/// just begun), that there is nothing to read and it may be removed if no other process is
+/// recording there.
+pub fn partial_in_the_way(partial: &Path) -> String {
+    let text = std::fs::read(partial).unwrap_or_default();
+    let header_only = text.is_empty() || text.strip_suffix(b"\n").is_some_and(|t| t == header().join(",").as_bytes());
+    if header_only {
+        format!(
+            "{} is there and holds no row: a recording stopped before its first run reached the disk, or one another \
+             process has just begun; if no other process records there, remove it (nothing is lost), or pick another path",
+            partial.display()
+        )
+    } else {
+        format!(
+            "{} is there: an interrupted recording, or one another process is writing; this recording would replace it: \
+             read it (`opscope mine {}`), move or remove it, or pick another path",
+            partial.display(),
+            partial.display()
+        )
+    }
 }
 
 /// Write `bytes` to `path` atomically (temporary name, fsync, rename).

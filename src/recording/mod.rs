@@ -29,7 +29,7 @@ pub use self::dataset::{partitions, DatasetSink, PartLimits, Partition, ENV_PART
 pub use self::parquet::{schema, ParquetSink, PAGE_ROWS};
 pub use crate::error::RecordingError;
 pub use format::{
-    check_dataset_path, check_path, check_replaceable, holds_recording, Block, column_index, header, is_dataset_path, new_run_id, partial_path, sidecar_path, write_atomic, write_sidecar, Column, ColumnType, Row,
+    check_dataset_path, check_path, check_replaceable, holds_recording, partial_in_the_way, Block, column_index, header, is_dataset_path, new_run_id, partial_path, sidecar_path, write_atomic, write_sidecar, Column, ColumnType, Row,
     Sidecar, COLUMNS, FORMAT,
 };
 pub use read::{read_rows, RowRef};

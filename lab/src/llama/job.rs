@@ -153,13 +153,12 @@ impl LlamaJob {
         stage: opscope::activate::Stage,
         sink: Box<dyn opscope::Sink>,
         mut each: impl FnMut(&[Vec<u32>], &[f32], &[Vec<u32>]) -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<opscope::activate::Summary> {
         let session = Session::new(rlx_runtime::Device::Cpu);
         let scope = opscope::Scope::new(pipeline, sink).stage(stage).interrupt_flag(&INTERRUPTED);
         let (res, recorded) = scope.run(|| -> Result<()> { self.run_untapped(&session, &mut each) });
         res?;
-        recorded.context("recording")?;
-        Ok(())
+        recorded.context("recording")
     }
 
     /// [`LlamaJob::run`] without a scope (taps only if the caller opened one).

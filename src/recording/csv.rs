@@ -60,15 +60,27 @@ pub struct CsvSink {
     /// Nothing written since the last successful flush (the recorder flushes after each run),
     /// so the file ends on a whole run: recorded in the sidecar of an abandoned recording.
     ends_on_run: bool,
-    /// What was at `<path>` when the recording began (length, modification time), if anything:
+    /// What was at `<path>` when the recording began ([`FileStamp`]), if anything:
     /// a file the caller chose to replace. A different file there at `finish` appeared while
     /// recording and is not replaced.
-    there_at_start: Option<(u64, Option<std::time::SystemTime>)>,
+    there_at_start: Option<FileStamp>,
 }
 
-/// The length and modification time of the file at `path`, if one is there.
-fn file_stamp(path: &Path) -> Option<(u64, Option<std::time::SystemTime>)> {
-    std::fs::metadata(path).ok().filter(|m| m.is_file()).map(|m| (m.len(), m.modified().ok()))
+/// What identifies the file at a path: device, inode, length and modification time.
+type FileStamp = (u64, u64, u64, Option<std::time::SystemTime>);
+
+/// The [`FileStamp`] of the regular file at `path`, if one is there (device and inode 0 where
+/// the platform has none).
+fn file_stamp(path: &Path) -> Option<FileStamp> {
+    let m = std::fs::metadata(path).ok().filter(|m| m.is_file())?;
+    #[cfg(unix)]
+    let (dev, ino) = {
+        use std::os::unix::fs::MetadataExt;
+        (m.dev(), m.ino())
+    };
+    #[cfg(not(unix))]
+    let (dev, ino) = (0, 0);
+    Some((dev, ino, m.len(), m.modified().ok()))
 }
 
 impl CsvSink {
@@ -179,7 +191,7 @@ impl Sink for CsvSink {
             // and is not a recording (or empty), is not replaced: the rows stay at
             // `<path>.partial`. A file there from the start is the caller's to replace.
             let now = file_stamp(&self.path);
-            if now.is_some_and(|(len, _)| len > 0) && now != self.there_at_start && !super::format::holds_recording(&self.path) {
+            if now.is_some_and(|(_, _, len, _)| len > 0) && now != self.there_at_start && !super::format::holds_recording(&self.path) {
                 // Closed whole: the reader takes every row (none is a cut run).
                 write_sidecar_ending(&tmp, std::mem::take(&mut self.manifests), true)?;
                 return Err(Error::BadPath {

@@ -201,27 +201,38 @@ fn an_output_that_is_an_input_or_not_ours_is_refused() {
     assert!(rep.status.success(), "our own report is replaced: {}", String::from_utf8_lossy(&rep.stderr));
 }
 
+/// `record` of the whole text, a sentence a run (long enough to be signalled mid-way), started
+/// from `cmd` (the binary, or a shell that execs it), stderr piped.
+fn spawn_long_record(mut cmd: Command, a: &opscope_lab::model::MiniLmAssets, out: &std::path::Path) -> std::process::Child {
+    cmd.args(a.cli_args())
+        .args(["--batch", "1", "--seq", "16", "--out"])
+        .arg(out)
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Wait until `bytes()` reaches `at_least` (a recording's progress on disk).
+fn wait_for_bytes(bytes: impl Fn() -> u64, at_least: u64) {
+    let start = std::time::Instant::now();
+    while bytes() < at_least {
+        assert!(start.elapsed().as_secs() < 120, "no progress");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn ctrl_c_during_record_leaves_a_readable_partial_recording() {
     let a = opscope_lab::model::MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}"));
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("rec.csv.gz");
     let partial = dir.path().join("rec.csv.gz.partial");
-    let child = opscope()
-        .arg("record")
-        .args(a.cli_args())
-        .args(["--batch", "1", "--seq", "16", "--out"])
-        .arg(&out)
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut cmd = opscope();
+    cmd.arg("record");
+    let child = spawn_long_record(cmd, &a, &out);
     // Wait until some runs are on disk, then interrupt as a terminal's Ctrl-C does.
-    let start = std::time::Instant::now();
-    while std::fs::metadata(&partial).map(|m| m.len()).unwrap_or(0) < 50_000 {
-        assert!(start.elapsed().as_secs() < 120, "no progress");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    wait_for_bytes(|| std::fs::metadata(&partial).map(|m| m.len()).unwrap_or(0), 50_000);
     let st = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
     assert!(st.success());
     let res = child.wait_with_output().unwrap();
@@ -249,15 +260,9 @@ fn sigterm_during_record_closes_the_open_part() {
     let a = opscope_lab::model::MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}"));
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("rec.parquet");
-    let child = opscope()
-        .arg("record")
-        .args(a.cli_args())
-        .args(["--batch", "1", "--seq", "16", "--out"])
-        .arg(&out)
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut cmd = opscope();
+    cmd.arg("record");
+    let child = spawn_long_record(cmd, &a, &out);
     // Wait until the open part (runs not yet closed: 32 a part) has some runs.
     let open = || -> u64 {
         let Ok(parts) = std::fs::read_dir(&out) else { return 0 };
@@ -270,11 +275,7 @@ fn sigterm_during_record_closes_the_open_part() {
             .map(|f| f.metadata().map(|m| m.len()).unwrap_or(0))
             .sum()
     };
-    let start = std::time::Instant::now();
-    while open() < 20_000 {
-        assert!(start.elapsed().as_secs() < 120, "no progress");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    wait_for_bytes(open, 20_000);
     assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
     let res = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&res.stderr);
@@ -285,15 +286,9 @@ fn sigterm_during_record_closes_the_open_part() {
 
     // Started with SIGHUP ignored (as `nohup` starts it), a hang-up leaves the recording running.
     let out = dir.path().join("nohup.parquet");
-    let mut child = Command::new("bash")
-        .args(["-c", "trap '' HUP; exec \"$0\" \"$@\"", env!("CARGO_BIN_EXE_opscope"), "record"])
-        .args(a.cli_args())
-        .args(["--batch", "1", "--seq", "16", "--out"])
-        .arg(&out)
-        .stderr(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut cmd = Command::new("bash");
+    cmd.args(["-c", "trap '' HUP; exec \"$0\" \"$@\"", env!("CARGO_BIN_EXE_opscope"), "record"]);
+    let mut child = spawn_long_record(cmd, &a, &out);
     std::thread::sleep(std::time::Duration::from_millis(1500));
     assert!(Command::new("kill").args(["-HUP", &child.id().to_string()]).status().unwrap().success());
     std::thread::sleep(std::time::Duration::from_millis(1500));

@@ -416,10 +416,10 @@ impl Recorder {
             let step = s.steps.entry(manifest.tag).or_default();
             let now = *step;
             *step += 1;
+            s.recorded += u64::from(unsampled == 0);
             now
         });
         if let (Some(step), 0) = (step, unsampled) {
-            self.with_front(|s| s.recorded += 1);
             let mut outputs: Vec<RunOutput> = outputs().into_iter().map(Into::into).collect();
             let captures: Result<Vec<Vec<f32>>, String> = if ncap > 0 && outputs.len() >= ncap {
                 outputs.split_off(outputs.len() - ncap).into_iter().map(RunOutput::into_f32).collect()

@@ -1453,7 +1453,7 @@ fn record_npz(a: &RecordArgs, pipeline: &Pipeline, npz: &std::path::Path) -> Res
     }
     interrupt_on_ctrl_c()?;
     let before = partitions_before(&a.out);
-    recheck_out(a)?;
+    check_out(a)?;
     job.run(pipeline, a.stage, opscope::open_sink(&a.out)?)?;
     if INTERRUPTED.load(Ordering::SeqCst) {
         eprintln!("opscope: interrupted: the rows recorded so far are in {}", interrupted_rows(&a.out));
@@ -1464,10 +1464,11 @@ fn record_npz(a: &RecordArgs, pipeline: &Pipeline, npz: &std::path::Path) -> Res
     Ok(())
 }
 
-/// `record`'s check of `--out` again, right before the recording is created: the model took
-/// seconds to load, and a file that appeared at the path meanwhile is refused as at the start
-/// (the sink itself only refuses one that appears while it records).
-fn recheck_out(a: &RecordArgs) -> Result<()> {
+/// `record`'s check of `--out` ([`opscope_lab::output::check`]): at the start, and again right
+/// before the recording is created, since the model takes seconds to load and a file that
+/// appeared at the path meanwhile is refused as at the start (the sink itself only refuses one
+/// that appears while it records).
+fn check_out(a: &RecordArgs) -> Result<()> {
     let kind = if a.append { Output::RecordingAppend } else { Output::Recording };
     opscope_lab::output::check(&a.out, &a.corpus.inputs(), kind, a.force)
 }
@@ -1524,7 +1525,7 @@ fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> R
     say!("{packed} projections stay packed (DequantMatMul); dequantized to f32 on load: {}", if deq.len() > 4 { format!("{} and {} more (norm gains)", deq[..2].join(", "), deq.len() - 2) } else { deq.join(", ") });
 
     let before = partitions_before(&a.out);
-    recheck_out(a)?;
+    check_out(a)?;
     let file = opscope::recording::open(&a.out)?;
     let summary = SummarySink::default();
     let sink = opscope::recording::Tee(vec![file, Box::new(summary.clone())]);
@@ -1655,7 +1656,7 @@ fn record(a: RecordArgs) -> Result<()> {
         anyhow::bail!("--decode needs --gguf: ONNX encoders have no decoding");
     }
     let kind = if a.append { Output::RecordingAppend } else { Output::Recording };
-    opscope_lab::output::check(&a.out, &c.inputs(), kind, a.force)?;
+    check_out(&a)?;
     check_capture_dir(&pipeline, &a.out)?;
     // Held until this recording ends: a second `record` into the same new path is refused.
     let _claim = opscope_lab::output::claim(&a.out, kind)?;
@@ -1708,7 +1709,7 @@ fn record(a: RecordArgs) -> Result<()> {
     }
 
     let before = partitions_before(&a.out);
-    recheck_out(&a)?;
+    check_out(&a)?;
     let file = opscope::recording::open(&a.out)?;
     let summary = SummarySink::default();
     let sink = opscope::recording::Tee(vec![file, Box::new(summary.clone())]);

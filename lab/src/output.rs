@@ -73,8 +73,8 @@ fn is_ours(path: &Path, kind: Output) -> bool {
 /// recording's manifest sidecar (`<recording>.manifest.json`, a partition's `_manifest.json`),
 /// a sweep's ground truth (`<recording>.truth.json`), a GGUF recording's model description
 /// (`<recording>.model.json`), any file inside a capture directory (`<recording>.capture`
-/// holding its `manifest.json`), or any file inside a Parquet dataset directory (a path component ending in `.parquet` that is a directory, or a `recording=<id>`
-/// partition). A recording written into its own dataset is the sink's business, not this check's.
+/// holding its `manifest.json`), or any file inside a Parquet dataset directory (a path
+/// component ending in `.parquet` that is a directory, or a `recording=<id>` partition). A recording written into its own dataset is the sink's business, not this check's.
 fn part_of_a_recording(out: &Path, kind: Output) -> Option<String> {
     let name = out.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
     if kind != Output::Recording && kind != Output::RecordingAppend {

@@ -329,8 +329,11 @@ pub fn check_replaceable(path: &Path) -> Result<bool, Error> {
 /// just begun), that there is nothing to read and it may be removed if no other process is
 /// recording there.
 pub fn partial_in_the_way(partial: &Path) -> String {
-    let text = std::fs::read(partial).unwrap_or_default();
-    let header_only = text.is_empty() || text.strip_suffix(b"\n").is_some_and(|t| t == header().join(",").as_bytes());
+    // Only a file no longer than the header line is read (a `.partial` may hold gigabytes).
+    let line = header().join(",") + "\n";
+    let small = std::fs::metadata(partial).is_ok_and(|m| m.len() <= line.len() as u64);
+    let text = if small { std::fs::read(partial).unwrap_or_default() } else { b"-".to_vec() };
+    let header_only = text.is_empty() || text == line.as_bytes();
     if header_only {
         format!(
             "{} is there and holds no row: a recording stopped before its first run reached the disk, or one another \

@@ -1265,7 +1265,18 @@ fn sweep(a: SweepArgs) -> Result<()> {
     let seeds: Vec<u64> = (0..a.seeds).collect();
     let memory = opscope::MemorySink::default();
     let tee = opscope::recording::Tee(vec![sink, Box::new(memory.clone())]);
-    let truth = opscope_lab::sweep::run(&pipeline, &seeds, Box::new(tee), None)?;
+    interrupt_on_signals()?;
+    let truth = opscope_lab::sweep::run(&pipeline, &seeds, Box::new(tee), None, Some(&INTERRUPTED))?;
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        eprintln!(
+            "opscope: interrupted after {} of {} planted sites: the rows recorded so far are in {}; no ground truth was \
+             written (a partial sweep has no complete truth to check against)",
+            truth.sites.len(),
+            opscope_lab::sweep::Planted::ALL.len() * opscope_lab::sweep::SHAPES.len() * seeds.len(),
+            interrupted_rows(&a.out)
+        );
+        exit_interrupted();
+    }
     let mut truth_path = a.out.clone().into_os_string();
     truth_path.push(".truth.json");
     let json = serde_json::to_vec_pretty(&truth).context("ground truth JSON")?;
@@ -1373,39 +1384,65 @@ fn interrupted_rows(out: &std::path::Path) -> String {
     }
 }
 
+/// The signal that interrupted the job (0: none yet): [`exit_interrupted`] ends the process by
+/// it.
+static STOP_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
 /// Stop a running job after the batch in progress on Ctrl-C (SIGINT), SIGTERM or SIGHUP (what
 /// `timeout`, `docker stop`, systemd and Slurm send first), closing its recording as partial; a
-/// second signal ends the process at once.
-fn interrupt_on_ctrl_c() -> Result<()> {
+/// second signal ends the process at once. Either way the process then ends by the signal that
+/// stopped it ([`exit_interrupted`]).
+///
+/// Errors: the handler thread or the signal registration cannot be set up.
+fn interrupt_on_signals() -> Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     // A signal the process was started with ignored stays ignored: `nohup` ignores SIGHUP, and a
-    // non-interactive shell's background job ignores SIGINT; the handler would take them over.
-    let signals = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
-    let ignored: Vec<libc::c_int> = signals
+    // non-interactive shell's background job ignores SIGINT; a handler would take them over.
+    let handled: Vec<libc::c_int> = [SIGINT, SIGTERM, SIGHUP]
         .into_iter()
         .filter(|&sig| {
             // SAFETY: a query (null new action) into a zeroed sigaction the call fills in.
             let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-            unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN }
+            !unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN }
         })
         .collect();
-    let installed = ctrlc::set_handler(|| {
-        if INTERRUPTED.swap(true, Ordering::SeqCst) {
-            opscope_lab::output::release_claims();
-            std::process::exit(130);
-        }
-        eprintln!(
-            "\nopscope: interrupting after the batch in progress; Ctrl-C again stops at once, losing the runs not yet \
-             closed (a Parquet recording's open part, a CSV recording's run in progress)"
-        );
-    })
-    .context("installing the Ctrl-C handler");
-    for sig in ignored {
-        // SAFETY: setting a signal's disposition back to SIG_IGN.
-        unsafe {
-            libc::signal(sig, libc::SIG_IGN);
-        }
-    }
-    installed
+    let mut signals = signal_hook::iterator::Signals::new(&handled).context("installing the signal handlers")?;
+    std::thread::Builder::new()
+        .name("opscope-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                if INTERRUPTED.swap(true, Ordering::SeqCst) {
+                    opscope_lab::output::release_claims();
+                    die_by(sig);
+                }
+                STOP_SIGNAL.store(sig, Ordering::SeqCst);
+                eprintln!(
+                    "\nopscope: {} received, interrupting after the batch in progress; a second signal (Ctrl-C again) stops \
+                     at once, losing the runs not yet closed (a Parquet recording's open part, a CSV recording's run in \
+                     progress)",
+                    signal_hook::low_level::signal_name(sig).unwrap_or("a signal")
+                );
+            }
+        })
+        .context("starting the signal handler thread")?;
+    Ok(())
+}
+
+/// End the process by `sig`, as if it had not been handled, so that the caller sees what stopped
+/// it: a shell's `$?` reads 128 + the signal's number (130 for SIGINT, 143 for SIGTERM, 129 for
+/// SIGHUP), a shell loop stops on Ctrl-C, and systemd and Slurm see the signal (the convention of
+/// GNU tools that clean up on a signal, e.g. `sort`). Falls back to exit status 128 + `sig`.
+fn die_by(sig: libc::c_int) -> ! {
+    let _ = signal_hook::low_level::emulate_default_handler(sig);
+    std::process::exit(128 + sig)
+}
+
+/// After a job stopped by a signal has closed its recording: release the output claims and end
+/// the process by that signal ([`die_by`]).
+fn exit_interrupted() -> ! {
+    opscope_lab::output::release_claims();
+    let sig = STOP_SIGNAL.load(Ordering::SeqCst);
+    die_by(if sig == 0 { libc::SIGINT } else { sig })
 }
 
 /// Write `value` as pretty JSON to `path` (temp name, then rename) when a path is given.
@@ -1451,14 +1488,13 @@ fn record_npz(a: &RecordArgs, pipeline: &Pipeline, npz: &std::path::Path) -> Res
     if manifest.sites.is_empty() {
         anyhow::bail!("nothing to record: the pipeline '{pipeline}' finds no site in {}", onnx.display());
     }
-    interrupt_on_ctrl_c()?;
+    interrupt_on_signals()?;
     let before = partitions_before(&a.out);
     check_out(a)?;
     job.run(pipeline, a.stage, opscope::open_sink(&a.out)?)?;
     if INTERRUPTED.load(Ordering::SeqCst) {
         eprintln!("opscope: interrupted: the rows recorded so far are in {}", interrupted_rows(&a.out));
-        opscope_lab::output::release_claims();
-        std::process::exit(130);
+        exit_interrupted();
     }
     say!("recorded {} batches of {} with '{pipeline}' to {}", job.batches(), npz.display(), written_to(&a.out, &before));
     Ok(())
@@ -1531,7 +1567,7 @@ fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> R
     let sink = opscope::recording::Tee(vec![file, Box::new(summary.clone())]);
     let bar = ProgressBar::new(job.seqs.len() as u64)
         .with_style(ProgressStyle::with_template("{bar:40} {pos}/{len} sequences {elapsed} {msg}").context("progress template")?);
-    interrupt_on_ctrl_c()?;
+    interrupt_on_signals()?;
     let (seq, vocab) = (job.seq, cfg.vocab);
     let mut ppl = Perplexity::default();
     let mut samples: Vec<(String, String)> = Vec::new();
@@ -1554,8 +1590,7 @@ fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> R
     let recorded = res?;
     if INTERRUPTED.load(Ordering::SeqCst) {
         eprintln!("opscope: interrupted: the rows recorded so far are in {}", interrupted_rows(&a.out));
-        opscope_lab::output::release_claims();
-        std::process::exit(130);
+        exit_interrupted();
     }
     emit(&summary.table())?;
     for (p, cn) in &samples {
@@ -1717,7 +1752,7 @@ fn record(a: RecordArgs) -> Result<()> {
         ProgressStyle::with_template("{bar:40} {pos}/{len} sentences {elapsed} {msg}")
             .context("progress template")?,
     );
-    interrupt_on_ctrl_c()?;
+    interrupt_on_signals()?;
     let mut done = 0usize;
     let res = job.run_on(a.device, &pipeline, a.stage, Box::new(sink), |sentences, _| {
         bar.inc(sentences as u64);
@@ -1732,8 +1767,7 @@ fn record(a: RecordArgs) -> Result<()> {
             job.sentences(),
             interrupted_rows(&a.out)
         );
-        opscope_lab::output::release_claims();
-        std::process::exit(130);
+        exit_interrupted();
     }
     if summary.sites().is_empty() {
         // Sites were tapped (the manifests list them) but no run wrote a row: a `sample` stage

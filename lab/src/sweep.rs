@@ -223,10 +223,18 @@ pub fn site_name(planted: Planted, dims: &[usize], seed: u64) -> String {
 /// Run every structure x shape x seed through its own tapped RLX matmul graph
 /// (`x[shape] @ w[K, 32]`, compiled and run with `Session::compile` inside one
 /// [`opscope::Scope`]), recording to `sink`; a `capture` pass in `pipeline` writes into
-/// `capture_dir` (default: the sink's, `<path>.capture` for a file). Returns the ground truth.
+/// `capture_dir` (default: the sink's, `<path>.capture` for a file). Returns the ground truth of
+/// the sites recorded: when `interrupt` is set (a signal handler sets it) the sweep stops before
+/// the next site and the recording is closed as partial ([`opscope::Scope::interrupt_flag`]).
 ///
 /// Errors: the recording's (see [`opscope::Scope::run`]).
-pub fn run(pipeline: &Pipeline, seeds: &[u64], sink: Box<dyn Sink>, capture_dir: Option<&std::path::Path>) -> Result<Truth, Error> {
+pub fn run(
+    pipeline: &Pipeline,
+    seeds: &[u64],
+    sink: Box<dyn Sink>,
+    capture_dir: Option<&std::path::Path>,
+    interrupt: Option<&'static std::sync::atomic::AtomicBool>,
+) -> Result<Truth, Error> {
     use rlx_ir::{DType, Graph, Shape};
     use rlx_runtime::{Device, Session};
     let mut sites = Vec::new();
@@ -234,11 +242,18 @@ pub fn run(pipeline: &Pipeline, seeds: &[u64], sink: Box<dyn Sink>, capture_dir:
     if let Some(dir) = capture_dir {
         scope = scope.capture_dir(dir);
     }
+    if let Some(flag) = interrupt {
+        scope = scope.interrupt_flag(flag);
+    }
+    let stop = || interrupt.is_some_and(|f| f.load(std::sync::atomic::Ordering::SeqCst));
     let ((), recorded) = scope.run(|| {
         let session = Session::new(Device::Cpu);
-        for (pi, &planted) in Planted::ALL.iter().enumerate() {
+        'sites: for (pi, &planted) in Planted::ALL.iter().enumerate() {
             for (si, dims) in SHAPES.iter().enumerate() {
                 for &seed in seeds {
+                    if stop() {
+                        break 'sites;
+                    }
                     let k = *dims.last().expect("shape has dims");
                     let mut out_dims = dims.to_vec();
                     *out_dims.last_mut().expect("dims") = SWEEP_N;

@@ -1,5 +1,6 @@
 //! The `opscope` binary as a user runs it: `opscope passes`, `opscope record` with bad input.
 
+use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
 
 fn opscope() -> Command {
@@ -237,7 +238,9 @@ fn ctrl_c_during_record_leaves_a_readable_partial_recording() {
     assert!(st.success());
     let res = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&res.stderr);
-    assert_eq!(res.status.code(), Some(130), "{err}");
+    // Ended by the signal that stopped it (a shell's `$?` reads 130), not by an exit status.
+    assert_eq!(res.status.signal(), Some(libc::SIGINT), "{err}");
+    assert!(err.contains("SIGINT received"), "{err}");
     assert!(err.contains("interrupted after") && err.contains("rec.csv.gz.partial"), "{err}");
     assert!(!out.exists(), "never renamed into place");
     assert!(!dir.path().join("rec.csv.gz.writing").exists(), "the interrupted recorder released its claim on the path");
@@ -253,6 +256,36 @@ fn ctrl_c_during_record_leaves_a_readable_partial_recording() {
     assert_eq!(std::fs::read(&partial).unwrap(), before, "the interrupted recording is left as it was");
 }
 
+/// `sweep` stops on SIGTERM as `record` does: before the next site, its CSV recording closed as
+/// a readable `.partial`, no ground truth written for the sites it did not record, and the
+/// process ends by the signal.
+#[test]
+fn sigterm_during_sweep_keeps_a_readable_partial_and_writes_no_truth() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sweep.csv");
+    let partial = dir.path().join("sweep.csv.partial");
+    // 36 sites a seed: 100 seeds write about 700 MB of CSV in seconds, so a signal sent after
+    // the first megabyte lands mid-sweep.
+    let child = opscope()
+        .args(["sweep", "--seeds", "100", "--out"])
+        .arg(&out)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_bytes(|| std::fs::metadata(&partial).map(|m| m.len()).unwrap_or(0), 1_000_000);
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let res = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&res.stderr);
+    assert_eq!(res.status.signal(), Some(libc::SIGTERM), "{err}");
+    assert!(err.contains("SIGTERM received") && err.contains("no ground truth was written"), "{err}");
+    assert!(!out.exists() && !dir.path().join("sweep.csv.truth.json").exists(), "{err}");
+    let series = opscope::mine::load(&partial).unwrap();
+    // The sweep's sites in the order it runs them: the first structure's at least are whole.
+    let first = opscope_lab::sweep::site_name(opscope_lab::sweep::Planted::ALL[0], opscope_lab::sweep::SHAPES[0], 0);
+    let runs = series.iter().find(|(k, _)| k.0.ends_with(&first) && k.1 == "lhs").map(|(_, s)| s.runs.len());
+    assert_eq!(runs, Some(opscope_lab::sweep::Planted::ALL[0].steps()), "{err}");
+}
+
 /// SIGTERM (what `timeout`, `docker stop`, systemd and Slurm send) stops a Parquet recording
 /// as Ctrl-C does: the runs of the open part are closed into a readable part, not lost with it.
 #[test]
@@ -264,8 +297,8 @@ fn sigterm_during_record_closes_the_open_part() {
     cmd.arg("record");
     let child = spawn_long_record(cmd, &a, &out);
     // Wait until the open part (runs not yet closed: 32 a part) has some runs.
-    let open = || -> u64 {
-        let Ok(parts) = std::fs::read_dir(&out) else { return 0 };
+    let open = |out: &std::path::Path| -> u64 {
+        let Ok(parts) = std::fs::read_dir(out) else { return 0 };
         parts
             .flatten()
             .filter_map(|p| std::fs::read_dir(p.path()).ok())
@@ -275,12 +308,12 @@ fn sigterm_during_record_closes_the_open_part() {
             .map(|f| f.metadata().map(|m| m.len()).unwrap_or(0))
             .sum()
     };
-    wait_for_bytes(open, 20_000);
+    wait_for_bytes(|| open(&out), 20_000);
     assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
     let res = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&res.stderr);
-    assert_eq!(res.status.code(), Some(130), "{err}");
-    assert!(err.contains("interrupted after"), "{err}");
+    assert_eq!(res.status.signal(), Some(libc::SIGTERM), "{err}");
+    assert!(err.contains("SIGTERM received") && err.contains("interrupted after"), "{err}");
     let series = opscope::mine::load(&out).unwrap();
     assert!(series.values().any(|s| s.runs.len() >= 2), "the open part's runs were closed into a readable part");
 
@@ -294,7 +327,20 @@ fn sigterm_during_record_closes_the_open_part() {
     std::thread::sleep(std::time::Duration::from_millis(1500));
     assert!(child.try_wait().unwrap().is_none(), "SIGHUP ignored by the caller stopped the recording");
     assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
-    assert_eq!(child.wait().unwrap().code(), Some(130));
+    assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGTERM));
+
+    // A hang-up the process was not told to ignore stops it as SIGTERM does, and it ends by
+    // SIGHUP (a shell's `$?` reads 129).
+    let out = dir.path().join("hup.parquet");
+    let mut cmd = opscope();
+    cmd.arg("record");
+    let child = spawn_long_record(cmd, &a, &out);
+    wait_for_bytes(|| open(&out), 1);
+    assert!(Command::new("kill").args(["-HUP", &child.id().to_string()]).status().unwrap().success());
+    let res = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&res.stderr);
+    assert_eq!(res.status.signal(), Some(libc::SIGHUP), "{err}");
+    assert!(err.contains("SIGHUP received") && err.contains("interrupted after"), "{err}");
 }
 
 #[test]

@@ -629,3 +629,114 @@ fn a_second_recording_with_the_same_id_never_replaces_the_first_in_a_dataset() {
     assert!(a.len() == 8 && a.chars().all(|c| c.is_ascii_hexdigit()), "{a}");
     assert_ne!(a, b);
 }
+
+/// Every row `read_rows` gives of `path`, or its error.
+fn read_all(path: &std::path::Path) -> Result<Vec<(String, u64, String, u64, u32)>, Error> {
+    let mut v = Vec::new();
+    opscope::recording::read_rows(path, |r| v.push((r.site.into(), r.step, r.stat.into(), r.idx, r.value.to_bits())))?;
+    Ok(v)
+}
+
+/// A byte changed in a closed CSV recording (a disk, a transfer) is an error naming the file
+/// and its checksum, never another value read in silence; so is a cut between two rows, which
+/// no row shows. Without the checksum (a recording from before it) both read "fine".
+#[test]
+fn a_csv_recording_damaged_after_it_was_closed_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.csv");
+    run_into(opscope::recording::open(&path).unwrap()).unwrap();
+    let side = opscope::recording::sidecar_path(&path);
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&side).unwrap()).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    // The sidecar's checksum is the file's (crc32 from flate2's own crc module: another code path).
+    let mut crc = flate2::Crc::new();
+    crc.update(&bytes);
+    assert_eq!(doc["checksum"]["bytes"], bytes.len() as u64);
+    assert_eq!(doc["checksum"]["crc32"], crc.sum() as u64);
+    let good = read_all(&path).unwrap();
+    // A digit of a value (the twelfth field) changed: the same length, another number.
+    let text = String::from_utf8(bytes.clone()).unwrap();
+    let mut line_start = 0;
+    let at = text
+        .split_inclusive('\n')
+        .find_map(|line| {
+            let start = line_start;
+            line_start += line.len();
+            if start == 0 {
+                return None; // the header
+            }
+            let field = line.match_indices(',').nth(10).map(|(i, _)| i + 1)?;
+            let end = field + line[field..].find(',')?;
+            line[field..end].bytes().position(|b| (b'1'..=b'8').contains(&b)).map(|i| start + field + i)
+        })
+        .unwrap();
+    let mut damaged = bytes.clone();
+    damaged[at] += 1;
+    std::fs::write(&path, &damaged).unwrap();
+    let err = read_all(&path).unwrap_err().to_string();
+    assert!(err.contains("r.csv") && err.contains("changed since it was closed") && err.contains(&format!("{:08x}", crc.sum())), "{err}");
+    // A cut at a row boundary: whole rows, fewer of them.
+    let cut = bytes[..bytes.len() - 1].iter().rposition(|&b| b == b'\n').unwrap() + 1;
+    std::fs::write(&path, &bytes[..cut]).unwrap();
+    let err = read_all(&path).unwrap_err().to_string();
+    assert!(err.contains(&format!("holds {cut} bytes, and held {}", bytes.len())), "{err}");
+    // What a reader without the checksum gets: a wrong value, or a run short of rows.
+    let mut old = doc.clone();
+    old.as_object_mut().unwrap().remove("checksum");
+    std::fs::write(&side, serde_json::to_vec(&old).unwrap()).unwrap();
+    assert_eq!(read_all(&path).unwrap().len(), good.len() - 1, "the cut is silent without the checksum");
+    std::fs::write(&path, &damaged).unwrap();
+    let silent = read_all(&path).unwrap();
+    assert_eq!(silent.len(), good.len());
+    assert_ne!(silent, good, "the changed digit is read as another value without the checksum");
+    // Restored, it reads as before.
+    std::fs::write(&side, serde_json::to_vec(&doc).unwrap()).unwrap();
+    std::fs::write(&path, &bytes).unwrap();
+    assert_eq!(read_all(&path).unwrap(), good);
+}
+
+/// The same for a closed part of a Parquet dataset, whose pages carry no CRC (the `parquet`
+/// crate does not write one): a flipped byte that the decoder reads as other values is an
+/// error naming the part, read in the dataset or alone; moved out of the dataset, the other
+/// parts are read and it is named as missing.
+#[test]
+#[cfg(feature = "parquet")]
+fn a_parquet_part_damaged_after_it_was_closed_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("d.parquet");
+    let sink = opscope::recording::DatasetSink::create(&root, opscope::recording::PartLimits { runs: 1, bytes: u64::MAX }).unwrap();
+    run_into(Box::new(sink)).unwrap();
+    let part_dir = std::fs::read_dir(&root).unwrap().next().unwrap().unwrap().path();
+    let part = part_dir.join("part-00000.parquet");
+    let side = part_dir.join("_manifest.json");
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&side).unwrap()).unwrap();
+    let bytes = std::fs::read(&part).unwrap();
+    let mut crc = flate2::Crc::new();
+    crc.update(&bytes);
+    assert_eq!(doc["parts"]["part-00000.parquet"]["crc32"], crc.sum() as u64, "{doc}");
+    assert_eq!(doc["parts"]["part-00001.parquet"]["bytes"], std::fs::metadata(part_dir.join("part-00001.parquet")).unwrap().len());
+    let good = read_all(&root).unwrap();
+    // Find a byte whose flip the decoder reads in silence as other rows (the failure the
+    // checksum exists for): it must exist, or the checksum guards nothing.
+    let mut unchecked = doc.clone();
+    unchecked["parts"].as_object_mut().unwrap().remove("part-00000.parquet");
+    let silent = (4..bytes.len() - 8).find_map(|at| {
+        let mut d = bytes.clone();
+        d[at] ^= 0x01;
+        std::fs::write(&part, &d).unwrap();
+        std::fs::write(&side, serde_json::to_vec(&unchecked).unwrap()).unwrap();
+        let quiet = read_all(&root).is_ok_and(|rows| rows.len() == good.len() && rows != good);
+        std::fs::write(&side, serde_json::to_vec(&doc).unwrap()).unwrap();
+        quiet.then_some(d)
+    });
+    let damaged = silent.expect("some flipped byte reads as other values without the checksum");
+    std::fs::write(&part, &damaged).unwrap();
+    let err = read_all(&root).unwrap_err().to_string();
+    assert!(err.contains("part-00000.parquet") && err.contains("changed since it was closed") && err.contains("move it out of the dataset"), "{err}");
+    let err = read_all(&part).unwrap_err().to_string();
+    assert!(err.contains("changed since it was closed"), "read alone: {err}");
+    // Moved out of the dataset: the other part is read.
+    std::fs::rename(&part, dir.path().join("aside.bin")).unwrap();
+    let rest = read_all(&root).unwrap();
+    assert!(!rest.is_empty() && rest.len() < good.len());
+}

@@ -182,7 +182,16 @@ fn a_part_without_its_footer_says_the_process_was_killed() {
 
     // A closed part cut after it was closed (an interrupted copy): an error naming the part and
     // the fix (move it out), not the killed-writer advice to read the directory being read.
+    // Its length no longer matches the checksum its sidecar recorded.
     std::fs::write(&parts[1], &bytes[..bytes.len() / 2]).unwrap();
+    let err = opscope::mine::load(&out).err().expect("a damaged closed part is an error").to_string();
+    let cut = format!("holds {} bytes, and held {}", bytes.len() / 2, bytes.len());
+    assert!(err.contains(&cut) && err.contains("move it out of the dataset") && err.contains(&*parts[1].to_string_lossy()), "{err}");
+    // Without its checksum (a dataset written before them), the missing footer says the same.
+    let side = partition.join("_manifest.json");
+    let mut doc: Value = serde_json::from_slice(&std::fs::read(&side).unwrap()).unwrap();
+    doc.as_object_mut().unwrap().remove("parts");
+    std::fs::write(&side, serde_json::to_vec(&doc).unwrap()).unwrap();
     let err = opscope::mine::load(&out).err().expect("a damaged closed part is an error").to_string();
     assert!(err.contains("closed part") && err.contains("Move it out") && err.contains(&*parts[1].to_string_lossy()), "{err}");
 }
@@ -294,6 +303,34 @@ print(json.dumps([[s, r, p, n, float(lo), float(hi)] for s, r, p, n, lo, hi in r
     assert_eq!(by_sql.len(), mined.len());
     assert!(mined.len() >= 36, "{}", mined.len());
     assert_eq!(by_sql, mined, "DuckDB and opscope mine --json, per (site, role, pass)");
+
+    // The README's check of the parts' checksums for readers that do not verify them (DuckDB,
+    // Spark): Python's zlib, not opscope's code.
+    let check = r#"
+import json, pathlib, sys, zlib
+bad = []
+for side in pathlib.Path(sys.argv[1]).glob("recording=*/_manifest.json"):
+    for name, want in json.loads(side.read_text()).get("parts", {}).items():
+        part = side.parent / name
+        if part.exists() and (part.stat().st_size != want["bytes"] or zlib.crc32(part.read_bytes()) != want["crc32"]):
+            bad.append(str(part))
+print("\n".join(bad) or "every part matches its checksum")
+"#;
+    let run_check = || {
+        let py = Command::new("python3").args(["-c", check]).arg(&out).output().expect("python3 runs");
+        assert!(py.status.success(), "{}", String::from_utf8_lossy(&py.stderr));
+        String::from_utf8_lossy(&py.stdout).trim().to_string()
+    };
+    assert_eq!(run_check(), "every part matches its checksum");
+    let part = &partitions[1].parts[0];
+    let mut bytes = std::fs::read(part).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x20;
+    std::fs::write(part, &bytes).unwrap();
+    assert_eq!(run_check(), part.display().to_string());
+    let mine = opscope().args(["mine", "--json"]).arg(&out).output().unwrap();
+    let err = String::from_utf8_lossy(&mine.stderr);
+    assert!(!mine.status.success() && err.contains("changed since it was closed") && err.contains(&*part.to_string_lossy()), "{err}");
 }
 
 #[test]

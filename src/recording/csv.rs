@@ -8,15 +8,17 @@ use std::path::{Path, PathBuf};
 use crate::error::Error;
 use crate::manifest::Manifest;
 
+use super::checksum::{Checksum, Summing};
 use super::format::{check_path, column_index, header, partial_path, sidecar_json, write_sidecar_ending, Row};
 use super::read::RowRef;
 use super::sink::Sink;
 use super::RecordingError;
 
 /// The file a CSV recording goes to: plain, or gzip when the path ends in `.gz`.
+/// The file's bytes are summed as they are written ([`Summing`]) for the sidecar's checksum.
 enum Out {
-    Plain(std::io::BufWriter<File>),
-    Gz(flate2::write::GzEncoder<std::io::BufWriter<File>>),
+    Plain(std::io::BufWriter<Summing<File>>),
+    Gz(flate2::write::GzEncoder<std::io::BufWriter<Summing<File>>>),
 }
 
 impl Write for Out {
@@ -35,13 +37,13 @@ impl Write for Out {
 }
 
 impl Out {
-    /// Write any trailer, flush, and return the file.
-    fn into_file(self) -> std::io::Result<File> {
+    /// Write any trailer, flush, and return the file with the checksum of every byte in it.
+    fn into_file(self) -> std::io::Result<(File, Checksum)> {
         let buffered = match self {
             Out::Plain(w) => w,
             Out::Gz(w) => w.finish()?,
         };
-        buffered.into_inner().map_err(|e| e.into_error())
+        Ok(buffered.into_inner().map_err(|e| e.into_error())?.into_parts())
     }
 }
 
@@ -64,6 +66,8 @@ pub struct CsvSink {
     /// a file the caller chose to replace. A different file there at `finish` appeared while
     /// recording and is not replaced.
     there_at_start: Option<FileStamp>,
+    /// The closed file's length and CRC-32, for its sidecar ([`super::Sidecar::checksum`]).
+    checksum: Option<Checksum>,
 }
 
 /// What identifies the file at a path: device, inode, length and modification time.
@@ -111,7 +115,7 @@ impl CsvSink {
             path: tmp.clone(),
             error: source,
         })?;
-        let buffered = std::io::BufWriter::with_capacity(1 << 20, file);
+        let buffered = std::io::BufWriter::with_capacity(1 << 20, Summing::new(file));
         let out = if path.extension().is_some_and(|e| e == "gz") {
             Out::Gz(flate2::write::GzEncoder::new(buffered, flate2::Compression::fast()))
         } else {
@@ -129,6 +133,7 @@ impl CsvSink {
             writer: Some(writer),
             manifests: Vec::new(),
             ends_on_run: true,
+            checksum: None,
         })
     }
 
@@ -193,7 +198,7 @@ impl Sink for CsvSink {
             let now = file_stamp(&self.path);
             if now.is_some_and(|(_, _, len, _)| len > 0) && now != self.there_at_start && !super::format::holds_recording(&self.path) {
                 // Closed whole: the reader takes every row (none is a cut run).
-                write_sidecar_ending(&tmp, std::mem::take(&mut self.manifests), true)?;
+                write_sidecar_ending(&tmp, std::mem::take(&mut self.manifests), true, self.checksum)?;
                 return Err(Error::BadPath {
                     path: self.path.clone(),
                     why: format!(
@@ -211,11 +216,11 @@ impl Sink for CsvSink {
             let side = super::format::sidecar_path(&self.path);
             let side_tmp = partial_path(&side);
             let manifests = std::mem::take(&mut self.manifests);
-            if let Err(e) = super::format::write_synced(&side_tmp, &sidecar_json(manifests.clone(), false)?) {
+            if let Err(e) = super::format::write_synced(&side_tmp, &sidecar_json(manifests.clone(), false, self.checksum)?) {
                 let _ = std::fs::remove_file(&side_tmp);
                 // Its own sidecar marks the `.partial` whole; if that write fails too (the same
                 // full disk), a reader leaves its last run out, as after a crash.
-                let marked = write_sidecar_ending(&tmp, manifests, true).is_ok();
+                let marked = write_sidecar_ending(&tmp, manifests, true, self.checksum).is_ok();
                 return Err(Error::Write {
                     path: side,
                     why: format!(
@@ -255,14 +260,15 @@ impl Sink for CsvSink {
 
     fn abandon(&mut self) -> Result<(), Error> {
         if self.close()? {
-            write_sidecar_ending(&partial_path(&self.path), std::mem::take(&mut self.manifests), self.ends_on_run)?;
+            write_sidecar_ending(&partial_path(&self.path), std::mem::take(&mut self.manifests), self.ends_on_run, self.checksum)?;
         }
         Ok(())
     }
 }
 
 impl CsvSink {
-    /// Write the gzip trailer, flush and sync `<path>.partial`. False if already closed.
+    /// Write the gzip trailer, flush and sync `<path>.partial`, keeping its checksum. False if
+    /// already closed.
     fn close(&mut self) -> Result<bool, Error> {
         let Some(w) = self.writer.take() else {
             return Ok(false);
@@ -273,8 +279,9 @@ impl CsvSink {
             error: source,
         };
         let out = w.into_inner().map_err(|e| io(e.into_error()))?;
-        let file = out.into_file().map_err(io)?;
+        let (file, checksum) = out.into_file().map_err(io)?;
         file.sync_all().map_err(io)?;
+        self.checksum = Some(checksum);
         Ok(true)
     }
 }
@@ -304,10 +311,42 @@ impl Drop for CsvSink {
 /// run counted with part of its rows gives wrong per-run numbers. A finished run lost this way
 /// is the price of never counting half a run. The file is read twice (once to find the cut).
 ///
-/// Errors: the file cannot be opened, lacks a recording column, or holds a malformed row (the
-/// error names the line); in a `.partial` recording a malformed row is where the cut is.
+/// A recording whose sidecar holds its checksum ([`super::Sidecar::checksum`]) is verified
+/// too, so a damaged byte is an error rather than another value: before any row when its
+/// length is as recorded; after the rows when it is not (a cut shows in the rows first, and
+/// that error says where; a cut between two rows shows only in the length).
+///
+/// Errors: the file cannot be opened, lacks a recording column, no longer matches its
+/// checksum, or holds a malformed row (the error names the line); in a `.partial` recording a
+/// malformed row is where the cut is.
 pub(super) fn read(path: &Path, gz: bool, partial: bool, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Error> {
     check_format(path, gz)?;
+    let fix = if partial {
+        "restore it from a copy, or move its sidecar (<name>.partial.manifest.json) away to read it unchecked up to its \
+         last run"
+    } else {
+        "restore it from a copy, or rename it to <name>.partial to read it unchecked up to its last run (a file changed \
+         on purpose: remove `checksum` from its sidecar)"
+    };
+    let sum = super::format::sidecar_checksum(path);
+    let len = std::fs::metadata(path).map_err(|e| Error::Io { path: path.to_path_buf(), error: e })?.len();
+    let verify = || match &sum {
+        Some((want, side)) => super::checksum::verify(path, want, side, fix),
+        None => Ok(()),
+    };
+    let same_length = sum.as_ref().is_none_or(|(want, _)| want.bytes == len);
+    if same_length {
+        verify()?;
+    }
+    read_unverified(path, gz, partial, f)?;
+    if !same_length {
+        verify()?;
+    }
+    Ok(())
+}
+
+/// [`read`] without the checksum.
+fn read_unverified(path: &Path, gz: bool, partial: bool, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Error> {
     let whole = || super::read_sidecar(path).ok().flatten().is_some_and(|s| s.ends_on_run);
     if !partial || whole() {
         // A file that should be whole and whose stream ends early was cut after it was written.

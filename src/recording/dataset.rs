@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use crate::error::Error;
 use crate::manifest::Manifest;
 
+use super::checksum::Checksum;
 use super::format::{check_dataset_path, write_atomic, Block, Row, Sidecar, FORMAT};
 use super::rowgroup::{ParquetFile, RowGroup};
 use super::read::RowRef;
@@ -115,6 +116,9 @@ pub struct DatasetSink {
     run_open: bool,
     /// This sink created its partition directory (see `partition`).
     partition_made: bool,
+    /// Each closed part's length and CRC-32, by file name, for the sidecar
+    /// ([`Sidecar::parts`]).
+    sums: std::collections::BTreeMap<String, Checksum>,
 }
 
 /// A run's rows are written as a row group every this many rows (and at the run's end), so the
@@ -146,6 +150,7 @@ impl DatasetSink {
             done: false,
             run_open: false,
             partition_made: false,
+            sums: Default::default(),
         })
     }
 
@@ -239,14 +244,16 @@ impl DatasetSink {
     /// every closed part whenever the process stops); rename into place; fsync the directory.
     fn close_part(&mut self) -> Result<(), Error> {
         let Some(part) = self.open.take() else { return Ok(()) };
-        let file = part.writer.finish().map_err(|e| self.write_err(&part.tmp, "closing the part (footer)", e))?;
+        let (file, sum) = part.writer.finish().map_err(|e| self.write_err(&part.tmp, "closing the part (footer)", e))?;
         file.sync_all().map_err(|e| self.write_err(&part.tmp, "syncing the part", e))?;
-        // Before the rename: a part is never readable without the manifests of its compiles.
-        // Its count of closed parts is the parts before this one (written again after it at the
-        // end, or at the next part's close).
+        let name = format!("part-{:05}.parquet", self.next_part);
+        self.sums.insert(name.clone(), sum);
+        // Before the rename: a part is never readable without the manifests of its compiles
+        // and its checksum. Its count of closed parts is the parts before this one (written
+        // again after it at the end, or at the next part's close).
         self.write_sidecar(true)?;
         let dir = part.tmp.parent().map(Path::to_path_buf).unwrap_or_default();
-        let path = dir.join(format!("part-{:05}.parquet", self.next_part));
+        let path = dir.join(name);
         std::fs::rename(&part.tmp, &path).map_err(|e| Error::Io { path: path.clone(), error: e })?;
         // The rename is durable once the directory is (POSIX: fsync the directory).
         if let Ok(d) = File::open(&dir) {
@@ -268,6 +275,8 @@ impl DatasetSink {
             graphs: self.manifests.clone(),
             ends_on_run: false,
             closed_parts: Some(self.next_part),
+            checksum: None,
+            parts: self.sums.clone(),
         })
             .map_err(|e| Error::Internal(format!("manifest JSON: {e}")))?;
         write_atomic(&path, &json).map_err(|e| self.write_err(&path, "writing the manifest sidecar", e))?;
@@ -448,6 +457,7 @@ pub(super) fn read(root: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Err
     for p in &parts {
         let mut max = 0u32;
         for part in &p.parts {
+            verify_in(part, p.sidecar.as_ref().map(|s| &s.parts))?;
             super::parquet::read(part, super::parquet::Origin::ClosedPart, &mut |mut r: RowRef<'_>| {
                 max = max.max(r.compile);
                 r.compile += offset;
@@ -466,6 +476,37 @@ pub(super) fn read(root: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Err
         offset += n;
     }
     Ok(())
+}
+
+/// What a reader can do about a part that no longer matches its checksum.
+const PART_FIX: &str = "restore it from a copy, or move it out of the dataset to read the other parts (its runs are \
+                        then named as missing); a part changed on purpose needs its entry removed from `parts` in the \
+                        partition's _manifest.json";
+
+/// Verify the closed part at `part` against its entry in `sums` (its partition sidecar's
+/// [`Sidecar::parts`]); a part without an entry (a dataset written before checksums, a
+/// sidecar lost) is not checked.
+///
+/// Errors: the part no longer matches ([`super::checksum::verify`]).
+fn verify_in(part: &Path, sums: Option<&std::collections::BTreeMap<String, Checksum>>) -> Result<(), Error> {
+    let name = part.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+    match sums.and_then(|s| s.get(&name)) {
+        Some(want) => super::checksum::verify(part, want, &part.with_file_name(PARTITION_SIDECAR), PART_FIX),
+        None => Ok(()),
+    }
+}
+
+/// Verify a dataset part read alone (`.../recording=<id>/part-00003.parquet`) against the
+/// checksum in its partition's `_manifest.json`, when there is one.
+///
+/// Errors: as [`verify_in`].
+pub(super) fn verify_part(part: &Path) -> Result<(), Error> {
+    let side = part.with_file_name(PARTITION_SIDECAR);
+    let Ok(bytes) = std::fs::read(&side) else { return Ok(()) };
+    match serde_json::from_slice::<super::format::Sums>(&bytes) {
+        Ok(sums) => verify_in(part, Some(&sums.parts)),
+        Err(_) => Ok(()),
+    }
 }
 
 /// The closed parts a partition lacks, named (`None` when it lacks none): every
@@ -522,5 +563,5 @@ pub(super) fn read_sidecar(root: &Path) -> Result<Option<Sidecar>, Error> {
         };
         offset += n;
     }
-    Ok(Some(Sidecar { format: FORMAT, graphs, ends_on_run: false, closed_parts: None }))
+    Ok(Some(Sidecar { format: FORMAT, graphs, ends_on_run: false, closed_parts: None, checksum: None, parts: Default::default() }))
 }

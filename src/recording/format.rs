@@ -199,6 +199,48 @@ pub struct Sidecar {
     /// Absent in a CSV recording's sidecar and in datasets written before it was added.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub closed_parts: Option<usize>,
+    /// Beside a CSV or single Parquet recording (finished, or a `.partial` its sink closed): the
+    /// file's length and CRC-32 when it was closed, verified before its rows are read
+    /// ([`super::checksum`]). Absent in recordings written before it was added, and beside a
+    /// `.partial` left by a crash (no sidecar then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<super::checksum::Checksum>,
+    /// In a dataset partition's `_manifest.json`: each closed part's checksum, by file name
+    /// (`part-00000.parquet`), verified before the part is read. Absent in datasets written
+    /// before it was added.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub parts: std::collections::BTreeMap<String, super::checksum::Checksum>,
+}
+
+/// The checksums of a sidecar alone (the rest of its JSON is skipped unparsed): what a reader
+/// verifies a file against.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct Sums {
+    #[serde(default)]
+    pub checksum: Option<super::checksum::Checksum>,
+    #[serde(default)]
+    pub parts: std::collections::BTreeMap<String, super::checksum::Checksum>,
+}
+
+/// Verify the file at `recording` against the checksum in its sidecar, when the sidecar has
+/// one (see [`super::checksum::verify`], `fix` as there). A sidecar that is missing or does not
+/// parse is left to the reader of the manifests, which says what it is.
+///
+/// Errors: the file no longer matches its checksum.
+pub(super) fn verify_against_sidecar(recording: &Path, fix: &str) -> Result<(), Error> {
+    match sidecar_checksum(recording) {
+        Some((want, side)) => super::checksum::verify(recording, &want, &side, fix),
+        None => Ok(()),
+    }
+}
+
+/// The checksum the sidecar of `recording` holds for it, with the sidecar's path; `None` when
+/// there is no sidecar, it does not parse (its reader says so), or it holds no checksum.
+pub(super) fn sidecar_checksum(recording: &Path) -> Option<(super::checksum::Checksum, PathBuf)> {
+    let side = sidecar_path(recording);
+    let bytes = std::fs::read(&side).ok()?;
+    let sums = serde_json::from_slice::<Sums>(&bytes).ok()?;
+    Some((sums.checksum?, side))
 }
 
 /// Path of the manifest sidecar of a recording.
@@ -381,17 +423,27 @@ pub(super) fn space_hint(error: &str) -> &'static str {
 ///
 /// Errors: the sidecar cannot be written.
 pub fn write_sidecar(recording: &Path, graphs: Vec<std::sync::Arc<Manifest>>) -> Result<(), Error> {
-    write_sidecar_ending(recording, graphs, false)
+    write_sidecar_ending(recording, graphs, false, None)
 }
 
-/// [`write_sidecar`] with [`Sidecar::ends_on_run`].
-pub(super) fn write_sidecar_ending(recording: &Path, graphs: Vec<std::sync::Arc<Manifest>>, ends_on_run: bool) -> Result<(), Error> {
-    write_atomic(&sidecar_path(recording), &sidecar_json(graphs, ends_on_run)?)
+/// [`write_sidecar`] with [`Sidecar::ends_on_run`] and the file's [`Sidecar::checksum`].
+pub(super) fn write_sidecar_ending(
+    recording: &Path,
+    graphs: Vec<std::sync::Arc<Manifest>>,
+    ends_on_run: bool,
+    checksum: Option<super::checksum::Checksum>,
+) -> Result<(), Error> {
+    write_atomic(&sidecar_path(recording), &sidecar_json(graphs, ends_on_run, checksum)?)
 }
 
 /// The JSON text of a manifest sidecar.
-pub(super) fn sidecar_json(graphs: Vec<std::sync::Arc<Manifest>>, ends_on_run: bool) -> Result<Vec<u8>, Error> {
-    serde_json::to_vec_pretty(&Sidecar { format: FORMAT, graphs, ends_on_run, closed_parts: None }).map_err(|e| Error::Internal(format!("manifest JSON: {e}")))
+pub(super) fn sidecar_json(
+    graphs: Vec<std::sync::Arc<Manifest>>,
+    ends_on_run: bool,
+    checksum: Option<super::checksum::Checksum>,
+) -> Result<Vec<u8>, Error> {
+    serde_json::to_vec_pretty(&Sidecar { format: FORMAT, graphs, ends_on_run, closed_parts: None, checksum, parts: Default::default() })
+        .map_err(|e| Error::Internal(format!("manifest JSON: {e}")))
 }
 
 /// A recording id, unique per recorder: `run-<unix seconds>-<pid>-<n>-<8 hex digits>`, `n`

@@ -9,6 +9,7 @@
 //! `DIR/recording=<run_id>/part-NNNNN.parquet`, with a `_manifest.json` per partition
 //! ([`DatasetSink`]): a killed process loses the open part only.
 
+mod checksum;
 mod csv;
 #[cfg(feature = "parquet")]
 mod dataset;
@@ -22,6 +23,7 @@ mod sink;
 
 use std::path::Path;
 
+pub use self::checksum::{checksum_of, verify, Checksum};
 pub use self::csv::CsvSink;
 #[cfg(feature = "parquet")]
 pub use self::dataset::{partitions, DatasetSink, PartLimits, Partition, ENV_PART_BYTES, ENV_PART_RUNS, PARTITION_SIDECAR, GROUP_ROWS};

@@ -20,7 +20,7 @@ use crate::error::Error;
 use crate::manifest::Manifest;
 
 use super::dataset::GROUP_ROWS;
-use super::format::{check_path, partial_path as partial, write_sidecar, Block, ColumnType, Row, COLUMNS};
+use super::format::{check_path, partial_path as partial, write_sidecar_ending, Block, ColumnType, Row, COLUMNS};
 use super::rowgroup::{ParquetFile, RowGroup};
 use super::read::RowRef;
 use super::sink::Sink;
@@ -57,6 +57,8 @@ pub struct ParquetSink {
     writer: Option<ParquetFile>,
     pending: RowGroup,
     manifests: Vec<std::sync::Arc<Manifest>>,
+    /// The closed file's length and CRC-32, for its sidecar ([`super::Sidecar::checksum`]).
+    checksum: Option<super::checksum::Checksum>,
 }
 
 impl ParquetSink {
@@ -72,6 +74,7 @@ impl ParquetSink {
             writer: Some(writer),
             pending: RowGroup::new().map_err(|e| Error::Internal(format!("parquet schema: {e}")))?,
             manifests: Vec::new(),
+            checksum: None,
         })
     }
 }
@@ -153,18 +156,33 @@ impl Sink for ParquetSink {
         w.write_group(&mut self.pending).map_err(|e| Error::Write { path: partial(&self.path), why: format!("parquet write: {e}") })
     }
 
+    /// As [`super::CsvSink`]'s finish: the sidecar is written in full (beside, synced) before
+    /// anything is renamed, and the earlier recording's sidecar removed before the file is
+    /// renamed over it, so no moment pairs the new file with the earlier sidecar (whose checksum
+    /// would call it damaged).
     fn finish(&mut self) -> Result<(), Error> {
         if self.close()? {
             let tmp = partial(&self.path);
+            let side = super::format::sidecar_path(&self.path);
+            let side_tmp = partial(&side);
+            let json = super::format::sidecar_json(std::mem::take(&mut self.manifests), false, self.checksum)?;
+            super::format::write_synced(&side_tmp, &json).map_err(|e| Error::Write {
+                path: side.clone(),
+                why: format!("writing the manifest sidecar: {e}; the recording is complete at {}", tmp.display()),
+            })?;
+            match std::fs::remove_file(&side) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::Io { path: side, error: e }),
+                _ => {}
+            }
             std::fs::rename(&tmp, &self.path).map_err(|e| Error::Io { path: self.path.clone(), error: e })?;
-            write_sidecar(&self.path, std::mem::take(&mut self.manifests))?;
+            std::fs::rename(&side_tmp, &side).map_err(|e| Error::Io { path: side.clone(), error: e })?;
         }
         Ok(())
     }
 
     fn abandon(&mut self) -> Result<(), Error> {
         if self.close()? {
-            write_sidecar(&partial(&self.path), std::mem::take(&mut self.manifests))?;
+            write_sidecar_ending(&partial(&self.path), std::mem::take(&mut self.manifests), false, self.checksum)?;
         }
         Ok(())
     }
@@ -185,8 +203,9 @@ impl ParquetSink {
         self.flush()?;
         let Some(w) = self.writer.take() else { return Ok(false) };
         let tmp = partial(&self.path);
-        let file = w.finish().map_err(|e| Error::Write { path: tmp.clone(), why: format!("parquet close: {e}") })?;
+        let (file, checksum) = w.finish().map_err(|e| Error::Write { path: tmp.clone(), why: format!("parquet close: {e}") })?;
         file.sync_all().map_err(|e| Error::Io { path: tmp.clone(), error: e })?;
+        self.checksum = Some(checksum);
         Ok(true)
     }
 }
@@ -281,6 +300,16 @@ pub(super) fn read(path: &Path, origin: Origin, f: &mut dyn FnMut(RowRef<'_>)) -
     use arrow_array::types::{Float32Type, UInt32Type, UInt64Type};
     use arrow_array::Array;
     let bad = |reason: String| RecordingError { path: path.to_path_buf(), line: None, reason };
+    if origin == Origin::File {
+        // A single-file recording's checksum is in its own sidecar; a dataset's part read alone
+        // has its in the partition's (a dataset's reader verifies its parts itself). Before the
+        // footer: a file cut since it was closed says so, not that its writer was killed.
+        super::format::verify_against_sidecar(
+            path,
+            "restore it from a copy (a file changed on purpose: remove `checksum` from its sidecar)",
+        )?;
+        super::dataset::verify_part(path)?;
+    }
     let file = File::open(path).map_err(|e| Error::Io { path: path.to_path_buf(), error: e })?;
     check_footer(path, &file, origin)?;
     let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)

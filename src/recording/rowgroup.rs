@@ -38,6 +38,7 @@ use parquet::file::statistics::Statistics;
 use parquet::file::writer::{SerializedFileWriter, SerializedPageWriter, TrackedWrite};
 use parquet::schema::types::{ColumnDescPtr, SchemaDescPtr};
 
+use super::checksum::{Checksum, Summing};
 use super::format::{Block, Row, COLUMNS};
 use super::parquet::{schema, writer_properties};
 
@@ -47,14 +48,14 @@ const ENCODE_ROWS: usize = 4096;
 
 /// The file writer and the Parquet schema of a recording file.
 pub(super) struct ParquetFile {
-    writer: SerializedFileWriter<File>,
+    writer: SerializedFileWriter<Summing<File>>,
 }
 
 impl ParquetFile {
     /// Start a recording file (writes the leading magic).
     pub(super) fn create(file: File) -> Result<ParquetFile, ParquetError> {
         let (descr, props) = layout()?;
-        Ok(ParquetFile { writer: SerializedFileWriter::new(file, descr.root_schema_ptr(), props)? })
+        Ok(ParquetFile { writer: SerializedFileWriter::new(Summing::new(file), descr.root_schema_ptr(), props)? })
     }
 
     /// Bytes written to the file so far (closed row groups).
@@ -99,9 +100,9 @@ impl ParquetFile {
         Ok(())
     }
 
-    /// Write the footer and return the file (not synced).
-    pub(super) fn finish(self) -> Result<File, ParquetError> {
-        self.writer.into_inner()
+    /// Write the footer and return the file (not synced) with the checksum of every byte in it.
+    pub(super) fn finish(self) -> Result<(File, Checksum), ParquetError> {
+        Ok(self.writer.into_inner()?.into_parts())
     }
 }
 

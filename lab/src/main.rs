@@ -1266,17 +1266,16 @@ fn sweep(a: SweepArgs) -> Result<()> {
     let memory = opscope::MemorySink::default();
     let tee = opscope::recording::Tee(vec![sink, Box::new(memory.clone())]);
     interrupt_on_signals()?;
-    let truth = opscope_lab::sweep::run(&pipeline, &seeds, Box::new(tee), None, Some(&INTERRUPTED))?;
-    if INTERRUPTED.load(Ordering::SeqCst) {
-        eprintln!(
+    let (truth, summary) = opscope_lab::sweep::run(&pipeline, &seeds, Box::new(tee), None, Some(&INTERRUPTED))?;
+    after_recording(summary.interrupted, &a.out, || {
+        format!(
             "opscope: interrupted after {} of {} planted sites: the rows recorded so far are in {}; no ground truth was \
              written (a partial sweep has no complete truth to check against)",
             truth.sites.len(),
             opscope_lab::sweep::Planted::ALL.len() * opscope_lab::sweep::SHAPES.len() * seeds.len(),
             interrupted_rows(&a.out)
-        );
-        exit_interrupted();
-    }
+        )
+    });
     let mut truth_path = a.out.clone().into_os_string();
     truth_path.push(".truth.json");
     let json = serde_json::to_vec_pretty(&truth).context("ground truth JSON")?;
@@ -1388,10 +1387,21 @@ fn interrupted_rows(out: &std::path::Path) -> String {
 /// it.
 static STOP_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
+/// The job's recording is closed ([`after_recording`]): from then on a signal ends the process
+/// at once, as if it were not handled.
+static RECORDING_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Write a line to stderr, ignoring a failed write: after a hang-up (SIGHUP from a dropped SSH
+/// session) stderr may return EIO, and `eprintln!` would panic.
+fn note(text: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{text}");
+}
+
 /// Stop a running job after the batch in progress on Ctrl-C (SIGINT), SIGTERM or SIGHUP (what
 /// `timeout`, `docker stop`, systemd and Slurm send first), closing its recording as partial; a
-/// second signal ends the process at once. Either way the process then ends by the signal that
-/// stopped it ([`exit_interrupted`]).
+/// second signal, or a signal once the recording is closed, ends the process at once. Either
+/// way the process then ends by the signal that stopped it ([`exit_interrupted`]).
 ///
 /// Errors: the handler thread or the signal registration cannot be set up.
 fn interrupt_on_signals() -> Result<()> {
@@ -1411,17 +1421,22 @@ fn interrupt_on_signals() -> Result<()> {
         .name("opscope-signals".into())
         .spawn(move || {
             for sig in signals.forever() {
-                if INTERRUPTED.swap(true, Ordering::SeqCst) {
+                // The signal is stored before the flag is raised, so whoever sees the flag
+                // finds the signal; only the first is kept.
+                let first = STOP_SIGNAL.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst).is_ok();
+                INTERRUPTED.store(true, Ordering::SeqCst);
+                // Raised before RECORDING_CLOSED is read, as `after_recording` sets it before it
+                // reads the flag: at least one of the two sees the other's write.
+                if !first || RECORDING_CLOSED.load(Ordering::SeqCst) {
                     opscope_lab::output::release_claims();
                     die_by(sig);
                 }
-                STOP_SIGNAL.store(sig, Ordering::SeqCst);
-                eprintln!(
+                note(&format!(
                     "\nopscope: {} received, interrupting after the batch in progress; a second signal (Ctrl-C again) stops \
                      at once, losing the runs not yet closed (a Parquet recording's open part, a CSV recording's run in \
                      progress)",
                     signal_hook::low_level::signal_name(sig).unwrap_or("a signal")
-                );
+                ));
             }
         })
         .context("starting the signal handler thread")?;
@@ -1431,9 +1446,20 @@ fn interrupt_on_signals() -> Result<()> {
 /// End the process by `sig`, as if it had not been handled, so that the caller sees what stopped
 /// it: a shell's `$?` reads 128 + the signal's number (130 for SIGINT, 143 for SIGTERM, 129 for
 /// SIGHUP), a shell loop stops on Ctrl-C, and systemd and Slurm see the signal (the convention of
-/// GNU tools that clean up on a signal, e.g. `sort`). Falls back to exit status 128 + `sig`.
+/// GNU tools that clean up on a signal, e.g. `sort`). Where the raised signal does not end the
+/// process (as PID 1 in a container, whose default-action signals from itself the kernel
+/// drops), it exits with status 128 + `sig`.
 fn die_by(sig: libc::c_int) -> ! {
-    let _ = signal_hook::low_level::emulate_default_handler(sig);
+    // SAFETY: restoring the default action of a terminating signal, unblocking it in this thread
+    // and raising it; all three are async-signal-safe and take no pointer but the set built here.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::raise(sig);
+    }
     std::process::exit(128 + sig)
 }
 
@@ -1443,6 +1469,23 @@ fn exit_interrupted() -> ! {
     opscope_lab::output::release_claims();
     let sig = STOP_SIGNAL.load(Ordering::SeqCst);
     die_by(if sig == 0 { libc::SIGINT } else { sig })
+}
+
+/// Once a job's recording is closed, by what the recorder itself decided
+/// ([`opscope::activate::Summary::interrupted`], not a second read of the flag, which a signal
+/// may have raised since): closed as partial, say where its rows are (`partial`) and end by the
+/// signal; finished, a signal from now on ends the process at once, and one that came after the
+/// recorder finished ends it now, the recording complete at `out`.
+fn after_recording(interrupted: bool, out: &std::path::Path, partial: impl FnOnce() -> String) {
+    if interrupted {
+        note(&partial());
+        exit_interrupted();
+    }
+    RECORDING_CLOSED.store(true, Ordering::SeqCst);
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        note(&format!("opscope: stopped by a signal after the recording was finished: it is complete at {}", out.display()));
+        exit_interrupted();
+    }
 }
 
 /// Write `value` as pretty JSON to `path` (temp name, then rename) when a path is given.
@@ -1491,11 +1534,10 @@ fn record_npz(a: &RecordArgs, pipeline: &Pipeline, npz: &std::path::Path) -> Res
     interrupt_on_signals()?;
     let before = partitions_before(&a.out);
     check_out(a)?;
-    job.run(pipeline, a.stage, opscope::open_sink(&a.out)?)?;
-    if INTERRUPTED.load(Ordering::SeqCst) {
-        eprintln!("opscope: interrupted: the rows recorded so far are in {}", interrupted_rows(&a.out));
-        exit_interrupted();
-    }
+    let summary = job.run(pipeline, a.stage, opscope::open_sink(&a.out)?)?;
+    after_recording(summary.interrupted, &a.out, || {
+        format!("opscope: interrupted: the rows recorded so far are in {}", interrupted_rows(&a.out))
+    });
     say!("recorded {} batches of {} with '{pipeline}' to {}", job.batches(), npz.display(), written_to(&a.out, &before));
     Ok(())
 }
@@ -1588,10 +1630,9 @@ fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> R
     });
     bar.finish();
     let recorded = res?;
-    if INTERRUPTED.load(Ordering::SeqCst) {
-        eprintln!("opscope: interrupted: the rows recorded so far are in {}", interrupted_rows(&a.out));
-        exit_interrupted();
-    }
+    after_recording(recorded.interrupted, &a.out, || {
+        format!("opscope: interrupted: the rows recorded so far are in {}", interrupted_rows(&a.out))
+    });
     emit(&summary.table())?;
     for (p, cn) in &samples {
         say!("greedy: {:?} -> {:?}", p, cn);
@@ -1760,15 +1801,14 @@ fn record(a: RecordArgs) -> Result<()> {
         Ok(())
     });
     bar.finish();
-    res?;
-    if INTERRUPTED.load(Ordering::SeqCst) {
-        eprintln!(
+    let recorded = res?;
+    after_recording(recorded.interrupted, &a.out, || {
+        format!(
             "opscope: interrupted after {done} of {} text entries: the rows recorded so far are in {}",
             job.sentences(),
             interrupted_rows(&a.out)
-        );
-        exit_interrupted();
-    }
+        )
+    });
     if summary.sites().is_empty() {
         // Sites were tapped (the manifests list them) but no run wrote a row: a `sample` stage
         // skipped every run of this job.

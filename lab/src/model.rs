@@ -495,7 +495,7 @@ impl Job {
         sink: Box<dyn opscope::Sink>,
         each: impl FnMut(usize, Vec<(Vec<u8>, DType)>) -> Result<()>,
     ) -> Result<()> {
-        self.run_on(rlx_runtime::Device::Cpu, pipeline, stage, sink, each)
+        self.run_on(rlx_runtime::Device::Cpu, pipeline, stage, sink, each).map(|_| ())
     }
 
     /// [`Job::run`] compiled for and run on `device` (the scope fuses as that device fuses and
@@ -509,13 +509,12 @@ impl Job {
         stage: opscope::activate::Stage,
         sink: Box<dyn opscope::Sink>,
         each: impl FnMut(usize, Vec<(Vec<u8>, DType)>) -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<opscope::activate::Summary> {
         let session = Session::new(device);
         let scope = opscope::Scope::new(pipeline, sink).stage(stage).device(device).interrupt_flag(&INTERRUPTED);
         let (res, recorded) = scope.run(|| self.run_batches(&session, each));
         res?;
-        recorded.context("recording")?;
-        Ok(())
+        recorded.context("recording")
     }
 
     /// The same loop as [`Job::run`] with no tap: compile and run every batch on the CPU (the

@@ -160,7 +160,7 @@ impl NpzJob {
     /// Run every batch with `pipeline` active at `stage`, recording to `sink`.
     ///
     /// Errors: a run or the recording failed.
-    pub fn run(&self, pipeline: &opscope::Pipeline, stage: opscope::Stage, sink: Box<dyn opscope::Sink>) -> Result<()> {
+    pub fn run(&self, pipeline: &opscope::Pipeline, stage: opscope::Stage, sink: Box<dyn opscope::Sink>) -> Result<opscope::activate::Summary> {
         let session = Session::new(rlx_runtime::Device::Cpu);
         let scope = opscope::Scope::new(pipeline, sink).stage(stage).interrupt_flag(&crate::model::INTERRUPTED);
         let (_, recorded) = scope.run(|| {
@@ -176,7 +176,6 @@ impl NpzJob {
                 c.run_typed(&inputs);
             }
         });
-        recorded.context("recording")?;
-        Ok(())
+        recorded.context("recording")
     }
 }

@@ -224,8 +224,10 @@ pub fn site_name(planted: Planted, dims: &[usize], seed: u64) -> String {
 /// (`x[shape] @ w[K, 32]`, compiled and run with `Session::compile` inside one
 /// [`opscope::Scope`]), recording to `sink`; a `capture` pass in `pipeline` writes into
 /// `capture_dir` (default: the sink's, `<path>.capture` for a file). Returns the ground truth of
-/// the sites recorded: when `interrupt` is set (a signal handler sets it) the sweep stops before
-/// the next site and the recording is closed as partial ([`opscope::Scope::interrupt_flag`]).
+/// the sites recorded and the recording's summary: when `interrupt` is set (a signal handler
+/// sets it) the sweep stops before the next site and the recording is closed as partial
+/// ([`opscope::Scope::interrupt_flag`]; [`opscope::activate::Summary::interrupted`] says which
+/// way it was closed).
 ///
 /// Errors: the recording's (see [`opscope::Scope::run`]).
 pub fn run(
@@ -234,7 +236,7 @@ pub fn run(
     sink: Box<dyn Sink>,
     capture_dir: Option<&std::path::Path>,
     interrupt: Option<&'static std::sync::atomic::AtomicBool>,
-) -> Result<Truth, Error> {
+) -> Result<(Truth, opscope::activate::Summary), Error> {
     use rlx_ir::{DType, Graph, Shape};
     use rlx_runtime::{Device, Session};
     let mut sites = Vec::new();
@@ -287,12 +289,8 @@ pub fn run(
             }
         }
     });
-    recorded?;
-    Ok(Truth {
-        format: 1,
-        pipeline: pipeline.to_string(),
-        sites,
-    })
+    let summary = recorded?;
+    Ok((Truth { format: 1, pipeline: pipeline.to_string(), sites }, summary))
 }
 
 /// Verdicts a planted structure must get at its site, and verdicts it may also get (a

@@ -693,6 +693,15 @@ fn a_csv_recording_damaged_after_it_was_closed_is_an_error() {
     std::fs::write(&side, serde_json::to_vec(&doc).unwrap()).unwrap();
     std::fs::write(&path, &bytes).unwrap();
     assert_eq!(read_all(&path).unwrap(), good);
+    // Through a symbolic link elsewhere (no sidecar beside the link), the target's checksum
+    // still applies.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let link = elsewhere.path().join("link.csv");
+    std::os::unix::fs::symlink(&path, &link).unwrap();
+    assert_eq!(read_all(&link).unwrap(), good);
+    std::fs::write(&path, &damaged).unwrap();
+    let err = read_all(&link).unwrap_err().to_string();
+    assert!(err.contains("changed since it was closed"), "through a link: {err}");
 }
 
 /// The same for a closed part of a Parquet dataset, whose pages carry no CRC (the `parquet`
@@ -719,7 +728,7 @@ fn a_parquet_part_damaged_after_it_was_closed_is_an_error() {
     // Find a byte whose flip the decoder reads in silence as other rows (the failure the
     // checksum exists for): it must exist, or the checksum guards nothing.
     let mut unchecked = doc.clone();
-    unchecked["parts"].as_object_mut().unwrap().remove("part-00000.parquet");
+    unchecked.as_object_mut().unwrap().remove("parts");
     let silent = (4..bytes.len() - 8).find_map(|at| {
         let mut d = bytes.clone();
         d[at] ^= 0x01;
@@ -735,8 +744,25 @@ fn a_parquet_part_damaged_after_it_was_closed_is_an_error() {
     assert!(err.contains("part-00000.parquet") && err.contains("changed since it was closed") && err.contains("move it out of the dataset"), "{err}");
     let err = read_all(&part).unwrap_err().to_string();
     assert!(err.contains("changed since it was closed"), "read alone: {err}");
+    // Read through a symbolic link, the part is checked against its partition's sidecar.
+    let link = dir.path().join("link.parquet");
+    std::os::unix::fs::symlink(&part, &link).unwrap();
+    let err = read_all(&link).unwrap_err().to_string();
+    assert!(err.contains("changed since it was closed"), "through a link: {err}");
     // Moved out of the dataset: the other part is read.
     std::fs::rename(&part, dir.path().join("aside.bin")).unwrap();
     let rest = read_all(&root).unwrap();
     assert!(!rest.is_empty() && rest.len() < good.len());
+    // Restored, and the partition copied into the dataset (a backup left beside it): its runs
+    // would be counted twice, so it is refused, naming both.
+    std::fs::write(&part, &bytes).unwrap();
+    assert_eq!(read_all(&root).unwrap(), good);
+    let copy = root.join("recording=copy");
+    std::fs::create_dir(&copy).unwrap();
+    for f in std::fs::read_dir(&part_dir).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, copy.join(f.file_name().unwrap())).unwrap();
+    }
+    let err = read_all(&root).unwrap_err().to_string();
+    assert!(err.contains("holds the same parts, byte for byte") && err.contains("recording=copy"), "{err}");
 }

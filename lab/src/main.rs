@@ -1267,7 +1267,7 @@ fn sweep(a: SweepArgs) -> Result<()> {
     let tee = opscope::recording::Tee(vec![sink, Box::new(memory.clone())]);
     interrupt_on_signals()?;
     let (truth, summary) = opscope_lab::sweep::run(&pipeline, &seeds, Box::new(tee), None, Some(&INTERRUPTED))?;
-    after_recording(summary.interrupted, &a.out, || {
+    after_recording(&summary, &a.out, || {
         format!(
             "opscope: interrupted after {} of {} planted sites: the rows recorded so far are in {}; no ground truth was \
              written (a partial sweep has no complete truth to check against)",
@@ -1379,7 +1379,7 @@ fn interrupted_rows(out: &std::path::Path) -> String {
     if opscope::recording::is_dataset_path(out) || out.is_dir() {
         format!("{} (every recorded run is in a closed part)", out.display())
     } else {
-        format!("{}.partial (with its .manifest.json; `opscope mine` reads it)", out.display())
+        format!("{0}.partial (with its .manifest.json; `opscope mine {0}.partial` reads it)", out.display())
     }
 }
 
@@ -1471,13 +1471,46 @@ fn exit_interrupted() -> ! {
     die_by(if sig == 0 { libc::SIGINT } else { sig })
 }
 
+/// Remove the recording `run_id` left at `out` when it recorded no run: its partition of a
+/// dataset (only when it holds nothing but its parts and sidecar), or a CSV recording's
+/// `.partial` and sidecar. True when removed.
+fn remove_empty_recording(out: &std::path::Path, run_id: &str) -> bool {
+    if out.is_dir() {
+        let dir = out.join(format!("recording={run_id}"));
+        let ours = |e: &std::fs::DirEntry| {
+            let n = e.file_name().to_string_lossy().to_string();
+            n == opscope::recording::PARTITION_SIDECAR || n.starts_with("part-") && n.ends_with(".parquet")
+        };
+        let only_ours = std::fs::read_dir(&dir).is_ok_and(|d| d.flatten().all(|e| ours(&e)));
+        return only_ours && std::fs::remove_dir_all(&dir).is_ok();
+    }
+    let partial = opscope::recording::partial_path(out);
+    let side = opscope::recording::sidecar_path(&partial);
+    let _ = std::fs::remove_file(&side);
+    std::fs::remove_file(&partial).is_ok()
+}
+
 /// Once a job's recording is closed, by what the recorder itself decided
 /// ([`opscope::activate::Summary::interrupted`], not a second read of the flag, which a signal
 /// may have raised since): closed as partial, say where its rows are (`partial`) and end by the
 /// signal; finished, a signal from now on ends the process at once, and one that came after the
 /// recorder finished ends it now, the recording complete at `out`.
-fn after_recording(interrupted: bool, out: &std::path::Path, partial: impl FnOnce() -> String) {
-    if interrupted {
+fn after_recording(summary: &opscope::activate::Summary, out: &std::path::Path, partial: impl FnOnce() -> String) {
+    if summary.interrupted && summary.recorded == 0 {
+        // Stopped before any run was recorded: what the recorder left (an empty part and its
+        // sidecar, or a `.partial` of only the header) holds no row and would only stand in the
+        // way of the next recording to this path.
+        let removed = remove_empty_recording(out, &summary.run_id);
+        note(&format!(
+            "opscope: interrupted before any run was recorded: {}",
+            if removed { format!("nothing is left at {}", out.display()) } else { format!("see {}", interrupted_rows(out)) }
+        ));
+        opscope_lab::output::release_claims();
+        // The dataset directory, if this recording created it and it is now empty.
+        let _ = std::fs::remove_dir(out);
+        exit_interrupted();
+    }
+    if summary.interrupted {
         note(&partial());
         exit_interrupted();
     }
@@ -1535,7 +1568,7 @@ fn record_npz(a: &RecordArgs, pipeline: &Pipeline, npz: &std::path::Path) -> Res
     let before = partitions_before(&a.out);
     check_out(a)?;
     let summary = job.run(pipeline, a.stage, opscope::open_sink(&a.out)?)?;
-    after_recording(summary.interrupted, &a.out, || {
+    after_recording(&summary, &a.out, || {
         format!("opscope: interrupted: the rows recorded so far are in {}", interrupted_rows(&a.out))
     });
     say!("recorded {} batches of {} with '{pipeline}' to {}", job.batches(), npz.display(), written_to(&a.out, &before));
@@ -1630,7 +1663,7 @@ fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> R
     });
     bar.finish();
     let recorded = res?;
-    after_recording(recorded.interrupted, &a.out, || {
+    after_recording(&recorded, &a.out, || {
         format!("opscope: interrupted: the rows recorded so far are in {}", interrupted_rows(&a.out))
     });
     emit(&summary.table())?;
@@ -1802,7 +1835,7 @@ fn record(a: RecordArgs) -> Result<()> {
     });
     bar.finish();
     let recorded = res?;
-    after_recording(recorded.interrupted, &a.out, || {
+    after_recording(&recorded, &a.out, || {
         format!(
             "opscope: interrupted after {done} of {} text entries: the rows recorded so far are in {}",
             job.sentences(),

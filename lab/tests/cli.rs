@@ -256,6 +256,47 @@ fn ctrl_c_during_record_leaves_a_readable_partial_recording() {
     assert_eq!(std::fs::read(&partial).unwrap(), before, "the interrupted recording is left as it was");
 }
 
+/// A signal after the handler is installed but before the first batch ran (while the graph
+/// compiles) leaves nothing behind: no empty partition or header-only `.partial` standing in
+/// the way of the next recording to that path.
+#[test]
+fn a_signal_before_the_first_run_leaves_nothing_in_the_way() {
+    let a = opscope_lab::model::MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["z.parquet", "z.csv"] {
+        let out = dir.path().join(name);
+        let child = opscope()
+            .arg("record")
+            .args(a.cli_args())
+            .args(["--limit", "16", "--out"])
+            .arg(&out)
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // The handler thread is named: signal as soon as it runs (the compile of MiniLM, about
+        // 0.2 s, comes before the first batch).
+        let installed = || {
+            std::fs::read_dir(format!("/proc/{}/task", child.id()))
+                .map(|d| d.flatten().any(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "opscope-signals")))
+                .unwrap_or(false)
+        };
+        let start = std::time::Instant::now();
+        while !installed() {
+            assert!(start.elapsed().as_secs() < 120, "no signal handler thread");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+        let res = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&res.stderr);
+        assert_eq!(res.status.signal(), Some(libc::SIGTERM), "{err}");
+        assert!(err.contains("interrupted before any run was recorded: nothing is left"), "{name}: {err}");
+        assert!(!out.exists() && !dir.path().join(format!("{name}.partial")).exists(), "{name}: {err}");
+        let again = opscope().arg("record").args(a.cli_args()).args(["--limit", "8", "--out"]).arg(&out).output().unwrap();
+        assert!(again.status.success(), "{name}: {}", String::from_utf8_lossy(&again.stderr));
+    }
+}
+
 /// `sweep` stops on SIGTERM as `record` does: before the next site, its CSV recording closed as
 /// a readable `.partial`, no ground truth written for the sites it did not record, and the
 /// process ends by the signal.

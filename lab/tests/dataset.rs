@@ -308,26 +308,42 @@ print(json.dumps([[s, r, p, n, float(lo), float(hi)] for s, r, p, n, lo, hi in r
     // Spark): Python's zlib, not opscope's code.
     let check = r#"
 import json, pathlib, sys, zlib
+sides = sorted(pathlib.Path(sys.argv[1]).glob("recording=*/_manifest.json"))
+if not sides:
+    sys.exit(f"{sys.argv[1]}: no recording=*/_manifest.json: not an opscope dataset")
 bad = []
-for side in pathlib.Path(sys.argv[1]).glob("recording=*/_manifest.json"):
-    for name, want in json.loads(side.read_text()).get("parts", {}).items():
+for side in sides:
+    listed = json.loads(side.read_text()).get("parts", {})
+    for name, want in listed.items():
         part = side.parent / name
-        if part.exists() and (part.stat().st_size != want["bytes"] or zlib.crc32(part.read_bytes()) != want["crc32"]):
-            bad.append(str(part))
-print("\n".join(bad) or "every part matches its checksum")
+        if not part.exists():
+            bad.append(f"{part}: missing")
+        elif part.stat().st_size != want["bytes"] or zlib.crc32(part.read_bytes()) != want["crc32"]:
+            bad.append(f"{part}: damaged")
+    bad += [f"{p}: not listed (copied in?)" for p in sorted(side.parent.glob("*.parquet")) if listed and p.name not in listed]
+print("\n".join(bad) or f"{len(sides)} partition(s): every part matches its checksum")
+sys.exit(1 if bad else 0)
 "#;
-    let run_check = || {
+    let run_check = |ok: bool| {
         let py = Command::new("python3").args(["-c", check]).arg(&out).output().expect("python3 runs");
-        assert!(py.status.success(), "{}", String::from_utf8_lossy(&py.stderr));
+        assert_eq!(py.status.success(), ok, "{}", String::from_utf8_lossy(&py.stderr));
         String::from_utf8_lossy(&py.stdout).trim().to_string()
     };
-    assert_eq!(run_check(), "every part matches its checksum");
+    assert_eq!(run_check(true), "2 partition(s): every part matches its checksum");
+    // A part copied into another partition is not listed there; then damaged in place.
+    let stray = partitions[0].dir.join("part-00099.parquet");
+    std::fs::copy(&partitions[1].parts[0], &stray).unwrap();
+    assert_eq!(run_check(false), format!("{}: not listed (copied in?)", stray.display()));
+    let mine = opscope().args(["mine", "--json"]).arg(&out).output().unwrap();
+    let err = String::from_utf8_lossy(&mine.stderr);
+    assert!(!mine.status.success() && err.contains("not a part this recording wrote") && err.contains("part-00099.parquet"), "{err}");
+    std::fs::remove_file(&stray).unwrap();
     let part = &partitions[1].parts[0];
     let mut bytes = std::fs::read(part).unwrap();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0x20;
     std::fs::write(part, &bytes).unwrap();
-    assert_eq!(run_check(), part.display().to_string());
+    assert_eq!(run_check(false), format!("{}: damaged", part.display()));
     let mine = opscope().args(["mine", "--json"]).arg(&out).output().unwrap();
     let err = String::from_utf8_lossy(&mine.stderr);
     assert!(!mine.status.success() && err.contains("changed since it was closed") && err.contains(&*part.to_string_lossy()), "{err}");

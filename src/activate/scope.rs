@@ -160,13 +160,13 @@ impl<'a> Scope<'a> {
                 "the pipeline '{}' found no site in the {compiles} graph(s) compiled in the scope: nothing to record",
                 self.pipeline
             ));
-        } else if appending > 0 && runs == 0 && res.is_ok() {
+        } else if appending > 0 && runs == 0 && res.is_ok() && !interrupted {
             warnings.push(format!(
                 "{appending} tapped graph(s) compiled in the scope never ran inside it: runs after the scope ends are \
                  not recorded (pipeline '{}')",
                 self.pipeline
             ));
-        } else if appending > 0 && recorded == 0 && res.is_ok() {
+        } else if appending > 0 && recorded == 0 && res.is_ok() && !interrupted {
             warnings.push(sampled_out(&self.pipeline, runs));
         }
         for w in &warnings {

@@ -96,7 +96,8 @@ pub fn verify(path: &Path, want: &Checksum, sidecar: &Path, fix: &str) -> Result
     let len = std::fs::metadata(path).map_err(|e| Error::Io { path: path.to_path_buf(), error: e })?.len();
     let what = if len != want.bytes {
         format!(
-            "it holds {len} bytes, and held {} when it was closed ({}): it was cut short or written to since",
+            "it holds {len} bytes, and held {} when it was closed ({}): it was cut, written to, recompressed or \
+             replaced since",
             want.bytes,
             sidecar.display()
         )

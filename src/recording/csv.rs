@@ -328,19 +328,14 @@ pub(super) fn read(path: &Path, gz: bool, partial: bool, f: &mut dyn FnMut(RowRe
         "restore it from a copy, or rename it to <name>.partial to read it unchecked up to its last run (a file changed \
          on purpose: remove `checksum` from its sidecar)"
     };
-    let sum = super::format::sidecar_checksum(path);
     let len = std::fs::metadata(path).map_err(|e| Error::Io { path: path.to_path_buf(), error: e })?.len();
-    let verify = || match &sum {
-        Some((want, side)) => super::checksum::verify(path, want, side, fix),
-        None => Ok(()),
-    };
-    let same_length = sum.as_ref().is_none_or(|(want, _)| want.bytes == len);
+    let same_length = super::format::sidecar_checksum(path).is_none_or(|(want, _)| want.bytes == len);
     if same_length {
-        verify()?;
+        super::format::verify_against_sidecar(path, fix)?;
     }
     read_unverified(path, gz, partial, f)?;
     if !same_length {
-        verify()?;
+        super::format::verify_against_sidecar(path, fix)?;
     }
     Ok(())
 }

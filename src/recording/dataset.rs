@@ -436,6 +436,7 @@ pub(super) fn read(root: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Err
         }
         .into());
     }
+    check_parts_belong(&parts)?;
     for p in &parts {
         if let Some(missing) = missing_parts(p) {
             eprintln!(
@@ -496,11 +497,68 @@ fn verify_in(part: &Path, sums: Option<&std::collections::BTreeMap<String, Check
     }
 }
 
+/// The checksums a partition's sidecar lists ([`Sidecar::parts`]), if it lists any.
+fn listed(p: &Partition) -> Option<&std::collections::BTreeMap<String, Checksum>> {
+    p.sidecar.as_ref().map(|s| &s.parts).filter(|s| !s.is_empty())
+}
+
+/// Every closed part of a partition whose sidecar lists its parts is one of them, and no
+/// partition is a copy of another: a part copied or renamed in (another recording's, or a copy
+/// of one of its own) would be mined as this recording's runs, and a copied partition would
+/// count every run twice; neither shows in the rows (their compile and step numbers look like
+/// any others). Partitions written before checksums are not checked.
+///
+/// Errors: a part its partition's sidecar does not list; two partitions one of whose listed
+/// parts are all, byte for byte, in the other's.
+fn check_parts_belong(parts: &[Partition]) -> Result<(), Error> {
+    for p in parts {
+        let Some(sums) = listed(p) else { continue };
+        for part in &p.parts {
+            let name = part.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+            if !sums.contains_key(&name) {
+                return Err(RecordingError {
+                    path: part.clone(),
+                    line: None,
+                    reason: format!(
+                        "not a part this recording wrote: the partition's {PARTITION_SIDECAR} lists {} part(s) ({}) and \
+                         not this one, so it was copied or renamed in, and its rows would be mined as this recording's \
+                         runs; move it out of the dataset (or give it back the name the sidecar lists)",
+                        sums.len(),
+                        sums.keys().take(3).cloned().collect::<Vec<_>>().join(", ") + if sums.len() > 3 { ", ..." } else { "" }
+                    ),
+                }
+                .into());
+            }
+        }
+    }
+    for (i, a) in parts.iter().enumerate() {
+        let Some(sa) = listed(a) else { continue };
+        for b in &parts[i + 1..] {
+            let Some(sb) = listed(b) else { continue };
+            let (small, large) = if sa.len() <= sb.len() { (sa, sb) } else { (sb, sa) };
+            if small.iter().all(|(name, sum)| large.get(name) == Some(sum)) {
+                return Err(RecordingError {
+                    path: b.dir.clone(),
+                    line: None,
+                    reason: format!(
+                        "holds the same parts, byte for byte, as {}: one recording copied into the dataset twice, whose \
+                         runs would be counted twice; move one of the two out of the dataset",
+                        a.dir.display()
+                    ),
+                }
+                .into());
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Verify a dataset part read alone (`.../recording=<id>/part-00003.parquet`) against the
 /// checksum in its partition's `_manifest.json`, when there is one.
 ///
 /// Errors: as [`verify_in`].
 pub(super) fn verify_part(part: &Path) -> Result<(), Error> {
+    let part = &super::format::through_link(part, |p| p.with_file_name(PARTITION_SIDECAR));
     let side = part.with_file_name(PARTITION_SIDECAR);
     let Ok(bytes) = std::fs::read(&side) else { return Ok(()) };
     match serde_json::from_slice::<super::format::Sums>(&bytes) {

@@ -228,19 +228,45 @@ pub(super) struct Sums {
 ///
 /// Errors: the file no longer matches its checksum.
 pub(super) fn verify_against_sidecar(recording: &Path, fix: &str) -> Result<(), Error> {
-    match sidecar_checksum(recording) {
-        Some((want, side)) => super::checksum::verify(recording, &want, &side, fix),
-        None => Ok(()),
+    let recording = &through_link(recording, sidecar_path);
+    let mut tried = None;
+    loop {
+        let Some((want, side)) = sidecar_checksum(recording) else { return Ok(()) };
+        match super::checksum::verify(recording, &want, &side, fix) {
+            Ok(()) => return Ok(()),
+            // A recording replaced while it was being checked (another process's `--force`
+            // renamed a new file and then its sidecar into place) is checked again against the
+            // sidecar it has now; the same checksum failing twice is damage.
+            Err(e) if tried == Some(want) => return Err(e),
+            Err(_) => tried = Some(want),
+        }
     }
 }
 
 /// The checksum the sidecar of `recording` holds for it, with the sidecar's path; `None` when
-/// there is no sidecar, it does not parse (its reader says so), or it holds no checksum.
+/// there is no sidecar, it does not parse (its reader says so), or it holds no checksum. A
+/// symbolic link without a sidecar of its own is checked against its target's.
 pub(super) fn sidecar_checksum(recording: &Path) -> Option<(super::checksum::Checksum, PathBuf)> {
+    let recording = &through_link(recording, sidecar_path);
     let side = sidecar_path(recording);
     let bytes = std::fs::read(&side).ok()?;
     let sums = serde_json::from_slice::<Sums>(&bytes).ok()?;
     Some((sums.checksum?, side))
+}
+
+/// `path`, or, when it is a symbolic link with no sidecar beside it (`sidecar` names where that
+/// is) but its target has one, the target: the recording's checksum is beside the file it was
+/// written as.
+pub(super) fn through_link(path: &Path, sidecar: impl Fn(&Path) -> PathBuf) -> PathBuf {
+    let link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+    if link && !sidecar(path).exists() {
+        if let Ok(target) = std::fs::canonicalize(path) {
+            if sidecar(&target).exists() {
+                return target;
+            }
+        }
+    }
+    path.to_path_buf()
 }
 
 /// Path of the manifest sidecar of a recording.

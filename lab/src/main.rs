@@ -1266,7 +1266,7 @@ fn sweep(a: SweepArgs) -> Result<()> {
     let memory = opscope::MemorySink::default();
     let tee = opscope::recording::Tee(vec![sink, Box::new(memory.clone())]);
     interrupt_on_signals()?;
-    let (truth, summary) = opscope_lab::sweep::run(&pipeline, &seeds, Box::new(tee), None, Some(&INTERRUPTED))?;
+    let (truth, summary) = opscope_lab::sweep::run(&pipeline, &seeds, Box::new(tee), None, true)?;
     after_recording(&summary, &a.out, || {
         format!(
             "opscope: interrupted after {} of {} planted sites: the rows recorded so far are in {}; no ground truth was \

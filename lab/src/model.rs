@@ -434,6 +434,22 @@ fn check_memory(enc: &OnnxEncoder) -> Result<()> {
 /// recording is then closed as partial (readable, left at `<out>.partial`).
 pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
+/// Set by a job's loop when it stopped before its last batch because [`INTERRUPTED`] was set:
+/// the scope's interrupt flag, so the recording is closed as partial only when batches were
+/// left out. A signal during or after the last batch leaves it unset, and the recording, whole,
+/// is finished as usual ([`opscope::activate::Summary::interrupted`] false).
+pub static STOPPED_EARLY: AtomicBool = AtomicBool::new(false);
+
+/// True (and [`STOPPED_EARLY`] set) when [`INTERRUPTED`] asks a job's loop to stop before its
+/// next batch.
+pub fn stop_before_next() -> bool {
+    let stop = INTERRUPTED.load(Ordering::SeqCst);
+    if stop {
+        STOPPED_EARLY.store(true, Ordering::SeqCst);
+    }
+    stop
+}
+
 /// A corpus run through an ONNX encoder in batches of `[batch, seq]`: the model imported once for
 /// full batches and once for the last, partial one (its own compile), the text tokenized up
 /// front. `opscope record` and `opscope measure` both run through it.
@@ -511,7 +527,7 @@ impl Job {
         each: impl FnMut(usize, Vec<(Vec<u8>, DType)>) -> Result<()>,
     ) -> Result<opscope::activate::Summary> {
         let session = Session::new(device);
-        let scope = opscope::Scope::new(pipeline, sink).stage(stage).device(device).interrupt_flag(&INTERRUPTED);
+        let scope = opscope::Scope::new(pipeline, sink).stage(stage).device(device).interrupt_flag(&STOPPED_EARLY);
         let (res, recorded) = scope.run(|| self.run_batches(&session, each));
         res?;
         recorded.context("recording")
@@ -536,7 +552,7 @@ impl Job {
         let mut full = Some(self.full.compile(session)?);
         let mut tail = None;
         for (chunk, enc) in self.batches.iter().zip(&self.encoded) {
-            if INTERRUPTED.load(Ordering::SeqCst) {
+            if stop_before_next() {
                 break;
             }
             let outs = if chunk.len() == self.full.batch {

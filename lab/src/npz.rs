@@ -162,14 +162,14 @@ impl NpzJob {
     /// Errors: a run or the recording failed.
     pub fn run(&self, pipeline: &opscope::Pipeline, stage: opscope::Stage, sink: Box<dyn opscope::Sink>) -> Result<opscope::activate::Summary> {
         let session = Session::new(rlx_runtime::Device::Cpu);
-        let scope = opscope::Scope::new(pipeline, sink).stage(stage).interrupt_flag(&crate::model::INTERRUPTED);
+        let scope = opscope::Scope::new(pipeline, sink).stage(stage).interrupt_flag(&crate::model::STOPPED_EARLY);
         let (_, recorded) = scope.run(|| {
             let mut c = session.compile_with(self.graph.clone(), &crate::model::compile_options());
             for (name, data) in &self.params {
                 c.set_param(name, data);
             }
             for i in 0..self.batches {
-                if crate::model::INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+                if crate::model::stop_before_next() {
                     break;
                 }
                 let inputs: Vec<(&str, &[u8], DType)> = self.feeds.iter().map(|f| (f.name.as_str(), f.batches[i].as_slice(), f.dtype)).collect();

@@ -224,10 +224,10 @@ pub fn site_name(planted: Planted, dims: &[usize], seed: u64) -> String {
 /// (`x[shape] @ w[K, 32]`, compiled and run with `Session::compile` inside one
 /// [`opscope::Scope`]), recording to `sink`; a `capture` pass in `pipeline` writes into
 /// `capture_dir` (default: the sink's, `<path>.capture` for a file). Returns the ground truth of
-/// the sites recorded and the recording's summary: when `interrupt` is set (a signal handler
-/// sets it) the sweep stops before the next site and the recording is closed as partial
-/// ([`opscope::Scope::interrupt_flag`]; [`opscope::activate::Summary::interrupted`] says which
-/// way it was closed).
+/// the sites recorded and the recording's summary: when `interruptible` and
+/// [`crate::model::INTERRUPTED`] is set (a signal handler sets it) the sweep stops before the
+/// next site and the recording is closed as partial ([`crate::model::STOPPED_EARLY`];
+/// [`opscope::activate::Summary::interrupted`] says which way it was closed).
 ///
 /// Errors: the recording's (see [`opscope::Scope::run`]).
 pub fn run(
@@ -235,7 +235,7 @@ pub fn run(
     seeds: &[u64],
     sink: Box<dyn Sink>,
     capture_dir: Option<&std::path::Path>,
-    interrupt: Option<&'static std::sync::atomic::AtomicBool>,
+    interruptible: bool,
 ) -> Result<(Truth, opscope::activate::Summary), Error> {
     use rlx_ir::{DType, Graph, Shape};
     use rlx_runtime::{Device, Session};
@@ -244,10 +244,10 @@ pub fn run(
     if let Some(dir) = capture_dir {
         scope = scope.capture_dir(dir);
     }
-    if let Some(flag) = interrupt {
-        scope = scope.interrupt_flag(flag);
+    if interruptible {
+        scope = scope.interrupt_flag(&crate::model::STOPPED_EARLY);
     }
-    let stop = || interrupt.is_some_and(|f| f.load(std::sync::atomic::Ordering::SeqCst));
+    let stop = || interruptible && crate::model::stop_before_next();
     let ((), recorded) = scope.run(|| {
         let session = Session::new(Device::Cpu);
         'sites: for (pi, &planted) in Planted::ALL.iter().enumerate() {

@@ -16,7 +16,7 @@ fn one(s: &std::collections::BTreeMap<String, Vec<f64>>, k: &str) -> f64 {
 fn planted_structures_show_in_the_recording() {
     let sink = MemorySink::default();
     let seeds = [0u64, 1];
-    let truth = run(&Pipeline::parse("matmul{roles=[lhs,rhs]}").unwrap(), &seeds, Box::new(sink.clone()), None, None).unwrap().0;
+    let truth = run(&Pipeline::parse("matmul{roles=[lhs,rhs]}").unwrap(), &seeds, Box::new(sink.clone()), None, false).unwrap().0;
     assert_eq!(truth.sites.len(), Planted::ALL.len() * SHAPES.len() * seeds.len());
     let rows = sink.rows();
     for t in &truth.sites {
@@ -123,7 +123,7 @@ fn sweep_and_probe(seeds: &[u64]) -> (opscope_lab::sweep::Truth, Vec<opscope::mi
     let dir = tempfile::tempdir().unwrap();
     let sink = MemorySink::default();
     let pipeline = Pipeline::parse(&format!("matmul{{roles=[lhs,rhs]}},{CONFIRM_CAPTURE}")).unwrap();
-    let truth = run(&pipeline, seeds, Box::new(sink.clone()), Some(dir.path()), None).unwrap().0;
+    let truth = run(&pipeline, seeds, Box::new(sink.clone()), Some(dir.path()), false).unwrap().0;
     let verdicts = opscope::mine::mine(&opscope::mine::series_from_rows(&sink.rows()));
     let manifest = opscope::capture::read_manifest(dir.path()).unwrap();
     let probed = 2 * SHAPES.len() * seeds.len();

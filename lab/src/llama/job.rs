@@ -3,7 +3,6 @@
 //! against a KV cache, and the perplexity of the text.
 
 use std::path::Path;
-use std::sync::atomic::Ordering;
 
 use anyhow::{bail, Context, Result};
 use rlx_ir::{DType, Graph};
@@ -11,7 +10,6 @@ use rlx_runtime::{CompiledGraph, Session};
 
 use super::tokenizer::GgufTokenizer;
 use super::LlamaModel;
-use crate::model::INTERRUPTED;
 
 /// Perplexity over a corpus: `exp(mean NLL)` of every next-token prediction inside a sequence
 /// (position `t` predicts token `t+1`; a sequence of `n` tokens gives `n-1` predictions; the
@@ -146,7 +144,7 @@ impl LlamaJob {
     /// prefill (one step of the prefill graph's compile), then `decode` greedy decode steps
     /// (each one step of the decode graph's compile). `each` gets the batch's sequences, the
     /// prefill logits `[rows*seq, vocab]` and the greedy continuations (one per sequence).
-    /// Stops after the batch in progress when [`INTERRUPTED`] is set.
+    /// Stops after the batch in progress when [`crate::model::INTERRUPTED`] is set.
     pub fn run(
         &self,
         pipeline: &opscope::Pipeline,
@@ -155,7 +153,7 @@ impl LlamaJob {
         mut each: impl FnMut(&[Vec<u32>], &[f32], &[Vec<u32>]) -> Result<()>,
     ) -> Result<opscope::activate::Summary> {
         let session = Session::new(rlx_runtime::Device::Cpu);
-        let scope = opscope::Scope::new(pipeline, sink).stage(stage).interrupt_flag(&INTERRUPTED);
+        let scope = opscope::Scope::new(pipeline, sink).stage(stage).interrupt_flag(&crate::model::STOPPED_EARLY);
         let (res, recorded) = scope.run(|| -> Result<()> { self.run_untapped(&session, &mut each) });
         res?;
         recorded.context("recording")
@@ -167,7 +165,7 @@ impl LlamaJob {
         let kv = self.decode > 1;
         let mut compiled: Vec<(usize, Graph, CompiledGraph, Option<(Graph, CompiledGraph)>)> = Vec::new();
         for chunk in self.seqs.chunks(self.batch) {
-            if INTERRUPTED.load(Ordering::SeqCst) {
+            if crate::model::stop_before_next() {
                 break;
             }
             let rows = chunk.len();

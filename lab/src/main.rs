@@ -1493,8 +1493,9 @@ fn remove_empty_recording(out: &std::path::Path, run_id: &str) -> bool {
 /// Once a job's recording is closed, by what the recorder itself decided
 /// ([`opscope::activate::Summary::interrupted`], not a second read of the flag, which a signal
 /// may have raised since): closed as partial, say where its rows are (`partial`) and end by the
-/// signal; finished, a signal from now on ends the process at once, and one that came after the
-/// recorder finished ends it now, the recording complete at `out`.
+/// signal; finished, a signal from now on ends the process at once, and one that came during
+/// the last batch lets the command finish what follows the recording (ground truth, the
+/// model's description, the summary) and `main` then ends by it.
 fn after_recording(summary: &opscope::activate::Summary, out: &std::path::Path, partial: impl FnOnce() -> String) {
     if summary.interrupted && summary.recorded == 0 {
         // Stopped before any run was recorded: what the recorder left (an empty part and its
@@ -1505,9 +1506,7 @@ fn after_recording(summary: &opscope::activate::Summary, out: &std::path::Path, 
             "opscope: interrupted before any run was recorded: {}",
             if removed { format!("nothing is left at {}", out.display()) } else { format!("see {}", interrupted_rows(out)) }
         ));
-        opscope_lab::output::release_claims();
-        // The dataset directory, if this recording created it and it is now empty.
-        let _ = std::fs::remove_dir(out);
+        // Releasing the claim also removes the dataset directory if this process created it.
         exit_interrupted();
     }
     if summary.interrupted {
@@ -1516,8 +1515,11 @@ fn after_recording(summary: &opscope::activate::Summary, out: &std::path::Path, 
     }
     RECORDING_CLOSED.store(true, Ordering::SeqCst);
     if INTERRUPTED.load(Ordering::SeqCst) {
-        note(&format!("opscope: stopped by a signal after the recording was finished: it is complete at {}", out.display()));
-        exit_interrupted();
+        note(&format!(
+            "opscope: the signal came during the last batch: the recording is complete at {}; finishing what follows it, \
+             then stopping",
+            out.display()
+        ));
     }
 }
 
@@ -1913,11 +1915,17 @@ fn main() -> ExitCode {
         Cmd::Plan(a) => plan(a),
         Cmd::Probe(a) => probe(a),
     };
-    match res {
+    let code = match res {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("opscope: {e:#}");
+            note(&format!("opscope: {e:#}"));
             ExitCode::FAILURE
         }
+    };
+    // A signal during a job's last batch let the command finish what follows its recording
+    // (`after_recording`); the process now ends by it.
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        exit_interrupted();
     }
+    code
 }

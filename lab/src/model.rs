@@ -527,6 +527,7 @@ impl Job {
         each: impl FnMut(usize, Vec<(Vec<u8>, DType)>) -> Result<()>,
     ) -> Result<opscope::activate::Summary> {
         let session = Session::new(device);
+        STOPPED_EARLY.store(false, Ordering::SeqCst);
         let scope = opscope::Scope::new(pipeline, sink).stage(stage).device(device).interrupt_flag(&STOPPED_EARLY);
         let (res, recorded) = scope.run(|| self.run_batches(&session, each));
         res?;

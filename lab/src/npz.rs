@@ -162,6 +162,7 @@ impl NpzJob {
     /// Errors: a run or the recording failed.
     pub fn run(&self, pipeline: &opscope::Pipeline, stage: opscope::Stage, sink: Box<dyn opscope::Sink>) -> Result<opscope::activate::Summary> {
         let session = Session::new(rlx_runtime::Device::Cpu);
+        crate::model::STOPPED_EARLY.store(false, std::sync::atomic::Ordering::SeqCst);
         let scope = opscope::Scope::new(pipeline, sink).stage(stage).interrupt_flag(&crate::model::STOPPED_EARLY);
         let (_, recorded) = scope.run(|| {
             let mut c = session.compile_with(self.graph.clone(), &crate::model::compile_options());

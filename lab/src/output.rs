@@ -219,21 +219,26 @@ pub struct Claim {
 }
 
 /// The lock files of the claims this process holds, for [`release_claims`].
-static HELD: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
+/// Each with the dataset directory the claim created, if it did.
+static HELD: std::sync::Mutex<Vec<(std::path::PathBuf, Option<std::path::PathBuf>)>> = std::sync::Mutex::new(Vec::new());
 
-/// Remove the lock files of every claim this process holds: for an exit that skips destructors
-/// (`std::process::exit` after Ctrl-C), so no lock file is left beside the recording. (The
+/// Remove the lock files of every claim this process holds, and a dataset directory a claim
+/// created if it is now empty (as [`Claim`]'s drop does): for an exit that skips destructors
+/// (`std::process::exit` after a signal), so no lock file is left beside the recording. (The
 /// `flock` itself ends with the process whatever the exit.)
 pub fn release_claims() {
-    for lock in HELD.lock().map(|mut h| std::mem::take(&mut *h)).unwrap_or_default() {
+    for (lock, made_root) in HELD.lock().map(|mut h| std::mem::take(&mut *h)).unwrap_or_default() {
         let _ = std::fs::remove_file(lock);
+        if let Some(root) = made_root {
+            let _ = std::fs::remove_dir(root); // only succeeds while it is empty
+        }
     }
 }
 
 impl Drop for Claim {
     fn drop(&mut self) {
         if let Ok(mut h) = HELD.lock() {
-            h.retain(|p| p != &self.lock);
+            h.retain(|(p, _)| p != &self.lock);
         }
         // Unlink before unlocking: a process that opened this file before the unlink gets the
         // lock only after, finds the path no longer names its file, and starts again.
@@ -321,7 +326,7 @@ pub fn claim(out: &Path, kind: Output) -> Result<Option<Claim>> {
             .and_then(|_| file.sync_all())
             .map_err(|e| anyhow::anyhow!("{}: {e}", lock.display()))?;
         if let Ok(mut h) = HELD.lock() {
-            h.push(lock.clone());
+            h.push((lock.clone(), made_root.clone()));
         }
         let claim = Claim { lock, file: Some(file), made_root };
         if dataset {

@@ -245,6 +245,7 @@ pub fn run(
         scope = scope.capture_dir(dir);
     }
     if interruptible {
+        crate::model::STOPPED_EARLY.store(false, std::sync::atomic::Ordering::SeqCst);
         scope = scope.interrupt_flag(&crate::model::STOPPED_EARLY);
     }
     let stop = || interruptible && crate::model::stop_before_next();

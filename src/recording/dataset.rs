@@ -277,6 +277,7 @@ impl DatasetSink {
             closed_parts: Some(self.next_part),
             checksum: None,
             parts: self.sums.clone(),
+            recording: self.id.clone(),
         })
             .map_err(|e| Error::Internal(format!("manifest JSON: {e}")))?;
         write_atomic(&path, &json).map_err(|e| self.write_err(&path, "writing the manifest sidecar", e))?;
@@ -481,8 +482,8 @@ pub(super) fn read(root: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Err
 
 /// What a reader can do about a part that no longer matches its checksum.
 const PART_FIX: &str = "restore it from a copy, or move it out of the dataset to read the other parts (its runs are \
-                        then named as missing); a part changed on purpose needs its entry removed from `parts` in the \
-                        partition's _manifest.json";
+                        then named as missing); for a part rewritten on purpose, remove `parts` from the partition's \
+                        _manifest.json (its parts are then read unchecked)";
 
 /// Verify the closed part at `part` against its entry in `sums` (its partition sidecar's
 /// [`Sidecar::parts`]); a part without an entry (a dataset written before checksums, a
@@ -502,14 +503,14 @@ fn listed(p: &Partition) -> Option<&std::collections::BTreeMap<String, Checksum>
     p.sidecar.as_ref().map(|s| &s.parts).filter(|s| !s.is_empty())
 }
 
-/// Every closed part of a partition whose sidecar lists its parts is one of them, and no
-/// partition is a copy of another: a part copied or renamed in (another recording's, or a copy
-/// of one of its own) would be mined as this recording's runs, and a copied partition would
-/// count every run twice; neither shows in the rows (their compile and step numbers look like
-/// any others). Partitions written before checksums are not checked.
+/// Every closed part of a partition whose sidecar lists its parts is one of them, and no two
+/// partitions hold one recording (their sidecars name the same [`Sidecar::recording`]): a part
+/// copied or renamed in (another recording's, or a copy of one of its own) would be mined as
+/// this recording's runs, and a copied partition would count every run twice; neither shows in
+/// the rows (their compile and step numbers look like any others). Partitions written before
+/// checksums are not checked.
 ///
-/// Errors: a part its partition's sidecar does not list; two partitions one of whose listed
-/// parts are all, byte for byte, in the other's.
+/// Errors: a part its partition's sidecar does not list; two partitions of one recording.
 fn check_parts_belong(parts: &[Partition]) -> Result<(), Error> {
     for p in parts {
         let Some(sums) = listed(p) else { continue };
@@ -531,23 +532,20 @@ fn check_parts_belong(parts: &[Partition]) -> Result<(), Error> {
             }
         }
     }
-    for (i, a) in parts.iter().enumerate() {
-        let Some(sa) = listed(a) else { continue };
-        for b in &parts[i + 1..] {
-            let Some(sb) = listed(b) else { continue };
-            let (small, large) = if sa.len() <= sb.len() { (sa, sb) } else { (sb, sa) };
-            if small.iter().all(|(name, sum)| large.get(name) == Some(sum)) {
-                return Err(RecordingError {
-                    path: b.dir.clone(),
-                    line: None,
-                    reason: format!(
-                        "holds the same parts, byte for byte, as {}: one recording copied into the dataset twice, whose \
-                         runs would be counted twice; move one of the two out of the dataset",
-                        a.dir.display()
-                    ),
-                }
-                .into());
+    let mut seen: std::collections::BTreeMap<&str, &Path> = std::collections::BTreeMap::new();
+    for p in parts {
+        let Some(id) = p.sidecar.as_ref().and_then(|s| s.recording.as_deref()) else { continue };
+        if let Some(first) = seen.insert(id, &p.dir) {
+            return Err(RecordingError {
+                path: p.dir.clone(),
+                line: None,
+                reason: format!(
+                    "holds recording {id}, as {} does: one recording copied into the dataset twice, whose runs would be \
+                     counted twice; move one of the two out of the dataset",
+                    first.display()
+                ),
             }
+            .into());
         }
     }
     Ok(())
@@ -621,5 +619,5 @@ pub(super) fn read_sidecar(root: &Path) -> Result<Option<Sidecar>, Error> {
         };
         offset += n;
     }
-    Ok(Some(Sidecar { format: FORMAT, graphs, ends_on_run: false, closed_parts: None, checksum: None, parts: Default::default() }))
+    Ok(Some(Sidecar { format: FORMAT, graphs, ends_on_run: false, closed_parts: None, checksum: None, parts: Default::default(), recording: None }))
 }

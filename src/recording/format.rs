@@ -210,6 +210,11 @@ pub struct Sidecar {
     /// before it was added.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub parts: std::collections::BTreeMap<String, super::checksum::Checksum>,
+    /// In a dataset partition's `_manifest.json`: the recording id the partition holds (its
+    /// directory is `recording=<id>`), so a copy of the partition under another name is found
+    /// (two partitions of one recording would count its runs twice). Absent before it was added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recording: Option<String>,
 }
 
 /// The checksums of a sidecar alone (the rest of its JSON is skipped unparsed): what a reader
@@ -230,17 +235,19 @@ pub(super) struct Sums {
 pub(super) fn verify_against_sidecar(recording: &Path, fix: &str) -> Result<(), Error> {
     let recording = &through_link(recording, sidecar_path);
     let mut tried = None;
-    loop {
+    for attempt in 1.. {
         let Some((want, side)) = sidecar_checksum(recording) else { return Ok(()) };
         match super::checksum::verify(recording, &want, &side, fix) {
             Ok(()) => return Ok(()),
             // A recording replaced while it was being checked (another process's `--force`
             // renamed a new file and then its sidecar into place) is checked again against the
-            // sidecar it has now; the same checksum failing twice is damage.
-            Err(e) if tried == Some(want) => return Err(e),
+            // sidecar it has now; the same checksum failing twice, or a third failure, is
+            // damage.
+            Err(e) if tried == Some(want) || attempt == 3 => return Err(e),
             Err(_) => tried = Some(want),
         }
     }
+    unreachable!("the loop returns by its third attempt")
 }
 
 /// The checksum the sidecar of `recording` holds for it, with the sidecar's path; `None` when
@@ -468,7 +475,7 @@ pub(super) fn sidecar_json(
     ends_on_run: bool,
     checksum: Option<super::checksum::Checksum>,
 ) -> Result<Vec<u8>, Error> {
-    serde_json::to_vec_pretty(&Sidecar { format: FORMAT, graphs, ends_on_run, closed_parts: None, checksum, parts: Default::default() })
+    serde_json::to_vec_pretty(&Sidecar { format: FORMAT, graphs, ends_on_run, closed_parts: None, checksum, parts: Default::default(), recording: None })
         .map_err(|e| Error::Internal(format!("manifest JSON: {e}")))
 }
 

@@ -153,6 +153,7 @@ impl LlamaJob {
         mut each: impl FnMut(&[Vec<u32>], &[f32], &[Vec<u32>]) -> Result<()>,
     ) -> Result<opscope::activate::Summary> {
         let session = Session::new(rlx_runtime::Device::Cpu);
+        crate::model::STOPPED_EARLY.store(false, std::sync::atomic::Ordering::SeqCst);
         let scope = opscope::Scope::new(pipeline, sink).stage(stage).interrupt_flag(&crate::model::STOPPED_EARLY);
         let (res, recorded) = scope.run(|| -> Result<()> { self.run_untapped(&session, &mut each) });
         res?;

@@ -2,7 +2,7 @@
 //! and the streaming reader.
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 
 use crate::error::Error;
@@ -328,24 +328,18 @@ pub(super) fn read(path: &Path, gz: bool, partial: bool, f: &mut dyn FnMut(RowRe
         "restore it from a copy, or rename it to <name>.partial to read it unchecked up to its last run (a file changed \
          on purpose: remove `checksum` from its sidecar)"
     };
-    let len = std::fs::metadata(path).map_err(|e| Error::Io { path: path.to_path_buf(), error: e })?.len();
-    let same_length = super::format::sidecar_checksum(path).is_none_or(|(want, _)| want.bytes == len);
-    if same_length {
-        super::format::verify_against_sidecar(path, fix)?;
-    }
-    read_unverified(path, gz, partial, f)?;
-    if !same_length {
-        super::format::verify_against_sidecar(path, fix)?;
-    }
-    Ok(())
+    // The rows are read through the handle that was checked.
+    let opened = super::format::open_checked(path, fix, true)?;
+    read_unverified(path, &opened.file, gz, partial, f)?;
+    opened.cut.map_or(Ok(()), Err)
 }
 
-/// [`read`] without the checksum.
-fn read_unverified(path: &Path, gz: bool, partial: bool, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Error> {
+/// [`read`] without the checksum, from `file` (opened at `path`, which names it in errors).
+fn read_unverified(path: &Path, file: &File, gz: bool, partial: bool, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Error> {
     let whole = || super::read_sidecar(path).ok().flatten().is_some_and(|s| s.ends_on_run);
     if !partial || whole() {
         // A file that should be whole and whose stream ends early was cut after it was written.
-        return match read_records(path, gz, None, f)? {
+        return match read_records(path, file, gz, None, f)? {
             None => Ok(()),
             Some(why) => Err(RecordingError {
                 path: path.to_path_buf(),
@@ -367,7 +361,7 @@ fn read_unverified(path: &Path, gz: bool, partial: bool, f: &mut dyn FnMut(RowRe
     // Pass 1: where the last run starts, and where the stream stops.
     let mut key = None;
     let (mut rows, mut last_start) = (0u64, 0u64);
-    let stop = read_records(path, gz, None, &mut |r| {
+    let stop = read_records(path, file, gz, None, &mut |r| {
         if key != Some((r.compile, r.step)) {
             key = Some((r.compile, r.step));
             last_start = rows;
@@ -390,7 +384,7 @@ fn read_unverified(path: &Path, gz: bool, partial: bool, f: &mut dyn FnMut(RowRe
         );
     }
     // Pass 2: the rows before the last run.
-    read_records(path, gz, Some(last_start), f).map(|_| ())
+    read_records(path, file, gz, Some(last_start), f).map(|_| ())
 }
 
 /// Refuse a file whose first bytes say it is not what its name says: gzip's magic (`1f 8b`,
@@ -424,10 +418,10 @@ fn check_format(path: &Path, gz: bool) -> Result<(), Error> {
 /// Read the data rows of a CSV recording (at most `limit` of them) to `f`. Returns why the
 /// stream stopped early when it ends mid-way (an I/O error of a cut gzip stream, or a row cut
 /// short by a crash), `None` when it was read to its end or to `limit`. A malformed row is an
-/// error either way.
-fn read_records(path: &Path, gz: bool, limit: Option<u64>, f: &mut dyn FnMut(RowRef<'_>)) -> Result<Option<String>, Error> {
-    let file = File::open(path).map_err(|e| Error::Io { path: path.to_path_buf(), error: e })?;
-    let reader: Box<dyn Read> = if gz {
+/// error either way. Reads `file` from its start (`path` names it in errors).
+fn read_records(path: &Path, mut file: &File, gz: bool, limit: Option<u64>, f: &mut dyn FnMut(RowRef<'_>)) -> Result<Option<String>, Error> {
+    file.rewind().map_err(|e| Error::Io { path: path.to_path_buf(), error: e })?;
+    let reader: Box<dyn Read + '_> = if gz {
         Box::new(flate2::read::GzDecoder::new(std::io::BufReader::with_capacity(1 << 20, file)))
     } else {
         Box::new(std::io::BufReader::with_capacity(1 << 20, file))

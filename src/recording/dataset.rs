@@ -459,8 +459,10 @@ pub(super) fn read(root: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Err
     for p in &parts {
         let mut max = 0u32;
         for part in &p.parts {
-            verify_in(part, p.sidecar.as_ref().map(|s| &s.parts))?;
-            super::parquet::read(part, super::parquet::Origin::ClosedPart, &mut |mut r: RowRef<'_>| {
+            // The rows are read through the handle that was checked.
+            let file = std::fs::File::open(part).map_err(|e| Error::Io { path: part.clone(), error: e })?;
+            verify_in(&file, part, p.sidecar.as_ref().map(|s| &s.parts))?;
+            super::parquet::read_open(part, file, super::parquet::Origin::ClosedPart, &mut |mut r: RowRef<'_>| {
                 max = max.max(r.compile);
                 r.compile += offset;
                 f(r)
@@ -485,15 +487,16 @@ const PART_FIX: &str = "restore it from a copy, or move it out of the dataset to
                         then named as missing); for a part rewritten on purpose, remove `parts` from the partition's \
                         _manifest.json (its parts are then read unchecked)";
 
-/// Verify the closed part at `part` against its entry in `sums` (its partition sidecar's
-/// [`Sidecar::parts`]); a part without an entry (a dataset written before checksums, a
-/// sidecar lost) is not checked.
+/// Verify the closed part `file` (opened at `part`) against its entry in `sums` (its partition
+/// sidecar's [`Sidecar::parts`]), through the handle its rows are then read from; a part
+/// without an entry (a dataset written before checksums, a sidecar lost) is not checked. The
+/// handle is left at its start.
 ///
 /// Errors: the part no longer matches ([`super::checksum::verify`]).
-fn verify_in(part: &Path, sums: Option<&std::collections::BTreeMap<String, Checksum>>) -> Result<(), Error> {
+fn verify_in(file: &std::fs::File, part: &Path, sums: Option<&std::collections::BTreeMap<String, Checksum>>) -> Result<(), Error> {
     let name = part.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
     match sums.and_then(|s| s.get(&name)) {
-        Some(want) => super::checksum::verify(part, want, &part.with_file_name(PARTITION_SIDECAR), PART_FIX),
+        Some(want) => super::checksum::verify_open(file, part, want, &part.with_file_name(PARTITION_SIDECAR), PART_FIX),
         None => Ok(()),
     }
 }
@@ -551,16 +554,17 @@ fn check_parts_belong(parts: &[Partition]) -> Result<(), Error> {
     Ok(())
 }
 
-/// Verify a dataset part read alone (`.../recording=<id>/part-00003.parquet`) against the
-/// checksum in its partition's `_manifest.json`, when there is one.
+/// Verify a dataset part read alone (`.../recording=<id>/part-00003.parquet`), opened as `file`,
+/// against the checksum in its partition's `_manifest.json`, when there is one (through the
+/// handle; left at its start).
 ///
 /// Errors: as [`verify_in`].
-pub(super) fn verify_part(part: &Path) -> Result<(), Error> {
+pub(super) fn verify_part(file: &std::fs::File, part: &Path) -> Result<(), Error> {
     let part = &super::format::through_link(part, |p| p.with_file_name(PARTITION_SIDECAR));
     let side = part.with_file_name(PARTITION_SIDECAR);
     let Ok(bytes) = std::fs::read(&side) else { return Ok(()) };
     match serde_json::from_slice::<super::format::Sums>(&bytes) {
-        Ok(sums) => verify_in(part, Some(&sums.parts)),
+        Ok(sums) => verify_in(file, part, Some(&sums.parts)),
         Err(_) => Ok(()),
     }
 }

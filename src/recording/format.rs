@@ -227,23 +227,45 @@ pub(super) struct Sums {
     pub parts: std::collections::BTreeMap<String, super::checksum::Checksum>,
 }
 
-/// Verify the file at `recording` against the checksum in its sidecar, when the sidecar has
-/// one (see [`super::checksum::verify`], `fix` as there). A sidecar that is missing or does not
-/// parse is left to the reader of the manifests, which says what it is.
+/// A recording opened for reading and checked, through the handle its rows are then read from,
+/// against the checksum its sidecar holds ([`open_checked`]).
+pub(super) struct Opened {
+    /// The file, at its start: the inode that was checked, whatever is renamed over its path
+    /// after.
+    pub file: std::fs::File,
+    /// With `rows_first_when_cut`, the error for a file whose length differs from its
+    /// checksum's, for the caller to give after reading the rows (which say where a cut is);
+    /// `None` otherwise.
+    pub cut: Option<Error>,
+}
+
+/// Open the file at `recording` and verify it through that handle against the checksum in its
+/// sidecar, when the sidecar has one (see [`super::checksum::verify`], `fix` as there), so the
+/// bytes checked are the bytes then read. A sidecar that is missing or does not parse is left
+/// to the reader of the manifests, which says what it is. With `rows_first_when_cut`, a file
+/// whose length differs is returned with its error in [`Opened::cut`] instead.
 ///
-/// Errors: the file no longer matches its checksum.
-pub(super) fn verify_against_sidecar(recording: &Path, fix: &str) -> Result<(), Error> {
+/// Errors: the file cannot be opened or read; it no longer matches its checksum.
+pub(super) fn open_checked(recording: &Path, fix: &str, rows_first_when_cut: bool) -> Result<Opened, Error> {
     let recording = &through_link(recording, sidecar_path);
+    let open = || std::fs::File::open(recording).map_err(|e| Error::Io { path: recording.clone(), error: e });
     let mut tried = None;
     for attempt in 1.. {
-        let Some((want, side)) = sidecar_checksum(recording) else { return Ok(()) };
-        match super::checksum::verify(recording, &want, &side, fix) {
-            Ok(()) => return Ok(()),
+        let file = open()?;
+        let Some((want, side)) = sidecar_checksum(recording) else { return Ok(Opened { file, cut: None }) };
+        match super::checksum::verify_open(&file, recording, &want, &side, fix) {
+            Ok(()) => return Ok(Opened { file, cut: None }),
             // A recording replaced while it was being checked (another process's `--force`
-            // renamed a new file and then its sidecar into place) is checked again against the
-            // sidecar it has now; the same checksum failing twice, or a third failure, is
-            // damage.
-            Err(e) if tried == Some(want) || attempt == 3 => return Err(e),
+            // renamed a new file and then its sidecar into place) is opened and checked again
+            // against the sidecar it has now; the same checksum failing twice, or a third
+            // failure, is damage.
+            Err(e) if tried == Some(want) || attempt == 3 => {
+                let len = file.metadata().map_err(|e| Error::Io { path: recording.clone(), error: e })?.len();
+                if rows_first_when_cut && len != want.bytes {
+                    return Ok(Opened { file, cut: Some(e) });
+                }
+                return Err(e);
+            }
             Err(_) => tried = Some(want),
         }
     }
@@ -493,4 +515,43 @@ pub fn new_run_id() -> String {
     // containers, jobs of a cluster array) still get different ids, so their partitions of a
     // shared dataset never coincide.
     format!("run-{secs}-{}-{}-{:08x}", std::process::id(), N.fetch_add(1, Ordering::Relaxed), rand::random::<u32>())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+
+    use super::super::checksum::Checksum;
+    use super::*;
+
+    /// The rows are read from the file that was checked: a recording renamed over the path after
+    /// its check (another process's `--force`) never reaches a reader through a checked handle.
+    #[test]
+    fn a_checked_handle_reads_the_bytes_that_were_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.csv");
+        let old = b"the bytes that were checked".to_vec();
+        let sum = |b: &[u8]| Some(Checksum { bytes: b.len() as u64, crc32: crc32fast::hash(b) });
+        std::fs::write(&path, &old).unwrap();
+        std::fs::write(sidecar_path(&path), sidecar_json(vec![], true, sum(&old)).unwrap()).unwrap();
+        let mut opened = open_checked(&path, "restore it", false).unwrap();
+        assert!(opened.cut.is_none());
+        let new = dir.path().join("new");
+        std::fs::write(&new, b"a recording never checked").unwrap();
+        std::fs::rename(&new, &path).unwrap();
+        let mut read = Vec::new();
+        opened.file.read_to_end(&mut read).unwrap();
+        assert_eq!(read, old);
+
+        // Through the handle, a changed byte is refused, and a cut file is refused or, when the
+        // caller reads its rows first, handed back with its error.
+        std::fs::write(&path, b"the bytes that were checkeD").unwrap();
+        let e = open_checked(&path, "restore it", false).err().expect("a changed byte").to_string();
+        assert!(e.contains("its bytes changed since it was closed"), "{e}");
+        std::fs::write(&path, b"the bytes").unwrap();
+        let e = open_checked(&path, "restore it", false).err().expect("a cut file").to_string();
+        assert!(e.contains("it holds 9 bytes, and held 27"), "{e}");
+        let cut = open_checked(&path, "restore it", true).expect("the rows first").cut.expect("its error").to_string();
+        assert_eq!(cut, e);
+    }
 }

@@ -296,21 +296,34 @@ impl Text {
 /// that means for its `origin`), a recording column is missing, holds
 /// another kind of value, or holds a null or unrepresentable value where the format has none.
 pub(super) fn read(path: &Path, origin: Origin, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Error> {
+    let file = match origin {
+        // A single-file recording's checksum is in its own sidecar; a dataset's part read alone
+        // has its in the partition's. Before the footer: a file cut since it was closed says
+        // so, not that its writer was killed. The rows are read through the handle checked.
+        Origin::File => {
+            let opened = super::format::open_checked(
+                path,
+                "restore it from a copy (a file changed on purpose: remove `checksum` from its sidecar)",
+                false,
+            )?;
+            super::dataset::verify_part(&opened.file, path)?;
+            opened.file
+        }
+        // A dataset's reader verifies its parts itself ([`read_open`]).
+        Origin::ClosedPart => File::open(path).map_err(|e| Error::Io { path: path.to_path_buf(), error: e })?,
+    };
+    read_open(path, file, origin, f)
+}
+
+/// [`read`] from `file`, opened at `path` (which names it in errors), unchecked: the caller has
+/// verified the handle against its checksum, if it has one.
+///
+/// Errors: as [`read`].
+pub(super) fn read_open(path: &Path, file: File, origin: Origin, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Error> {
     use arrow_array::cast::AsArray;
     use arrow_array::types::{Float32Type, UInt32Type, UInt64Type};
     use arrow_array::Array;
     let bad = |reason: String| RecordingError { path: path.to_path_buf(), line: None, reason };
-    if origin == Origin::File {
-        // A single-file recording's checksum is in its own sidecar; a dataset's part read alone
-        // has its in the partition's (a dataset's reader verifies its parts itself). Before the
-        // footer: a file cut since it was closed says so, not that its writer was killed.
-        super::format::verify_against_sidecar(
-            path,
-            "restore it from a copy (a file changed on purpose: remove `checksum` from its sidecar)",
-        )?;
-        super::dataset::verify_part(path)?;
-    }
-    let file = File::open(path).map_err(|e| Error::Io { path: path.to_path_buf(), error: e })?;
     check_footer(path, &file, origin)?;
     let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
         .and_then(|b| b.with_batch_size(1 << 16).build())

@@ -371,6 +371,84 @@ fn fused_attention_is_lowered_then_masked_and_equals_the_f64_host() {
     }
 }
 
+/// Grouped-query attention in the `[B, H, S, D]` layout (Llama's, SmolLM2's: K and V carry fewer
+/// heads than Q), causal, as a prefill (`Sq = Sk`) and as a decode step (one query at the last
+/// position): the pass counts `Sk` keys (not the KV head count in K's dim 1), lowers the
+/// attention with its KV heads repeated (rlx-fusion 0.2.19's `LowerAttention` panics on this
+/// layout), and equals an f64 host in which query head `h` reads KV head `h / (H / KV)`.
+#[test]
+fn grouped_query_attention_counts_its_keys_and_equals_the_f64_host() {
+    const HQ: usize = 6;
+    const KV: usize = 2;
+    const SK: usize = 12;
+    let host = |q: &[f32], k: &[f32], v: &[f32], sq: usize, keep: Option<Keep>| -> Vec<f64> {
+        let scale = (D as f64).powf(-0.5);
+        let mut o = vec![0.0; B * HQ * sq * D];
+        for b in 0..B {
+            for h in 0..HQ {
+                let kvh = h / (HQ / KV);
+                for i in 0..sq {
+                    let abs = SK - sq + i;
+                    let s: Vec<f64> = (0..SK)
+                        .map(|j| {
+                            if j > abs {
+                                return -1e9;
+                            }
+                            (0..D).map(|x| q[((b * HQ + h) * sq + i) * D + x] as f64 * k[((b * KV + kvh) * SK + j) * D + x] as f64).sum::<f64>() * scale
+                        })
+                        .collect();
+                    let kept: Vec<bool> = match keep {
+                        None => vec![true; SK],
+                        Some(Keep::TopK(kk)) => {
+                            let mut sorted = s.clone();
+                            sorted.sort_by(|a, b| b.total_cmp(a));
+                            if kk <= abs {
+                                assert!(sorted[kk - 1] - sorted[kk] > 1e-3, "fixture tie at b {b} h {h} q {i}");
+                            }
+                            s.iter().map(|x| *x >= sorted[kk - 1]).collect()
+                        }
+                        Some(Keep::Window(w, sinks)) => (0..SK).map(|j| j < sinks || abs.abs_diff(j) < w).collect(),
+                    };
+                    let idx: Vec<usize> = (0..SK).filter(|&j| j <= abs && kept[j]).collect();
+                    let mx = idx.iter().map(|&j| s[j]).fold(f64::NEG_INFINITY, f64::max);
+                    let z: f64 = idx.iter().map(|&j| (s[j] - mx).exp()).sum();
+                    for x in 0..D {
+                        o[((b * HQ + h) * sq + i) * D + x] = idx.iter().map(|&j| (s[j] - mx).exp() / z * v[((b * KV + kvh) * SK + j) * D + x] as f64).sum();
+                    }
+                }
+            }
+        }
+        o
+    };
+    for (sq, seed) in [(SK, 90u64), (1, 95)] {
+        let mut g = Graph::new(if sq == SK { "gqa_prefill" } else { "gqa_decode" });
+        let q = g.input("q", f32s(&[B, HQ, sq, D]));
+        let (k, v) = (g.input("k", f32s(&[B, KV, SK, D])), g.input("v", f32s(&[B, KV, SK, D])));
+        let o = g.attention_kind_opts(q, k, v, HQ, D, MaskKind::Causal, f32s(&[B, HQ, sq, D]), None, None);
+        g.set_outputs(vec![o]);
+        let qv: Vec<f32> = randn(B * HQ * sq * D, seed).iter().map(|x| 2.0 * x).collect();
+        let (kv, vv) = (randn(B * KV * SK * D, seed + 1), randn(B * KV * SK * D, seed + 2));
+        let ins: Vec<(&str, &[f32])> = vec![("q", &qv), ("k", &kv), ("v", &vv)];
+        // The reference's reading of RLX's grouped-query kernel, checked on the dense model.
+        let dense = run_plain(&g, &[], &ins);
+        let diff = max_diff(&dense[0], &host(&qv, &kv, &vv, sq, None));
+        assert!(diff < 1e-5, "Sq {sq}: dense RLX against the host: {diff:e}");
+        for keep in [Keep::TopK(3), Keep::Window(4, 1), Keep::Window(3, 0)] {
+            let (out, sink) = run_tapped(&pipeline(keep), &g, &[], &ins);
+            let m = &sink.manifests()[0];
+            assert!(m.actuations.len() == 1 && m.actuations[0].action.contains("LowerAttention"), "Sq {sq} {keep:?}: {:?} {:?}", m.actuations, m.skipped);
+            let diff = max_diff(&out[0], &host(&qv, &kv, &vv, sq, Some(keep)));
+            assert!(diff < 1e-5, "Sq {sq} {keep:?}: max |RLX - host f64| = {diff:e}");
+            assert_ne!(bits(&out), bits(&dense), "Sq {sq} {keep:?}: nothing was dropped");
+        }
+        // Covering all 12 keys (not the 2 KV heads) leaves the site unchanged; 3 keys do not.
+        let (same, sink) = run_tapped("sparseattn{topk=12}", &g, &[], &ins);
+        let m = &sink.manifests()[0];
+        assert!(m.actuations.is_empty() && m.skipped.iter().any(|s| s.reason.contains("keeps all 12 keys")), "{:?}", m.skipped);
+        assert_eq!(bits(&same), bits(&dense));
+    }
+}
+
 #[test]
 fn option_errors_name_the_fix() {
     for (p, want) in [

@@ -182,15 +182,59 @@ fn score_dims(g: &Graph, s: NodeId) -> Result<Vec<usize>, String> {
     Ok(d)
 }
 
+/// Repeat the heads of a grouped-query K or V `x` (`[B, kv, S, D]`) to `[B, heads, S, D]`, query
+/// head `h` reading KV head `h / (heads / kv)` as RLX's CPU kernel does; `None` when `x` is not
+/// such a tensor (it already has `heads` heads, or `kv` does not divide `heads`).
+fn repeat_kv_heads(g: &mut Graph, x: NodeId, heads: usize) -> Option<NodeId> {
+    let d = static_dims(g.shape(x))?;
+    let (b, kv, s, dh) = (d[0], d[1], d[2], d[3]);
+    if kv == heads || kv == 0 || heads % kv != 0 {
+        return None;
+    }
+    let group = heads / kv;
+    let x = g.reshape_(x, vec![b as i64, kv as i64, 1, s as i64, dh as i64]);
+    let target = [b, kv, group, s, dh];
+    let x = g.add_node(Op::Expand { target_shape: target.iter().map(|&t| t as i64).collect() }, vec![x], Shape::new(&target, DType::F32));
+    Some(g.reshape_(x, vec![b as i64, heads as i64, s as i64, dh as i64]))
+}
+
 /// Lower the fused attention `id` with rlx-fusion's `LowerAttention` into `g` (appended; its
 /// inputs are the attention's own) and point every user and output of `id` at the result.
 /// Returns the lowered `Softmax` node.
+///
+/// A grouped-query attention in the `[B, H, S, D]` layout has its K and V heads repeated to `H`
+/// first: rlx-fusion 0.2.19's `LowerAttention` reads the layout of K alone, takes a
+/// `[B, kv_heads, S, D]` K for `[B, S, H, D]` with `kv_heads` keys, and panics in shape
+/// inference (measured on SmolLM2-135M: 9 query heads, 3 KV heads).
 fn lower_attention(g: &mut Graph, id: NodeId) -> Result<NodeId, String> {
     use rlx_fusion::pass::Pass as _;
     let node = g.node(id).clone();
+    let Op::Attention { num_heads, .. } = node.op else { return Err("not a fused attention".into()) };
+    let mut inputs = node.inputs.clone();
+    let qd = static_dims(g.shape(inputs[0])).ok_or("attention input 0 has a symbolic dim: LowerAttention needs static shapes")?;
+    if qd.len() == 4 && qd[1] == num_heads && inputs.len() >= 3 {
+        // Checked for K and V both before either is rewritten.
+        let mut grouped = Vec::new();
+        for i in [1, 2] {
+            let d = static_dims(g.shape(inputs[i])).ok_or_else(|| format!("attention input {i} has a symbolic dim: LowerAttention needs static shapes"))?;
+            if d.len() != 4 || d[1] == num_heads {
+                continue;
+            }
+            if g.shape(inputs[i]).dtype() != DType::F32 {
+                return Err(format!("grouped-query attention input {i} is {:?}, not f32", g.shape(inputs[i]).dtype()));
+            }
+            if d[1] == 0 || num_heads % d[1] != 0 {
+                return Err(format!("attention input {i} {d:?} has {} heads, which do not divide the {num_heads} query heads", d[1]));
+            }
+            grouped.push(i);
+        }
+        for i in grouped {
+            inputs[i] = repeat_kv_heads(g, inputs[i], num_heads).ok_or("a grouped-query K or V could not be repeated")?;
+        }
+    }
     let mut mini = Graph::new("sparseattn_lower");
     let mut outer = Vec::new();
-    for (i, &inp) in node.inputs.iter().enumerate() {
+    for (i, &inp) in inputs.iter().enumerate() {
         let shape = g.shape(inp).clone();
         if static_dims(&shape).is_none() {
             return Err(format!("attention input {i} has a symbolic dim: LowerAttention needs static shapes"));
@@ -265,10 +309,14 @@ impl Pass for SparseAttn {
                 let (q, k) = (static_dims(rw.graph().shape(n.inputs[0])), static_dims(rw.graph().shape(n.inputs[1])));
                 match (q, k, &n.op) {
                     (Some(q), Some(k), Op::Attention { num_heads, .. }) => {
+                        // Q's layout is K's, as RLX's CPU kernel dispatches (see `attn`): a
+                        // grouped-query K `[B, kv_heads, S, D]` does not have the head count in
+                        // dim 1, and read alone it would give `kv_heads` keys.
+                        let bhsd = q.len() == 4 && q[1] == *num_heads;
                         let seq = |d: &[usize]| match d.len() {
                             2 => Some(d[0]),
                             3 => Some(d[1]),
-                            4 => Some(if d[1] == *num_heads { d[2] } else { d[1] }),
+                            4 => Some(if bhsd { d[2] } else { d[1] }),
                             _ => None,
                         };
                         seq(&q).zip(seq(&k)).map(|(sq, sk)| vec![sq, sk]).ok_or_else(|| format!("attention of rank {} is not supported", q.len()))

@@ -114,6 +114,10 @@ pub struct Skipped {
     pub stat: Option<String>,
     /// Why.
     pub reason: String,
+    /// Position in the pipeline (0-based) of the pass that skipped it; `None` in manifests
+    /// written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pass_idx: Option<usize>,
 }
 
 /// Everything a pipeline appended to one graph.

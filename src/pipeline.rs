@@ -303,6 +303,37 @@ impl Pipeline {
             .collect()
     }
 
+    /// The actuation instances that changed no site in any of the graphs `manifests` describe
+    /// (the model ran unchanged by them), each as `(position, canonical text, the distinct
+    /// reasons it gave for the sites it skipped)`; no reason when it found no site at all.
+    pub fn idle_actuations(&self, manifests: &[std::sync::Arc<Manifest>]) -> Vec<(usize, String, Vec<String>)> {
+        self.passes
+            .iter()
+            .enumerate()
+            .filter(|(i, p)| p.pass.kind() == PassKind::Actuation && !manifests.iter().any(|m| m.actuations.iter().any(|a| a.pass_idx == *i)))
+            .map(|(i, p)| {
+                let mut reasons: Vec<String> = Vec::new();
+                for s in manifests.iter().flat_map(|m| &m.skipped).filter(|s| s.pass_idx == Some(i)) {
+                    if !reasons.contains(&s.reason) {
+                        reasons.push(s.reason.clone());
+                    }
+                }
+                (i, p.to_string(), reasons)
+            })
+            .collect()
+    }
+
+    /// The warning for an actuation that changed no site ([`Pipeline::idle_actuations`]), in
+    /// the `compiles` graphs compiled with this pipeline.
+    pub fn idle_actuation_warning(&self, (i, text, reasons): &(usize, String, Vec<String>), compiles: usize) -> String {
+        let why = match reasons.len() {
+            0 => format!("it found no site (it looks for: {})", self.passes[*i].pass.doc()),
+            1 => format!("every site it found was left unchanged: {}", reasons[0]),
+            n => format!("every site it found was left unchanged ({n} reasons): {}", reasons.iter().take(3).cloned().collect::<Vec<_>>().join("; ")),
+        };
+        format!("the actuation '{text}' (pass {i}) changed nothing in the {compiles} graph(s) compiled, so the model ran unchanged by it: {why}")
+    }
+
     /// True if the pipeline holds no pass.
     pub fn is_empty(&self) -> bool {
         self.passes.is_empty()

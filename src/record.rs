@@ -480,6 +480,14 @@ impl Recorder {
         self.close(Some(false))
     }
 
+    /// The manifests of the compiles tapped so far, in compile order (empty if the recorder's
+    /// lock is poisoned).
+    pub fn manifests(&self) -> Vec<Arc<Manifest>> {
+        let mut m: Vec<Arc<Manifest>> = self.with_front(|s| s.manifests.values().cloned().collect()).unwrap_or_default();
+        m.sort_by_key(|m| m.compile);
+        m
+    }
+
     /// What was recorded so far (all zero if the recorder's lock is poisoned).
     pub fn counts(&self) -> RecordCounts {
         self.with_front(|s| RecordCounts {

@@ -305,6 +305,7 @@ impl Rewrite {
             shape,
             stat: stat.map(|s| s.as_str().to_string()),
             reason,
+            pass_idx: Some(self.current.0),
         });
     }
 

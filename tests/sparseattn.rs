@@ -441,11 +441,22 @@ fn grouped_query_attention_counts_its_keys_and_equals_the_f64_host() {
             assert!(diff < 1e-5, "Sq {sq} {keep:?}: max |RLX - host f64| = {diff:e}");
             assert_ne!(bits(&out), bits(&dense), "Sq {sq} {keep:?}: nothing was dropped");
         }
-        // Covering all 12 keys (not the 2 KV heads) leaves the site unchanged; 3 keys do not.
-        let (same, sink) = run_tapped("sparseattn{topk=12}", &g, &[], &ins);
+        // Covering all 12 keys (not the 2 KV heads) leaves the site unchanged, and the scope
+        // says so: an actuation that changed nothing measured the unchanged model.
+        let p = Pipeline::parse("sparseattn{topk=12}").unwrap();
+        let sink = opscope::MemorySink::default();
+        let (same, summary) = opscope::Scope::new(&p, Box::new(sink.clone())).run(|| run_plain(&g, &[], &ins));
         let m = &sink.manifests()[0];
-        assert!(m.actuations.is_empty() && m.skipped.iter().any(|s| s.reason.contains("keeps all 12 keys")), "{:?}", m.skipped);
+        assert!(m.actuations.is_empty() && m.skipped.iter().any(|s| s.reason.contains("keeps all 12 keys") && s.pass_idx == Some(0)), "{:?}", m.skipped);
         assert_eq!(bits(&same), bits(&dense));
+        let warnings = summary.expect("recording").warnings;
+        assert!(
+            warnings.iter().any(|w| w.contains("'sparseattn{topk=12}' (pass 0) changed nothing") && w.contains("keeps all 12 keys")),
+            "{warnings:?}"
+        );
+        // One that changed a site draws no such warning.
+        let (_, summary) = opscope::Scope::new(&Pipeline::parse("sparseattn{topk=3}").unwrap(), Box::new(opscope::MemorySink::default())).run(|| run_plain(&g, &[], &ins));
+        assert!(!summary.expect("recording").warnings.iter().any(|w| w.contains("changed nothing")));
     }
 }
 

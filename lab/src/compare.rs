@@ -185,7 +185,7 @@ fn check(key: &Key, a: Option<&Series>, b: Option<&Series>, tol: Tolerance) -> C
     let missing = a.keys().filter(|k| !b.contains_key(k)).count() + b.keys().filter(|k| !a.contains_key(k)).count();
     c.values = a.keys().filter(|k| b.contains_key(k)).count();
     if c.stat == "hist" {
-        // Per run: L1 of the count difference over the total.
+        // Per run: L1 of the count difference over every bin either side has, over A's total.
         let mut runs: BTreeMap<(u32, u64), (f64, f64)> = BTreeMap::new();
         for (k, va) in a {
             let vb = b.get(k).copied().unwrap_or(0.0);
@@ -193,9 +193,23 @@ fn check(key: &Key, a: Option<&Series>, b: Option<&Series>, tol: Tolerance) -> C
             e.0 += (va - vb).abs();
             e.1 += va;
         }
+        for (k, vb) in b.iter().filter(|(k, _)| !a.contains_key(k)) {
+            runs.entry((k.0, k.1)).or_default().0 += vb.abs();
+        }
         c.worst = runs.values().map(|(d, t)| if *t > 0.0 { d / t } else { *d }).fold(0.0, f64::max);
         c.ok = missing == 0 && c.worst <= tol.hist_tol;
         c.note = format!("L1 fraction per run <= {}", tol.hist_tol);
+        // Bins are matched by index: histograms of different bin counts are not the same bins.
+        let bins = |s: &Series| s.keys().map(|k| k.2 + 1).max().unwrap_or(0);
+        let (ba, bb) = (bins(a), bins(b));
+        if ba != bb {
+            c.ok = false;
+            c.note = format!(
+                "{ba} bins in A, {bb} in B: not the same bins, so not comparable bin by bin (record both with the same \
+                 hist_bins and hist_range; `opscope diff` compares histograms of different bins by overlap)"
+            );
+            return c;
+        }
     } else if COUNTS.contains(&c.stat.as_str()) {
         c.worst = a.iter().filter_map(|(k, va)| b.get(k).map(|vb| (va - vb).abs())).fold(0.0, f64::max);
         c.ok = missing == 0 && c.worst == 0.0;
@@ -296,6 +310,11 @@ mod tests {
         let c = check(&key("hist"), Some(&ha), Some(&hb), TOL);
         assert!((c.worst - 0.2).abs() < 1e-12 && !c.ok);
         assert!(check(&key("hist"), Some(&ha), Some(&hb), Tolerance { rtol: 0.0, hist_tol: 0.2 }).ok);
+        // Different bin counts: the bins B has beyond A's count too (all of A's 10 values sit
+        // where B has none: L1 = 10 + 10 = 2x the total), and the check names the bins.
+        let hb = series(&[(0, 0.0), (1, 0.0), (2, 10.0)]);
+        let c = check(&key("hist"), Some(&ha), Some(&hb), Tolerance { rtol: 0.0, hist_tol: 10.0 });
+        assert!((c.worst - 2.0).abs() < 1e-12 && !c.ok && c.note.contains("2 bins in A, 3 in B"), "{} {}", c.worst, c.note);
     }
 
     #[test]

@@ -166,6 +166,11 @@ pub fn finish() -> Result<(), Error> {
             } else if recorded == 0 {
                 eprintln!("opscope: warning: {}", super::scope::sampled_out(&st.pipeline, runs));
             }
+            if compiles > 0 {
+                for idle in st.pipeline.idle_actuations(&st.recorder.manifests()) {
+                    eprintln!("opscope: warning: {}", st.pipeline.idle_actuation_warning(&idle, compiles));
+                }
+            }
             Ok(())
         }
         _ => Ok(()),

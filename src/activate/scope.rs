@@ -169,6 +169,11 @@ impl<'a> Scope<'a> {
         } else if appending > 0 && recorded == 0 && res.is_ok() && !interrupted {
             warnings.push(sampled_out(&self.pipeline, runs));
         }
+        if compiles > 0 {
+            for idle in self.pipeline.idle_actuations(&recorder.manifests()) {
+                warnings.push(self.pipeline.idle_actuation_warning(&idle, compiles));
+            }
+        }
         for w in &warnings {
             eprintln!("opscope: warning: {w}");
         }

@@ -418,14 +418,16 @@ fn hist_shift(a: &Series, b: &Series, notes: &mut Vec<String>) -> Option<HistShi
         ));
         return None;
     };
-    for (m, side) in [(ha, "A"), (hb, "B")] {
+    for (m, s, side) in [(ha, a, "A"), (hb, b, "B")] {
         if m.outside > 0.0 {
+            // The side's own fixed range (the one its values fell outside of when recorded), not
+            // the range both were merged onto.
+            let lo = s.runs.iter().filter_map(|r| r.scalar(tensor::HIST_LO)).fold(f64::INFINITY, f64::min);
+            let hi = s.runs.iter().filter_map(|r| r.scalar(tensor::HIST_HI)).fold(f64::NEG_INFINITY, f64::max);
             notes.push(format!(
-                "hist: {} values of {side} ({:.2}%) lie outside the fixed range [{}, {}] and are not compared",
+                "hist: {} values of {side} ({:.2}%) lie outside its fixed range [{lo}, {hi}] and are not compared",
                 m.outside,
                 100.0 * m.outside / (m.outside + m.total()),
-                m.lo,
-                m.hi
             ));
         }
     }

@@ -146,11 +146,16 @@ struct Rec {
 /// Record `RUNS` runs of [`two_matmuls`] with `x2(run)`; `x1` and the weights are the same in
 /// every recording.
 fn record(x2: impl Fn(usize) -> Vec<f32>) -> Rec {
+    record_with(&format!("matmul{{hist_bins={BINS},hist_range={LO}:{HI}}}"), x2)
+}
+
+/// [`record`] with the pipeline `pipeline`.
+fn record_with(pipeline: &str, x2: impl Fn(usize) -> Vec<f32>) -> Rec {
     let g = two_matmuls();
     let scale = |v: Vec<f32>, s: f32| v.into_iter().map(|x| x * s).collect::<Vec<f32>>();
     let w1 = scale(randn(32 * 16, 1), 32f32.powf(-0.5));
     let w2 = scale(randn(24 * 8, 2), 24f32.powf(-0.5));
-    let p = Pipeline::parse(&format!("matmul{{hist_bins={BINS},hist_range={LO}:{HI}}}")).unwrap();
+    let p = Pipeline::parse(pipeline).unwrap();
     let sink = MemorySink::default();
     let mut runs = Vec::new();
     opscope::scope(&p, Box::new(sink.clone()), || {
@@ -264,6 +269,26 @@ fn planted_shifts_match_numpy_and_the_moved_site_ranks_first() {
     let d = diff(&sa, &sc).unwrap();
     let ks = d.sites.iter().find(|s| s.site.contains("fc2") && s.role == "lhs").unwrap().scalar("rms").unwrap().ks.unwrap();
     assert!(ks > 0.0 && ks < 1.0, "rms KS {ks}");
+}
+
+/// Values outside a side's fixed histogram range are named with that side's own range (not the
+/// range both sides were merged onto), and counted as that side's recording counted them.
+#[test]
+fn values_outside_a_fixed_range_are_named_with_that_sides_range() {
+    let a = record(x2_of(100, SCALES_A));
+    let b = record_with(&format!("matmul{{hist_bins={BINS},hist_range=-1:1}}"), x2_of(100, SCALES_A));
+    let d = diff(&series_from_rows(&a.rows), &series_from_rows(&b.rows)).unwrap();
+    let s = d.sites.iter().find(|s| s.site.contains("fc2") && s.role == "lhs").expect("fc2 lhs");
+    // The host count: x2's values outside [-1, 1] over every run.
+    let outside: usize = b.tensors[&(s.site_a.clone(), "lhs".to_string())].iter().map(|t| t.iter().filter(|x| !(-1.0..=1.0).contains(*x)).count()).sum();
+    assert!(outside > 0);
+    let want = format!("hist: {outside} values of B");
+    assert!(
+        s.notes.iter().any(|n| n.starts_with(&want) && n.contains("outside its fixed range [-1, 1]")),
+        "{:?}",
+        s.notes
+    );
+    assert!(!s.notes.iter().any(|n| n.contains("values of A")), "{:?}", s.notes);
 }
 
 #[test]

@@ -1195,6 +1195,32 @@ fn calibrate(a: CalibrateArgs) -> Result<()> {
     for k in kinds {
         let _ = writeln!(out, "note: {k}");
     }
+    if method == CalibrationMethod::Entropy {
+        // How finely the search could move: bins from 0 to each tensor's absmax in the recorded
+        // histogram, against ORT's HistogramCollector, which bins each tensor over its own
+        // +-absmax (num_bins / 2 a side).
+        let mut spans: Vec<usize> = table
+            .tensors
+            .iter()
+            .filter_map(|t| {
+                let h = t.histogram.as_ref()?;
+                let width = (h.hi - h.lo) / h.counts.len().max(1) as f64;
+                (width > 0.0).then(|| (t.data_min.abs().max(t.data_max.abs()) as f64 / width).ceil() as usize)
+            })
+            .collect();
+        spans.sort_unstable();
+        if let (Some(lo), Some(hi)) = (spans.first(), spans.last()) {
+            let _ = writeln!(
+                out,
+                "note: the entropy search read {lo}..{hi} bins (median {}) from 0 to a tensor's absmax in the recorded \
+                 histograms; ONNX Runtime's HistogramCollector bins each tensor over its own +-absmax, num_bins / 2 a side \
+                 (64 by default, 1024 with TensorRT's 2048), so where a tensor has fewer its threshold is chosen on a finer \
+                 grid than here and can differ: for ORT's thresholds on the raw tensors, record with a hist_range near \
+                 the tensors' absmax",
+                spans[spans.len() / 2]
+            );
+        }
+    }
     let q = &table.tensors[0].quant;
     let _ = writeln!(
         out,
@@ -1208,7 +1234,7 @@ fn calibrate(a: CalibrateArgs) -> Result<()> {
         if prefix.is_empty() { String::new() } else { format!(" (printed without the prefix '{prefix}')") }
     );
     if table.not_tensors > 0 {
-        let _ = writeln!(out, "{} series without tensor statistics (probes) left out", table.not_tensors);
+        let _ = writeln!(out, "{} series without tensor statistics (probes, captures) left out", table.not_tensors);
     }
     emit(&out)
 }

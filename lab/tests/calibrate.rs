@@ -451,6 +451,16 @@ fn calibration_errors_name_the_problem_and_the_fix() {
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.contains("cannot be calibrated by entropy") && err.contains("no histogram recorded") && err.contains("nothing written"), "{err}");
     assert!(!table.exists() && !dir.path().join("t.json.partial").exists());
+    // One that succeeds prints how finely the entropy search could move: bins from 0 to the
+    // data's absmax (host) at the recorded width (48 / 2048).
+    let rec = dir.path().join("h.csv");
+    record("matmul{roles=[lhs],stats=[min,max,hist],hist_bins=2048,hist_range=-24:24}", LARGE, &runs, &w, Some(&rec));
+    let out = opscope_cli().arg("calibrate").arg(&rec).args(["--method", "entropy", "--out"]).arg(dir.path().join("h.json")).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let absmax = runs.iter().flatten().fold(0f32, |m, x| m.max(x.abs())) as f64;
+    let n = (absmax / (48.0 / 2048.0)).ceil() as usize;
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.contains(&format!("the entropy search read {n}..{n} bins (median {n})")), "{n}: {stdout}");
     for (args, want) in [
         (vec!["--method", "minmax", "--out", "t.txt"], "writes .json (ONNX Runtime calibration table) or .cache"),
         (vec!["--method", "entropy", "--percentile", "99", "--out", "t.json"], "--percentile applies to --method percentile only"),

@@ -680,19 +680,24 @@ pub struct CalibrationTable {
 }
 
 /// Calibrate every series of a recording that carries tensor statistics. Names are `site/role`,
-/// with `/pass<k>` appended where two passes recorded the same site and role.
+/// with `/pass<k>` appended where two passes recorded tensor statistics of the same site and
+/// role (a pass that recorded none there, such as a `capture` beside the `matmul` tap, does not
+/// count).
 pub fn calibrate_all(series: &BTreeMap<SeriesKey, Series>, o: &CalibrationOptions) -> CalibrationTable {
+    let results: Vec<(&SeriesKey, Result<TensorCalibration, CalibrationError>)> = series.iter().map(|(k, s)| (k, calibrate(k, s, o))).collect();
     let mut seen: BTreeMap<(&str, &str), usize> = BTreeMap::new();
-    for k in series.keys() {
-        *seen.entry((&k.0, &k.1)).or_default() += 1;
+    for (k, r) in &results {
+        if !matches!(r, Err(CalibrationError::NotATensor)) {
+            *seen.entry((&k.0, &k.1)).or_default() += 1;
+        }
     }
     let mut t = CalibrationTable::default();
-    for (k, s) in series {
-        let name = match seen[&(k.0.as_str(), k.1.as_str())] {
-            1 => format!("{}/{}", k.0, k.1),
-            _ => format!("{}/{}/pass{}", k.0, k.1, k.2),
+    for (k, r) in results {
+        let name = match seen.get(&(k.0.as_str(), k.1.as_str())) {
+            Some(1) | None => format!("{}/{}", k.0, k.1),
+            Some(_) => format!("{}/{}/pass{}", k.0, k.1, k.2),
         };
-        match calibrate(k, s, o) {
+        match r {
             Ok(c) => t.tensors.push(TensorCalibration { name, ..c }),
             Err(CalibrationError::NotATensor) => t.not_tensors += 1,
             Err(e) => t.failed.push((name, e)),
@@ -820,6 +825,46 @@ mod tests {
         };
         assert_eq!(t.amax(), 3.0);
         assert_eq!(TensorCalibration { lowest: -1.0, highest: 4.0, ..t }.amax(), 4.0);
+    }
+
+    #[test]
+    fn a_pass_suffix_only_where_two_passes_recorded_tensor_statistics() {
+        use std::sync::Arc;
+        let row = |site: &str, pass_idx: u32, stat: &str, value: f32| crate::recording::Row {
+            run_id: Arc::from("r"),
+            compile: 1,
+            step: 0,
+            graph: Arc::from("g"),
+            pass: Arc::from(if pass_idx == 0 { "matmul" } else { "capture" }),
+            pass_idx,
+            site: Arc::from(site),
+            op: Arc::from("matmul"),
+            role: Arc::from("lhs"),
+            stat: Arc::from(stat),
+            idx: 0,
+            value,
+            numel: None,
+            shape: Arc::from("[4]"),
+            flops: None,
+        };
+        let rows = vec![
+            // `a`: min and max from pass 0; pass 1 (a capture) counts only.
+            row("a", 0, "count", 4.0),
+            row("a", 0, "min", -1.0),
+            row("a", 0, "max", 2.0),
+            row("a", 1, "count", 4.0),
+            // `b`: min and max from two passes.
+            row("b", 0, "count", 4.0),
+            row("b", 0, "min", -1.0),
+            row("b", 0, "max", 2.0),
+            row("b", 1, "count", 4.0),
+            row("b", 1, "min", -3.0),
+            row("b", 1, "max", 3.0),
+        ];
+        let t = calibrate_all(&crate::mine::series_from_rows(&rows), &CalibrationOptions::new(CalibrationMethod::MinMax));
+        let names: Vec<(&str, f32)> = t.tensors.iter().map(|c| (c.name.as_str(), c.lowest)).collect();
+        assert_eq!(names, vec![("a/lhs", -1.0), ("b/lhs/pass0", -1.0), ("b/lhs/pass1", -3.0)]);
+        assert_eq!(t.not_tensors, 1);
     }
 
     #[test]

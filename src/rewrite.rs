@@ -318,6 +318,19 @@ impl Rewrite {
         self.tap_inputs(site, role, &[tensor], spec)
     }
 
+    /// [`Rewrite::tap_inputs`] for a probe that rebuilds a tensor the program never holds (a
+    /// fused attention's probabilities, rebuilt from Q and K): the manifest lists `dims` as the
+    /// tapped tensor's shape, not input 0's.
+    pub fn tap_rebuilt(&mut self, site: &str, role: Role, inputs: &[NodeId], spec: SketchSpec, dims: &[usize]) {
+        let before = self.manifest.outputs.len();
+        self.tap_inputs(site, role, inputs, spec);
+        if self.manifest.outputs.len() > before {
+            if let Some(o) = self.manifest.outputs.last_mut() {
+                o.shape = shape_text(&Shape::new(dims, DType::F32));
+            }
+        }
+    }
+
     /// [`Rewrite::tap`] for a probe that reads several tensors (1 to 3; see
     /// [`crate::sketch::Probe`]): `inputs[0]` is the tensor the row's shape and count describe.
     pub fn tap_inputs(&mut self, site: &str, role: Role, inputs: &[NodeId], mut spec: SketchSpec) {

@@ -563,6 +563,9 @@ fn fused_attention_stats_match_host_reference() {
             let (site, got) = recorded(&rows);
             let m = manifests.last().expect("manifest");
             assert!(m.sites.iter().any(|s| s.site == site && s.op == "attention"), "{what}: {site} is not the Attention");
+            // The probabilities are listed with their own shape, not Q's (rows carry it).
+            let want_shape = format!("[{},{},{},{}]", f.g.b, f.g.h, f.g.sq, f.g.sk);
+            assert!(rows.iter().all(|r| &*r.shape == want_shape), "{what}: shape {} is not {want_shape}", rows[0].shape);
             assert_stats(&what, &got, &host_stats(&f.g, &p, &allowed, topk));
         }
     }

@@ -165,7 +165,14 @@ impl Pass for AttnTap {
                     if stats.contains(&stats::TOPK_MASS) {
                         stats.push(stats::TOPK); // the k that topk_mass is about travels with it
                     }
-                    rw.tap_inputs(&site, PROBS, &inputs, SketchSpec::for_probe(&probe, &stats));
+                    // A fused attention's probabilities are rebuilt from Q and K: listed with
+                    // their own shape `[B, H, Sq, Sk]`, not Q's.
+                    let dims = [probe.batch, probe.heads, probe.sq, probe.sk];
+                    let spec = SketchSpec::for_probe(&probe, &stats);
+                    match probe.source {
+                        AttnSource::Fused { .. } => rw.tap_rebuilt(&site, PROBS, &inputs, spec, &dims),
+                        AttnSource::Probs { .. } => rw.tap_inputs(&site, PROBS, &inputs, spec),
+                    }
                 }
                 Err(why) => rw.skip(&site, Some(PROBS), Some(id), why),
             }

@@ -131,6 +131,11 @@ pub struct TwoFour {
     pub satisfying: u64,
     /// `satisfying / groups`: 1.0 is 2:4 sparse as stored.
     pub fraction: f64,
+    /// Groups with >= 2 values that are zero or subnormal (`|x| < f32::MIN_POSITIVE`): what a
+    /// kernel that flushes subnormals to zero (FTZ/DAZ, GPUs' default) computes with. RLX's
+    /// softmax leaves about 1e-39 on masked keys where onnxruntime gives exact zeros, so on
+    /// attention probabilities this is the count a sparse kernel would see.
+    pub satisfying_ftz: u64,
 }
 
 /// The measured SQNR of one quantization scheme of a GEMM.
@@ -187,18 +192,21 @@ pub fn two_four(data: &[f32], dims: &[usize], axis: usize) -> Result<TwoFour, St
     }
     let inner: usize = dims[axis + 1..].iter().product();
     let outer: usize = dims[..axis].iter().product();
-    let (mut groups, mut sat) = (0u64, 0u64);
+    let (mut groups, mut sat, mut sat_ftz) = (0u64, 0u64, 0u64);
     for o in 0..outer {
         let base = o * k * inner;
         for g in (0..k).step_by(4) {
             for i in 0..inner {
-                let zeros = (0..4).filter(|j| data[base + (g + j) * inner + i] == 0.0).count();
+                let at = |j: usize| data[base + (g + j) * inner + i];
+                let zeros = (0..4).filter(|&j| at(j) == 0.0).count();
+                let flushed = (0..4).filter(|&j| at(j).abs() < f32::MIN_POSITIVE).count();
                 groups += 1;
                 sat += (zeros >= 2) as u64;
+                sat_ftz += (flushed >= 2) as u64;
             }
         }
     }
-    Ok(TwoFour { groups, satisfying: sat, fraction: sat as f64 / groups as f64 })
+    Ok(TwoFour { groups, satisfying: sat, fraction: sat as f64 / groups as f64, satisfying_ftz: sat_ftz })
 }
 
 /// Largest tensor whose distinct values are counted exactly: a hash set of up to 2^24 `u32`
@@ -450,6 +458,9 @@ pub fn render(r: &ProbeReport) -> String {
     s.push_str("tensor                                   role  run  shape            2:4 groups (>=2 zeros / all)  distinct  eff.rank  99%-energy rank / min(rows,cols)\n");
     for t in &r.tensors {
         let tf = match &t.two_four {
+            Ok(tf) if tf.satisfying_ftz != tf.satisfying => {
+                format!("{}/{} = {:.4} ({} with subnormals as 0)", tf.satisfying, tf.groups, tf.fraction, tf.satisfying_ftz)
+            }
             Ok(tf) => format!("{}/{} = {:.4}", tf.satisfying, tf.groups, tf.fraction),
             Err(why) => format!("- ({why})"),
         };

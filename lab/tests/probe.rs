@@ -45,6 +45,9 @@ for g in range(0, K, 4):
 # Random weight with ~50% zeros, and an activation with outlier channels.
 xb = rng.standard_normal((B * S, K)).astype(np.float32)
 xb[:, [3, 17]] *= 30
+# Subnormals (RLX's softmax leaves ~1e-39 on masked keys): one group of 4 along K with 1 exact
+# zero and 3 values a flush-to-zero kernel reads as 0.
+xb[0, :4] = np.array([1e-39, -1e-40, 0.0, 1.0], dtype=np.float32)
 wb = sparse((K, N), 0.5)
 ob = (xb @ wb).astype(np.float32)
 
@@ -62,7 +65,8 @@ json.dump({"recording": "numpy", "format": "npy", "captured": entries, "skipped"
 def two_four(t, role):
     a = t if role != "rhs" else np.swapaxes(t, -1, -2)       # K last
     g = (a.reshape(-1, a.shape[-1] // 4, 4) == 0).sum(-1)
-    return [int(g.size), int((g >= 2).sum())]
+    f = (np.abs(a.reshape(-1, a.shape[-1] // 4, 4)) < np.finfo(np.float32).tiny).sum(-1)
+    return [int(g.size), int((g >= 2).sum()), int((f >= 2).sum())]
 
 def q(v, qmax, axis):
     amax = np.abs(v).max() if axis is None else np.abs(v).max(axis=axis, keepdims=True)
@@ -137,9 +141,13 @@ fn group_of_4_counts_and_distinct_values_equal_numpy() {
     for (t, w) in report.tensors.iter().zip(want) {
         let tf = t.two_four.as_ref().unwrap_or_else(|e| panic!("{}/{}: {e}", t.site, t.role));
         let what = format!("{}/{}", t.site, t.role);
-        assert_eq!([tf.groups, tf.satisfying], [w["two_four"][0].as_u64().unwrap(), w["two_four"][1].as_u64().unwrap()], "{what}");
+        let n = |i: usize| w["two_four"][i].as_u64().unwrap();
+        assert_eq!([tf.groups, tf.satisfying, tf.satisfying_ftz], [n(0), n(1), n(2)], "{what}");
         assert_eq!(t.distinct, w["distinct"].as_u64().unwrap(), "{what} distinct");
     }
+    // The planted subnormals: one more group with subnormals read as 0 than with exact zeros.
+    let b = report.tensors.iter().find(|t| t.site == "b" && t.role == "lhs").unwrap().two_four.as_ref().unwrap();
+    assert_eq!(b.satisfying_ftz, b.satisfying + 1);
     // The planted 2:4 weight satisfies in every group; the ~50%-zero random ones do not.
     let planted = report.tensors.iter().find(|t| t.site == "a" && t.role == "rhs").unwrap();
     assert_eq!(planted.two_four.as_ref().unwrap().fraction, 1.0);

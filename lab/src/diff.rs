@@ -418,6 +418,27 @@ fn hist_shift(a: &Series, b: &Series, notes: &mut Vec<String>) -> Option<HistShi
         ));
         return None;
     };
+    // Binned differently (bin counts, or one fixed range against another or against per-run
+    // absmax ranges): js and w1 then measure the binning as well as the data.
+    let binning = |s: &Series| -> (usize, Option<(f64, f64)>) {
+        let bins = s.runs.iter().filter_map(|r| r.vector(tensor::HIST).map(|h| h.len())).max().unwrap_or(0);
+        let ranges: Vec<(f64, f64)> = s.runs.iter().filter_map(|r| Some((r.scalar(tensor::HIST_LO)?, r.scalar(tensor::HIST_HI)?))).collect();
+        let fixed = ranges.first().copied().filter(|f| ranges.iter().all(|r| r == f));
+        (bins, fixed)
+    };
+    let (ba, bb) = (binning(a), binning(b));
+    if ba.0 != bb.0 || ba.1 != bb.1 {
+        let say = |(bins, fixed): (usize, Option<(f64, f64)>)| match fixed {
+            Some((lo, hi)) => format!("{bins} bins over [{lo}, {hi}]"),
+            None => format!("{bins} bins over each run's range"),
+        };
+        notes.push(format!(
+            "hist: A and B were binned differently (A {}, B {}): js and w1 measure the re-binning as well as the data; \
+             record both with the same hist_bins and hist_range to compare histograms",
+            say(ba),
+            say(bb)
+        ));
+    }
     for (m, s, side) in [(ha, a, "A"), (hb, b, "B")] {
         if m.outside > 0.0 {
             // The side's own fixed range (the one its values fell outside of when recorded), not

@@ -289,6 +289,10 @@ fn values_outside_a_fixed_range_are_named_with_that_sides_range() {
         s.notes
     );
     assert!(!s.notes.iter().any(|n| n.contains("values of A")), "{:?}", s.notes);
+    assert!(s.notes.iter().any(|n| n.contains("binned differently (A 48 bins over [-12, 12], B 48 bins over [-1, 1])")), "{:?}", s.notes);
+    // Binned alike: no such note.
+    let d = diff(&series_from_rows(&a.rows), &series_from_rows(&a.rows)).unwrap();
+    assert!(d.sites.iter().all(|s| !s.notes.iter().any(|n| n.contains("binned differently"))));
 }
 
 #[test]

@@ -1660,8 +1660,16 @@ fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> R
         cfg.rope_base
     );
     let packed = job.model.notes.iter().filter(|n| n.bound_as == "packed").count();
-    let deq: Vec<String> = job.model.dequantized().iter().map(|n| format!("{} ({})", n.tensor, n.ggml_type)).collect();
-    say!("{packed} projections stay packed (DequantMatMul); dequantized to f32 on load: {}", if deq.len() > 4 { format!("{} and {} more (norm gains)", deq[..2].join(", "), deq.len() - 2) } else { deq.join(", ") });
+    // Named, with the norm gains counted apart (a file with f32 projections lists them too).
+    let (norms, rest): (Vec<_>, Vec<_>) = job.model.dequantized().into_iter().partition(|n| n.tensor.contains("_norm."));
+    let mut deq: Vec<String> = rest.iter().take(6).map(|n| format!("{} ({})", n.tensor, n.ggml_type)).collect();
+    if rest.len() > 6 {
+        deq.push(format!("{} more", rest.len() - 6));
+    }
+    if !norms.is_empty() {
+        deq.push(format!("{} norm gains", norms.len()));
+    }
+    say!("{packed} projections stay packed (DequantMatMul); dequantized to f32 on load: {}", deq.join(", "));
 
     let before = partitions_before(&a.out);
     check_out(a)?;

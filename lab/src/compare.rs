@@ -13,7 +13,9 @@
 //!   the last bits move a value across a bin edge now and then: say how much is allowed;
 //! - every other value is within `rtol` relative: `|a - b| <= rtol * max(|a|, |b|, floor)`,
 //!   where `floor` is 1e-3 of the largest |value| of the series in A or B, so that a statistic that
-//!   cancels to about 0 (a mean) is held relative to its series' scale, not to 0.
+//!   cancels to about 0 (a mean) is held relative to its series' scale, not to 0; a `mean` is
+//!   also held relative to its run's mean |x| (`l1 / count`, the larger of A's and B's, when
+//!   both are recorded): a mean of values of either sign can cancel to about 0 in every run.
 //!
 //! A series recorded on one side only fails, named with the side that has it, unless the other
 //! side's manifest lists it as not computed there (a statistic a device's lowered sketch cannot
@@ -126,10 +128,26 @@ pub fn compare(a: &Path, b: &Path, tol: Tolerance) -> Result<Comparison> {
     let mut keys: Vec<&Key> = sa.keys().chain(sb.keys()).collect();
     keys.sort();
     keys.dedup();
+    // Per run, mean |x| of a tensor (l1 / count), the larger of A's and B's: a mean's yardstick.
+    let mean_abs = |k: &Key| -> BTreeMap<(u32, u64), f64> {
+        let mut m: BTreeMap<(u32, u64), f64> = BTreeMap::new();
+        for side in [&sa, &sb] {
+            let at = |stat: &str| side.get(&(k.0.clone(), k.1.clone(), k.2, stat.to_string()));
+            let (Some(l1), Some(count)) = (at("l1"), at("count")) else { continue };
+            for (&(c, st, _), &l) in l1 {
+                if let Some(&n) = count.get(&(c, st, 0)).filter(|n| **n > 0.0) {
+                    let e = m.entry((c, st)).or_default();
+                    *e = e.max((l / n).abs());
+                }
+            }
+        }
+        m
+    };
     let checks = keys
         .into_iter()
         .map(|k| {
-            let mut c = check(k, sa.get(k), sb.get(k), tol);
+            let yard = if k.3 == "mean" { mean_abs(k) } else { BTreeMap::new() };
+            let mut c = check(k, sa.get(k), sb.get(k), tol, &yard);
             let (side, listed) = match (sa.contains_key(k), sb.contains_key(k)) {
                 (true, false) => ("B", &nb),
                 (false, true) => ("A", &na),
@@ -168,7 +186,8 @@ fn not_computed(path: &Path) -> Result<BTreeMap<(String, String, String), String
     Ok(m)
 }
 
-fn check(key: &Key, a: Option<&Series>, b: Option<&Series>, tol: Tolerance) -> Check {
+/// One check; `yard` is a per-run scale a value is also held relative to (a mean's mean |x|).
+fn check(key: &Key, a: Option<&Series>, b: Option<&Series>, tol: Tolerance, yard: &BTreeMap<(u32, u64), f64>) -> Check {
     let (site, role, pass_idx, stat) = key.clone();
     let mut c = Check { skipped: false, site, role, pass_idx, stat, values: 0, worst: 0.0, ok: false, note: String::new() };
     let (a, b) = match (a, b) {
@@ -226,7 +245,7 @@ fn check(key: &Key, a: Option<&Series>, b: Option<&Series>, tol: Tolerance) -> C
                 }
                 continue;
             }
-            let scale = va.abs().max(vb.abs()).max(floor);
+            let scale = va.abs().max(vb.abs()).max(floor).max(yard.get(&(k.0, k.1)).copied().unwrap_or(0.0));
             if scale > 0.0 {
                 worst = worst.max((va - vb).abs() / scale);
             }
@@ -287,16 +306,29 @@ mod tests {
     }
 
     const TOL: Tolerance = Tolerance { rtol: 1e-5, hist_tol: 0.0 };
+    const NONE: BTreeMap<(u32, u64), f64> = BTreeMap::new();
+
+    #[test]
+    fn a_mean_is_held_relative_to_its_runs_mean_abs() {
+        // Means that cancel to ~1e-6 in every run of values of size ~1: 1e-6 apart is 1e-6 of
+        // mean |x| (passes at 1e-5), though it is 50% of the means themselves.
+        let a = series(&[(0, 1e-6)]);
+        let b = series(&[(0, 2e-6)]);
+        assert!(!check(&key("mean"), Some(&a), Some(&b), TOL, &NONE).ok);
+        let yard: BTreeMap<(u32, u64), f64> = [((0, 0), 1.0)].into_iter().collect();
+        let c = check(&key("mean"), Some(&a), Some(&b), TOL, &yard);
+        assert!(c.ok && (c.worst - 1e-6).abs() < 1e-12, "{}", c.worst);
+    }
 
     #[test]
     fn relative_difference_against_the_larger_value_or_the_series_floor() {
         let a = series(&[(0, 100.0), (1, 0.0)]);
         // 1e-4 at index 1 is below the floor (1e-3 * 100 = 0.1): 1e-3 relative to the floor.
         let b = series(&[(0, 100.0), (1, 1e-4)]);
-        let c = check(&key("mean"), Some(&a), Some(&b), TOL);
+        let c = check(&key("mean"), Some(&a), Some(&b), TOL, &NONE);
         assert!((c.worst - 1e-3).abs() < 1e-12, "{}", c.worst);
         assert!(!c.ok);
-        let c = check(&key("mean"), Some(&a), Some(&a), TOL);
+        let c = check(&key("mean"), Some(&a), Some(&a), TOL, &NONE);
         assert!(c.ok && c.worst == 0.0 && c.values == 2);
     }
 
@@ -304,16 +336,16 @@ mod tests {
     fn counts_must_be_equal_and_histograms_within_their_l1_fraction() {
         let a = series(&[(0, 10.0)]);
         let b = series(&[(0, 11.0)]);
-        assert!(!check(&key("count"), Some(&a), Some(&b), Tolerance { rtol: 1.0, hist_tol: 1.0 }).ok);
+        assert!(!check(&key("count"), Some(&a), Some(&b), Tolerance { rtol: 1.0, hist_tol: 1.0 }, &NONE).ok);
         let ha = series(&[(0, 6.0), (1, 4.0)]);
         let hb = series(&[(0, 5.0), (1, 5.0)]);
-        let c = check(&key("hist"), Some(&ha), Some(&hb), TOL);
+        let c = check(&key("hist"), Some(&ha), Some(&hb), TOL, &NONE);
         assert!((c.worst - 0.2).abs() < 1e-12 && !c.ok);
-        assert!(check(&key("hist"), Some(&ha), Some(&hb), Tolerance { rtol: 0.0, hist_tol: 0.2 }).ok);
+        assert!(check(&key("hist"), Some(&ha), Some(&hb), Tolerance { rtol: 0.0, hist_tol: 0.2 }, &NONE).ok);
         // Different bin counts: the bins B has beyond A's count too (all of A's 10 values sit
         // where B has none: L1 = 10 + 10 = 2x the total), and the check names the bins.
         let hb = series(&[(0, 0.0), (1, 0.0), (2, 10.0)]);
-        let c = check(&key("hist"), Some(&ha), Some(&hb), Tolerance { rtol: 0.0, hist_tol: 10.0 });
+        let c = check(&key("hist"), Some(&ha), Some(&hb), Tolerance { rtol: 0.0, hist_tol: 10.0 }, &NONE);
         assert!((c.worst - 2.0).abs() < 1e-12 && !c.ok && c.note.contains("2 bins in A, 3 in B"), "{} {}", c.worst, c.note);
     }
 
@@ -321,13 +353,13 @@ mod tests {
     fn a_value_or_series_on_one_side_only_fails() {
         let a = series(&[(0, 1.0), (1, 2.0)]);
         let b = series(&[(0, 1.0)]);
-        let c = check(&key("max"), Some(&a), Some(&b), TOL);
+        let c = check(&key("max"), Some(&a), Some(&b), TOL, &NONE);
         assert!(!c.ok && c.note.contains("1 value(s) on one side only"));
-        assert!(!check(&key("max"), Some(&a), None, TOL).ok);
+        assert!(!check(&key("max"), Some(&a), None, TOL, &NONE).ok);
         let nan = series(&[(0, f64::NAN)]);
         let one = series(&[(0, 1.0)]);
-        assert!(!check(&key("max"), Some(&nan), Some(&one), TOL).ok);
-        assert!(check(&key("max"), Some(&nan), Some(&nan), TOL).ok);
+        assert!(!check(&key("max"), Some(&nan), Some(&one), TOL, &NONE).ok);
+        assert!(check(&key("max"), Some(&nan), Some(&nan), TOL, &NONE).ok);
     }
 
     #[test]

@@ -460,6 +460,64 @@ fn grouped_query_attention_counts_its_keys_and_equals_the_f64_host() {
     }
 }
 
+/// A decode step over a KV cache with a key mask (the GGUF job's layout): each sequence's
+/// tokens in the slots of their positions, unused slots masked after them, the current token in
+/// the last slot. The window counts valid keys: a sequence shorter than the cache keeps its own
+/// `W` most recent tokens (counted in slots, it would keep unused slots and lose them), plus its
+/// first `sinks` tokens; against an f64 host.
+#[test]
+fn a_decode_window_counts_the_key_masks_valid_keys() {
+    const HQ: usize = 4;
+    const KV: usize = 2;
+    const SK: usize = 12;
+    // Sequence 0: 10 tokens cached (slots 0..9), slot 10 unused; sequence 1: 6 cached, 6..10
+    // unused. Slot 11: the current token.
+    let lens = [10usize, 6];
+    let mask: Vec<f32> = lens.iter().flat_map(|&n| (0..SK).map(move |j| if j < n || j == SK - 1 { 1.0 } else { 0.0 })).collect();
+    let mut g = Graph::new("decode_key_mask");
+    let q = g.input("q", f32s(&[B, HQ, 1, D]));
+    let (k, v) = (g.input("k", f32s(&[B, KV, SK, D])), g.input("v", f32s(&[B, KV, SK, D])));
+    let m = g.input("mask", f32s(&[B, SK]));
+    let o = g.attention_opts(q, k, v, m, HQ, D, f32s(&[B, HQ, 1, D]), None, None);
+    g.set_outputs(vec![o]);
+    let qv: Vec<f32> = randn(B * HQ * D, 120).iter().map(|x| 2.0 * x).collect();
+    let (kv, vv) = (randn(B * KV * SK * D, 121), randn(B * KV * SK * D, 122));
+    let ins: Vec<(&str, &[f32])> = vec![("q", &qv), ("k", &kv), ("v", &vv), ("mask", &mask)];
+    let host = |window: usize, sinks: usize| -> Vec<f64> {
+        let scale = (D as f64).powf(-0.5);
+        let mut o = vec![0.0; B * HQ * D];
+        for b in 0..B {
+            let valid: Vec<usize> = (0..SK).filter(|&j| mask[b * SK + j] >= 0.5).collect();
+            let n = valid.len();
+            // The query is the last valid key (index n - 1).
+            let kept: Vec<usize> = valid.iter().enumerate().filter(|&(idx, _)| n - 1 - idx < window || idx < sinks).map(|(_, &j)| j).collect();
+            for h in 0..HQ {
+                let kvh = h / (HQ / KV);
+                let s: Vec<f64> = kept
+                    .iter()
+                    .map(|&j| (0..D).map(|x| qv[(b * HQ + h) * D + x] as f64 * kv[((b * KV + kvh) * SK + j) * D + x] as f64).sum::<f64>() * scale)
+                    .collect();
+                let mx = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = s.iter().map(|x| (x - mx).exp()).sum();
+                for x in 0..D {
+                    o[(b * HQ + h) * D + x] = kept.iter().zip(&s).map(|(&j, sc)| (sc - mx).exp() / z * vv[((b * KV + kvh) * SK + j) * D + x] as f64).sum();
+                }
+            }
+        }
+        o
+    };
+    let dense = run_plain(&g, &[], &ins);
+    let diff = max_diff(&dense[0], &host(SK, 0));
+    assert!(diff < 1e-5, "dense RLX against the host: {diff:e}");
+    for (window, sinks) in [(3, 1), (4, 0), (2, 2)] {
+        let (out, sink) = run_tapped(&format!("sparseattn{{window={window},sinks={sinks}}}"), &g, &[], &ins);
+        let acts = &sink.manifests()[0].actuations;
+        assert!(acts.len() == 1 && acts[0].action.contains("counts the key mask's valid keys"), "{acts:?}");
+        let diff = max_diff(&out[0], &host(window, sinks));
+        assert!(diff < 1e-5, "window {window} sinks {sinks}: max |RLX - host f64| = {diff:e}");
+    }
+}
+
 #[test]
 fn option_errors_name_the_fix() {
     for (p, want) in [

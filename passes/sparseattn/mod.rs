@@ -169,6 +169,59 @@ fn mask_scores(g: &mut Graph, site: &str, s: NodeId, dims: &[usize], keep: Keep)
     out
 }
 
+/// Append the window's `where(keep, s, f32::MIN)` for the lowered scores `s` (`dims` =
+/// `[B, H, Sq, Sk]`) of a fused attention whose key mask `mask` (`[B, Sk]`, a key valid where
+/// `>= 0.5`, as RLX's kernel reads it) marks which cache slots hold tokens, with fewer queries
+/// than keys (a decode step): the window counts valid keys, not slots. A sequence shorter than
+/// the cache has its own tokens in the slots of its positions and unused (masked) slots after
+/// them, and its current token in the last slot; counted in slots, the `W` most recent keys of
+/// such a query would be unused slots, and the window would keep only the query's own key and
+/// the sinks. Query `i` is the `(n - Sq + i)`-th of the `n` valid keys of its sequence (the
+/// queries are the last `Sq` valid keys); it keeps the valid keys whose index is within
+/// `window` of its own, and the first `sinks` valid keys. Returns the masked scores.
+fn mask_window_by_valid_keys(g: &mut Graph, site: &str, s: NodeId, dims: &[usize], mask: NodeId, window: usize, sinks: usize) -> NodeId {
+    use rlx_ir::op::ReduceOp;
+    let (b, sq, sk) = (dims[0], dims[2], dims[3]);
+    let full = Shape::new(dims, DType::F32);
+    let expand = |g: &mut Graph, x: NodeId| g.add_node(Op::Expand { target_shape: dims.iter().map(|&d| d as i64).collect() }, vec![x], full.clone());
+    let m = g.reshape_(mask, vec![b as i64, sk as i64]);
+    let m = if g.shape(m).dtype() == DType::F32 { m } else { g.cast(m, DType::F32) };
+    let half = g.full(&[b, sk], 0.5, DType::F32);
+    let below = g.lt(m, half);
+    let below = g.cast(below, DType::F32);
+    let one = g.full(&[b, sk], 1.0, DType::F32);
+    let valid = g.sub(one, below);
+    // Inclusive count of valid keys up to each slot, and the sequence's total.
+    let upto = g.add_node(Op::Cumsum { axis: 1, exclusive: false }, vec![valid], Shape::new(&[b, sk], DType::F32));
+    let total = g.add_node(Op::Reduce { op: ReduceOp::Sum, axes: vec![1], keep_dim: true }, vec![valid], Shape::new(&[b, 1], DType::F32));
+    let upto = g.reshape_(upto, vec![b as i64, 1, 1, sk as i64]);
+    let upto = expand(g, upto);
+    let total = g.reshape_(total, vec![b as i64, 1, 1, 1]);
+    let total = expand(g, total);
+    // Query i's index among the valid keys less key j's: (n - Sq + i) - (upto_j - 1).
+    let data: Vec<u8> = (0..sq).flat_map(|i| (i as f32 - sq as f32 + 1.0).to_le_bytes()).collect();
+    let offset = g.add_node(Op::Constant { data }, vec![], Shape::new(&[1, 1, sq, 1], DType::F32));
+    let offset = expand(g, offset);
+    let gap = g.sub(total, upto);
+    let gap = g.add(gap, offset);
+    let gap2 = g.mul(gap, gap);
+    let w2 = g.full(dims, (window * window) as f32, DType::F32);
+    let near = g.lt(gap2, w2);
+    let near = g.cast(near, DType::F32);
+    let first = g.full(dims, sinks as f32 + 0.5, DType::F32);
+    let sink = g.lt(upto, first);
+    let sink = g.cast(sink, DType::F32);
+    let either = g.add(near, sink);
+    let half = g.full(dims, 0.5, DType::F32);
+    let cond = g.add_node(Op::Compare(CmpOp::Gt), vec![either, half], full.clone().with_dtype(DType::Bool));
+    g.node_mut(cond).name = Some(format!("{PREFIX}{site}/keep"));
+    let low = g.full(&[1, 1, 1, 1], DROPPED, DType::F32);
+    let low = expand(g, low);
+    let out = g.add_node(Op::Where, vec![cond, s, low], full);
+    g.node_mut(out).name = Some(format!("{PREFIX}{site}/scores"));
+    out
+}
+
 /// Static F32 `[.., sq, sk]` dims of the scores `s`, or why not.
 fn score_dims(g: &Graph, s: NodeId) -> Result<Vec<usize>, String> {
     let shape = g.shape(s);
@@ -338,6 +391,12 @@ impl Pass for SparseAttn {
                 rw.skip(&site, Some(Role::new("scores")), Some(id), format!("{keep:?} keeps all {sk} keys: left unchanged"));
                 continue;
             }
+            // A fused decode step with a key mask: the window counts valid keys (see
+            // `mask_window_by_valid_keys`).
+            let key_mask = match &rw.graph().node(id).op {
+                Op::Attention { mask_kind: rlx_ir::op::MaskKind::Custom, .. } if dims[0] < dims[1] => rw.graph().node(id).inputs.get(3).copied(),
+                _ => None,
+            };
             let g = rw.graph_mut();
             let softmax = if fused {
                 match lower_attention(g, id) {
@@ -358,10 +417,15 @@ impl Pass for SparseAttn {
                     continue;
                 }
             };
-            let masked = mask_scores(g, &site, s, &dims, keep);
+            let (masked, counted) = match (keep, key_mask) {
+                (Keep::Window { window, sinks }, Some(mask)) if dims.len() == 4 => {
+                    (mask_window_by_valid_keys(g, &site, s, &dims, mask, window, sinks), "; the window counts the key mask's valid keys (a decode step)")
+                }
+                _ => (mask_scores(g, &site, s, &dims, keep), ""),
+            };
             g.set_inputs(softmax, vec![masked]);
             let how = if fused { "fused attention lowered (rlx-fusion LowerAttention); " } else { "" };
-            rw.actuate(&site, softmax, format!("{how}{}", keep.describe()));
+            rw.actuate(&site, softmax, format!("{how}{}{counted}", keep.describe()));
         }
         Ok(())
     }

@@ -305,11 +305,15 @@ impl Pipeline {
 
     /// The actuation instances that changed no site in any of the graphs `manifests` describe
     /// (the model ran unchanged by them), each as `(position, canonical text, the distinct
-    /// reasons it gave for the sites it skipped)`; no reason when it found no site at all.
+    /// reasons it gave for the sites it skipped)`; no reason when it found no site at all. An
+    /// instance given an empty list (`skip{blocks=[]}`, `fakequant{sites=[]}`) asked for no
+    /// change (a reference run through the same compile path) and is not listed.
     pub fn idle_actuations(&self, manifests: &[std::sync::Arc<Manifest>]) -> Vec<(usize, String, Vec<String>)> {
+        let asked_for_nothing = |p: &PassInstance| p.set.iter().any(|(_, v)| matches!(v, OptionValue::List(l) if l.is_empty()));
         self.passes
             .iter()
             .enumerate()
+            .filter(|(_, p)| !asked_for_nothing(p))
             .filter(|(i, p)| p.pass.kind() == PassKind::Actuation && !manifests.iter().any(|m| m.actuations.iter().any(|a| a.pass_idx == *i)))
             .map(|(i, p)| {
                 let mut reasons: Vec<String> = Vec::new();

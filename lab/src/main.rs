@@ -241,10 +241,22 @@ fn cost(a: CostArgs) -> Result<()> {
     let probe = opscope_lab::cost::ProbeOptions { copy_bytes: (a.probe_mib as usize) << 20, gemm_n: a.probe_gemm as usize, ..Default::default() };
     let forwards = entries.len().div_ceil(batch);
     let report = match &c.gguf {
-        // The prefill graph `record --gguf` runs (static shapes; packed weights at their width).
+        // The prefill graph `record --gguf` runs (static shapes; packed weights at their width),
+        // or with --decode its decode graph: one step over the cache of seq + decode - 1 slots
+        // (preallocated and masked, so every step runs the same graph), steps x batches forwards.
         Some(gguf) => {
             let model = opscope_lab::llama::LlamaModel::load(gguf)?;
-            opscope_lab::cost::graph_cost(&model.prefill_graph(full, seq, false), &[], &probe, forwards, a.top)?
+            match c.decode {
+                Some(d) if d >= 2 => {
+                    let steps = d as usize - 1;
+                    opscope_lab::cost::graph_cost(&model.decode_graph(full, seq + steps), &[], &probe, forwards * steps, a.top)?
+                }
+                Some(d) => anyhow::bail!(
+                    "--decode {d} runs no decode step (the first greedy token comes from the prefill): give --decode 2 or \
+                     more for the cost of a decode step, or leave it out for the prefill's"
+                ),
+                None => opscope_lab::cost::graph_cost(&model.prefill_graph(full, seq, false), &[], &probe, forwards, a.top)?,
+            }
         }
         None => opscope_lab::cost::model_cost(c.onnx()?, full, seq, &probe, forwards, a.top)?,
     };
@@ -644,13 +656,17 @@ struct Corpus {
 impl Corpus {
     /// The ONNX model (required unless `--gguf` is given).
     fn onnx(&self) -> Result<&PathBuf> {
-        self.onnx.as_ref().context("this command needs --onnx (--gguf works with `record` and `measure` only)")
+        self.onnx.as_ref().context("this command needs --onnx (--gguf works with `record`, `measure` and `cost` only)")
     }
 
     /// The tokenizer and text files (required unless `--inputs` is given).
     fn text_files(&self) -> Result<(&PathBuf, &PathBuf)> {
         match (&self.tokenizer, &self.text) {
             (Some(t), Some(x)) => Ok((t, x)),
+            (None, _) if self.gguf.is_some() => anyhow::bail!(
+                "this command runs an ONNX encoder (--onnx, --tokenizer, --text); --gguf works with `record`, `measure` and \
+                 `cost` only"
+            ),
             _ => anyhow::bail!("this command needs --tokenizer and --text (--inputs is for `record` only)"),
         }
     }

@@ -139,6 +139,11 @@ pub struct AbReport {
     pub outliers_b: Outliers,
     /// The method, in words (for JSON readers).
     pub method: &'static str,
+    /// Every measured time of A, s, pair by pair in run order (warm-up excluded, outliers
+    /// included): what the medians, fences and bootstrap above are computed from.
+    pub times_a: Vec<f64>,
+    /// Every measured time of B, s, paired with `times_a`.
+    pub times_b: Vec<f64>,
 }
 
 /// [`AbReport::method`].
@@ -309,6 +314,8 @@ pub fn analyze(a: &[f64], b: &[f64], opts: &AbOptions, warmup_pairs: usize) -> R
         outliers_a,
         outliers_b,
         method: METHOD,
+        times_a: a.to_vec(),
+        times_b: b.to_vec(),
     })
 }
 
@@ -636,6 +643,12 @@ mod tests {
         let b: Vec<f64> = (1..=20).map(f64::from).collect();
         let r = analyze(&a, &b, &AbOptions { resamples: 200, ..AbOptions::default() }, 0).unwrap();
         assert_eq!((r.pairs, r.kept), (20, 19));
+        // Every measured pair is in the report (outliers included), so a reader can recompute:
+        // dropping pair 1 (50 against 2) leaves A = {35, 3..20}, B = {1, 3..20}; medians of 19.
+        assert_eq!((r.times_a.clone(), r.times_b.clone()), (a.clone(), b.clone()));
+        assert_eq!((r.median_a, r.median_b), (12.0, 11.0));
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["times_a"].as_array().map(Vec::len), Some(20));
     }
 
     /// Coverage of the percentile bootstrap against a known truth: A's times are B's (lognormal,

@@ -497,6 +497,13 @@ fn measure_refuses_gguf_only_flags_on_onnx_and_names_a_missing_gguf() {
     let out = opscope().args(["measure", "--gguf", "missing.gguf", "--text"]).arg(&text).arg("--no-skip").output().unwrap();
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(!out.status.success() && err.contains("fetch-assets.sh") && !err.contains("panicked"), "{err}");
+    // The ONNX-only commands say so to a --gguf (they asked for a --tokenizer that --gguf
+    // conflicts with).
+    for cmd in [&["ab", "--a", "matmul", "--b", ""][..], &["time"][..]] {
+        let out = opscope().args(cmd).args(["--gguf", "missing.gguf", "--text"]).arg(&text).output().unwrap();
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert!(!out.status.success() && err.contains("--gguf works with `record`, `measure` and `cost` only"), "{cmd:?}: {err}");
+    }
 }
 
 /// `opscope compare`: MiniLM recorded with the native sketch kernel and with the sketches

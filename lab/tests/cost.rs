@@ -425,4 +425,33 @@ fn gguf_cost_counts_packed_weights_at_their_width() {
     }
     let dq = c["by_kind"].as_array().unwrap().iter().find(|k| k["op"] == "dequant_matmul").expect("dequant_matmul kind");
     assert_eq!(dq["count"].as_u64().unwrap(), 30 * 7 + 1, "210 packed projections and the head");
+
+    // `--decode 3`: one decode step (1 token a sequence) over a cache of 8 + 2 slots and the
+    // new token: 11 keys. The attention is grouped-query [B, 9, 1, 64] x [B, 3, 11, 64]: 9 query
+    // heads, each 2 GEMMs of 1 x 64 x 11 (2 * 2 * B * 9 * 11 * 64 FLOPs) and 5 FLOPs a score.
+    let json = dir.path().join("decode.json");
+    let run = |decode: &str, json: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_opscope"))
+            .args(["cost", "--gguf"])
+            .arg(&gguf)
+            .arg("--text")
+            .arg(&a.text)
+            .args(["--limit", "2", "--batch", "2", "--seq", "8", "--top", "400", "--probe-mib", "8", "--probe-gemm", "128", "--decode", decode, "--json"])
+            .arg(json)
+            .output()
+            .unwrap()
+    };
+    let out = run("3", &json);
+    assert!(out.status.success(), "opscope cost --gguf --decode 3: {}", String::from_utf8_lossy(&out.stderr));
+    let c: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let sites = c["top_sites"].as_array().unwrap();
+    let b = batch as u64;
+    let q = sites.iter().find(|s| s["site"] == "blk.0.attn_q").expect("blk.0.attn_q");
+    assert_eq!(q["flops"].as_u64().unwrap(), 2 * b * d * d, "a decode step's projection: one token a sequence");
+    let att = sites.iter().find(|s| s["site"] == "blk.0.attn").expect("blk.0.attn");
+    assert_eq!(att["flops"].as_u64().unwrap(), 2 * 2 * b * 9 * 11 * 64 + 5 * b * 9 * 11, "decode attention over 11 keys");
+    // `--decode 1` runs no decode step: an error naming the fix, not the prefill's cost.
+    let out = run("1", &dir.path().join("none.json"));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("runs no decode step"), "{}", String::from_utf8_lossy(&out.stderr));
 }

@@ -209,13 +209,8 @@ fn attn_probe(g: &Graph, id: NodeId, topk: usize) -> Result<(AttnProbe, Vec<Node
             }
             // Layout dispatch as RLX 0.2.19's CPU kernel: rank 4 is [B,H,S,D] when dim 1 equals
             // the head count, else [B,S,H,D]; rank 3 is [B,S,H*D]; rank 2 is [S,H*D].
-            let (batch, sq, sk, bhsd) = match qd.len() {
-                4 if qd[1] == nh => (qd[0], qd[2], kd[2], true),
-                4 => (qd[0], qd[1], kd[1], false),
-                3 => (qd[0], qd[1], kd[1], false),
-                2 => (1, qd[0], kd[0], false),
-                r => return Err(format!("fused attention of rank {r} is not supported")),
-            };
+            let (batch, sq, sk, bhsd) =
+                crate::analysis::attention_seqs(&qd, &kd, nh).ok_or_else(|| format!("fused attention of rank {} is not supported", qd.len()))?;
             let k_numel: usize = kd.iter().product();
             let kv_heads = (k_numel / (batch.max(1) * sk.max(1) * dh.max(1))).max(1);
             if qd.iter().product::<usize>() != batch * sq * nh * dh {

@@ -361,19 +361,11 @@ impl Pass for SparseAttn {
                 let n = rw.graph().node(id);
                 let (q, k) = (static_dims(rw.graph().shape(n.inputs[0])), static_dims(rw.graph().shape(n.inputs[1])));
                 match (q, k, &n.op) {
-                    (Some(q), Some(k), Op::Attention { num_heads, .. }) => {
-                        // Q's layout is K's, as RLX's CPU kernel dispatches (see `attn`): a
-                        // grouped-query K `[B, kv_heads, S, D]` does not have the head count in
-                        // dim 1, and read alone it would give `kv_heads` keys.
-                        let bhsd = q.len() == 4 && q[1] == *num_heads;
-                        let seq = |d: &[usize]| match d.len() {
-                            2 => Some(d[0]),
-                            3 => Some(d[1]),
-                            4 => Some(if bhsd { d[2] } else { d[1] }),
-                            _ => None,
-                        };
-                        seq(&q).zip(seq(&k)).map(|(sq, sk)| vec![sq, sk]).ok_or_else(|| format!("attention of rank {} is not supported", q.len()))
-                    }
+                    // Q's layout is K's, as RLX's CPU kernel dispatches: a grouped-query K
+                    // `[B, kv_heads, S, D]` read alone gave `kv_heads` keys.
+                    (Some(q), Some(k), Op::Attention { num_heads, .. }) => crate::analysis::attention_seqs(&q, &k, *num_heads)
+                        .map(|(_, sq, sk, _)| vec![sq, sk])
+                        .ok_or_else(|| format!("attention of rank {} (K rank {}) is not supported", q.len(), k.len())),
                     _ => Err("attention Q or K has a symbolic dim".to_string()),
                 }
             } else {

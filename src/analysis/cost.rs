@@ -479,18 +479,14 @@ fn attention_scores(n: &rlx_ir::Node, dims: &[Vec<usize>]) -> u64 {
 /// `[B,H,S,D]` (heads at axis 1) or rank-3 single-head `[B,S,D]` (see `Op::Attention`).
 fn attention_dims(n: &rlx_ir::Node, dims: &[Vec<usize>]) -> Option<(u64, u64, u64, u64, u64)> {
     let Op::Attention { num_heads, head_dim, v_head_dim, .. } = &n.op else { return None };
-    let seq = |d: &Vec<usize>| -> Option<u64> {
-        match d.len() {
-            4 if d[2] == *num_heads && d[1] != *num_heads => Some(d[1] as u64),
-            4 => Some(d[2] as u64),
-            3 => Some(d[1] as u64),
-            _ => None,
-        }
-    };
     let q = &dims[n.inputs.first()?.0 as usize];
     let k = &dims[n.inputs.get(1)?.0 as usize];
-    let (sq, sk) = (seq(q)?, seq(k)?);
-    let heads = if q.len() == 3 { 1 } else { *num_heads as u64 };
+    // Q's layout is K's, as the kernel dispatches (a grouped-query K read alone took its KV
+    // head count for its keys when the sequence length equalled the head count).
+    let (_, sq, sk, _) = super::attention_seqs(q, k, *num_heads).filter(|_| q.len() >= 3)?;
+    let (sq, sk) = (sq as u64, sk as u64);
+    // Rank 3 `[B, S, H*D]` holds every head too.
+    let heads = *num_heads as u64;
     let b = q[0] as u64;
     let d = *head_dim as u64;
     Some((b * heads, sq, sk, d, v_head_dim.map(|v| v as u64).unwrap_or(d)))
@@ -655,6 +651,26 @@ mod tests {
             GemmShape { m: s as u64, k: s as u64, n: d as u64, batch: bh, dtype: "f32".into(), weight: false },
         ]);
         assert_eq!(c.nodes[0].flops, Some((2 * 2 * b * h * s * s * d + 5 * b * h * s * s) as u64));
+
+        // Grouped-query [B,H,S,D] with S equal to the head count (SmolLM2 at 9 tokens: 9 query
+        // heads, 3 KV heads): K [B,3,9,D] follows Q's layout, 9 keys (not its 3 heads); and
+        // rank 3 [B,S,H*D], every head counted.
+        for (qd, kd, out) in [
+            (vec![1, 9, 9, 64], vec![1, 3, 9, 64], vec![1, 9, 9, 64]),
+            (vec![2, 9, 9 * 64], vec![2, 9, 9 * 64], vec![2, 9, 9 * 64]),
+        ] {
+            let (h, s, d, b) = (9usize, 9usize, 64usize, qd[0]);
+            let mut g = Graph::new("gqa");
+            let q = g.input("q", Shape::new(&qd, DType::F32));
+            let k = g.input("k", Shape::new(&kd, DType::F32));
+            let v = g.input("v", Shape::new(&kd, DType::F32));
+            let o = g.attention_kind_opts(q, k, v, h, d, rlx_ir::op::MaskKind::Causal, Shape::new(&out, DType::F32), None, None);
+            g.set_outputs(vec![o]);
+            let c = graph_cost(&g, None, &Bindings::none()).unwrap();
+            let bh = (b * h) as u64;
+            assert_eq!(c.nodes[0].gemms[0], GemmShape { m: s as u64, k: d as u64, n: s as u64, batch: bh, dtype: "f32".into(), weight: false }, "{qd:?}");
+            assert_eq!(c.nodes[0].flops, Some((2 * 2 * b * h * s * s * d + 5 * b * h * s * s) as u64), "{qd:?}");
+        }
     }
 
     #[test]

@@ -16,6 +16,25 @@ pub use naming::{family, op_name, site_names};
 pub(crate) use naming::site_names_by_id;
 pub use residual::{residual_blocks, ResidualBlock};
 
+/// The batch, query and key lengths of a fused `Op::Attention` from its Q and K dims, and
+/// whether it is laid out `[B, H, S, D]`, as RLX 0.2.19's CPU kernel dispatches: rank 4 is
+/// `[B, H, S, D]` when Q's dim 1 equals the head count, else `[B, S, H, D]`, and K follows Q's
+/// layout (a grouped-query K `[B, kv_heads, S, D]` does not have the head count in dim 1, and
+/// read alone, by which of its axes equals the head count, its key count would be wrong); rank
+/// 3 is `[B, S, H*D]`, rank 2 `[S, H*D]`. Returns `(batch, sq, sk, bhsd)`; `None` for another
+/// rank, or Q and K of different ranks.
+pub fn attention_seqs(q: &[usize], k: &[usize], num_heads: usize) -> Option<(usize, usize, usize, bool)> {
+    if q.len() != k.len() {
+        return None;
+    }
+    match q.len() {
+        4 if q[1] == num_heads => Some((q[0], q[2], k[2], true)),
+        4 | 3 => Some((q[0], q[1], k[1], false)),
+        2 => Some((1, q[0], k[0], false)),
+        _ => None,
+    }
+}
+
 /// Render a shape as `[2,16,384]` (symbolic dims as `?N`).
 pub fn shape_text(shape: &Shape) -> String {
     use std::fmt::Write;

@@ -173,6 +173,46 @@ fn rank3_activation_scales_flatten_leading_axes() {
     }
 }
 
+/// `padding=exclude`: per-tensor and per-channel scales from the rows the graph input
+/// `attention_mask` marks as tokens (padding rows 1000x larger would set them otherwise), every
+/// row then quantized with them, bit for bit as a host quantizer whose scales read the token
+/// rows; `padding=include` (the default) reads every row; without an `attention_mask` input the
+/// site is skipped with the reason.
+#[test]
+fn padding_rows_can_be_left_out_of_per_tensor_and_per_channel_scales() {
+    let (b, s, k) = (2usize, 4usize, 16usize);
+    let mut g = ident_graph(&[b, s, k]);
+    // The row mask as the taps find it: a graph input the model itself need not read.
+    g.input("attention_mask", f32s(&[b, s]));
+    let mask: Vec<f32> = (0..b * s).map(|i| if i >= s + 2 { 0.0 } else { 1.0 }).collect();
+    let mut x = data(b * s, k, 7);
+    for r in 0..b * s {
+        if mask[r] == 0.0 {
+            x[r * k..(r + 1) * k].iter_mut().for_each(|v| *v *= 1000.0);
+        }
+    }
+    let w = identity(k);
+    let ins: Vec<(&str, &[f32])> = vec![("x", &x), ("attention_mask", &mask)];
+    for scope in ["tensor", "channel"] {
+        let fq = Fq { scope, ..INT8 };
+        // Host: scales from the token rows (padding rows zeroed: they add nothing to a max of
+        // |x|), applied to every row.
+        let tokens: Vec<f32> = x.iter().enumerate().map(|(i, v)| if mask[i / k] > 0.5 { *v } else { 0.0 }).collect();
+        let (_, scale) = fq.codes(&tokens, k);
+        let q = 127f32;
+        let want: Vec<u32> = x.iter().zip(&scale).map(|(v, s)| ((v / s).round_ties_even().clamp(-q, q) * s + 0.0).to_bits()).collect();
+        let (outs, m) = run_fq(&fq.pipeline(",padding=exclude"), &g, &[("w", &w)], &ins);
+        assert!(m.actuations[0].action.contains("scale over token rows"), "{:?}", m.actuations);
+        assert_eq!(bitpat(&outs[0]), want, "{scope}, padding=exclude");
+        let (outs, _) = run_fq(&fq.pipeline(""), &g, &[("w", &w)], &ins);
+        assert_eq!(bitpat(&outs[0]), ident_ref(fq, &x, k), "{scope}, padding=include");
+        assert_ne!(ident_ref(fq, &x, k), want, "{scope}: the padding rows set the scale when included");
+    }
+    // No attention_mask input: skipped with the reason.
+    let (_, m) = run_fq(&Fq { scope: "tensor", ..INT8 }.pipeline(",padding=exclude"), &ident_graph(&[b, s, k]), &[("w", &w)], &[("x", &x)]);
+    assert!(m.actuations.is_empty() && m.skipped.iter().any(|s| s.reason.contains("padding=exclude needs a graph input attention_mask")), "{:?}", m.skipped);
+}
+
 /// Rows of 8 with absmax 127 in the first element: s = 127 / 127 = 1 exactly, so x / s lands
 /// exactly on the written ties and y is the code itself.
 const TIES: [f32; 16] = [127.0, 2.5, -2.5, 3.5, -3.5, 126.5, 0.5, -0.5, 127.0, 0.49999997, -0.49999997, 1.5, -1.5, 0.0, 64.5, -126.5];

@@ -102,7 +102,14 @@ const BMM: Opt<bool> = Opt::bool(
 );
 const CLIP: Opt<f32> = Opt::float("clip", 0.01, 1.0, "1", "scale = clip * absmax / Q; values beyond the clipped range saturate");
 
-const OPTIONS: &[OptionSpec] = &[SITES.spec, BITS.spec, SCOPE.spec, WEIGHTS.spec, ROUNDING.spec, RANGE.spec, BMM.spec, CLIP.spec];
+const PADDING: Opt<Word> = Opt::word(
+    "padding",
+    &["include", "exclude"],
+    "include",
+    "per-tensor and per-channel activation scales over every row (include: what a run-time quantizer of the padded batch sees) or over the rows the graph input attention_mask marks as tokens (exclude: the same scale whatever the batch's padding); per-token scales are per row either way",
+);
+
+const OPTIONS: &[OptionSpec] = &[SITES.spec, BITS.spec, SCOPE.spec, WEIGHTS.spec, ROUNDING.spec, RANGE.spec, BMM.spec, CLIP.spec, PADDING.spec];
 
 /// The `fakequant` actuation pass.
 pub struct FakeQuant;
@@ -142,10 +149,30 @@ fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
 
 /// Append the fake-quantizer of `x` with one scale per slice over `axes` and return its output.
 pub(super) fn fake_quant(g: &mut Graph, x: NodeId, axes: Vec<usize>, qz: Quantizer) -> NodeId {
+    fake_quant_rows(g, x, axes, qz, None)
+}
+
+/// [`fake_quant`] whose scales read only the rows `rows` marks as tokens (an F32 mask with one
+/// value per row of `x`, `x`'s leading axes flattened; a row counts where it is >= 0.5): every
+/// row is quantized, the padding rows with the tokens' scales.
+fn fake_quant_rows(g: &mut Graph, x: NodeId, axes: Vec<usize>, qz: Quantizer, rows: Option<NodeId>) -> NodeId {
     let xs = g.shape(x).clone();
     let ones = vec![1usize; xs.rank()];
     let c = |g: &mut Graph, v: f32| g.full(&ones, v, DType::F32);
-    let abs = g.abs(x);
+    let mut abs = g.abs(x);
+    if let Some(mask) = rows {
+        // |x| where the row is a token, 0 elsewhere (a `Where`, not a product: a padding row
+        // holding an Inf would make 0 * Inf = NaN).
+        let dims = static_dims(&xs).expect("static dims (checked by `unsupported`)");
+        let mut row_dims: Vec<i64> = dims[..dims.len() - 1].iter().map(|&d| d as i64).collect();
+        row_dims.push(1);
+        let m = g.reshape_(mask, row_dims);
+        let m = g.add_node(Op::Expand { target_shape: dims.iter().map(|&d| d as i64).collect() }, vec![m], xs.clone());
+        let half = g.full(&dims, 0.5, DType::F32);
+        let token = g.add_node(Op::Compare(CmpOp::Ge), vec![m, half], xs.clone().with_dtype(DType::Bool));
+        let zero = g.full(&dims, 0.0, DType::F32);
+        abs = g.add_node(Op::Where, vec![token, abs, zero], xs.clone());
+    }
     let rs = shape::reduce_shape(&xs, &axes, true).expect("reduce shape of a static tensor");
     let mut s = g.reduce(abs, ReduceOp::Max, axes, true, rs.clone());
     if qz.clip != 1.0 {
@@ -197,6 +224,7 @@ impl Pass for FakeQuant {
         let rounding = opts.get(&ROUNDING)?;
         let full = opts.get(&RANGE)? == "full";
         let clip = opts.get(&CLIP)?;
+        let exclude_padding = opts.get(&PADDING)? == "exclude" && scope != "token";
         let qz = Quantizer { qmax, lo: if full { -qmax - 1.0 } else { -qmax }, clip, away: rounding == "away" };
         let ties = if qz.away { "half-away" } else { "half-even" };
         let settings = format!("round {ties}, codes [{},{}], clip {clip}", qz.lo, qmax);
@@ -232,8 +260,26 @@ impl Pass for FakeQuant {
                 "channel" => (0..rank - 1).collect(),
                 _ => (0..rank).collect(),
             };
+            // With padding=exclude, the token rows of lhs (its leading axes flattened).
+            let rows = if exclude_padding {
+                let dims = static_dims(rw.graph().shape(lhs)).expect("static dims (checked by `unsupported`)");
+                let n: usize = dims[..dims.len() - 1].iter().product();
+                match rw.row_mask(n) {
+                    Some(m) => Some(m),
+                    None => {
+                        let why = format!(
+                            "padding=exclude needs a graph input attention_mask with one value per row of lhs ({n} rows): \
+                             none here; use padding=include or scope=token"
+                        );
+                        rw.skip(&site, Some(Role::LHS), Some(lhs), why);
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
             let mut inputs = rw.graph().node(id).inputs.clone();
-            let mut action = format!("fake-quant lhs int{bits} per-{scope}");
+            let mut action = format!("fake-quant lhs int{bits} per-{scope}{}", if rows.is_some() { " (scale over token rows)" } else { "" });
             let rhs_weight = match rhs {
                 Some(r) if dequant => {
                     if weights {
@@ -258,7 +304,7 @@ impl Pass for FakeQuant {
                 _ => None,
             };
             let g = rw.graph_mut();
-            inputs[0] = *made.entry((lhs, false)).or_insert_with(|| fake_quant(g, lhs, axes, qz));
+            inputs[0] = *made.entry((lhs, false)).or_insert_with(|| fake_quant_rows(g, lhs, axes, qz, rows));
             if let Some(r) = rhs_weight {
                 let k_axis = g.shape(r).rank() - 2;
                 inputs[1] = *made.entry((r, true)).or_insert_with(|| fake_quant(g, r, vec![k_axis], qz));

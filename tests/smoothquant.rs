@@ -83,6 +83,40 @@ fn migration_keeps_the_output_and_splits_each_channels_range() {
     assert!(ratio < 10.0, "after smoothing the outlier channels are {ratio}x the median");
 }
 
+/// `padding=exclude`: the activation absmax `a_j` is taken over the rows the graph input
+/// `attention_mask` marks as tokens, so padding rows 1000x larger do not set the migration; the
+/// tap (which leaves padding out) then sees `(a_j w_j)^(1 - alpha)` on the token rows, as
+/// without padding. With the default (every row), `a_j` is the padding's.
+#[test]
+fn padding_rows_can_be_left_out_of_the_migration_scales() {
+    let mut g = graph();
+    // The row mask as a model keeps it (an output here, so RLX's fusion does not drop it).
+    let mask_in = g.input("attention_mask", Shape::new(&[B, S], DType::F32));
+    g.outputs.push(mask_in);
+    let valid = 10;
+    let mask: Vec<f32> = (0..B * S).map(|r| if r >= S + valid { 0.0 } else { 1.0 }).collect();
+    let (mut x, w) = data();
+    let tokens = x.clone();
+    for r in S + valid..B * S {
+        x[r * K..(r + 1) * K].iter_mut().for_each(|v| *v *= 1000.0);
+    }
+    let token_rows: Vec<f32> = tokens.iter().enumerate().map(|(i, v)| if mask[i / K] > 0.5 { *v } else { 0.0 }).collect();
+    let (a_tok, m) = absmaxes(&token_rows, &w);
+    let (a_all, _) = absmaxes(&x, &w);
+    let alpha = 0.5f64;
+    let ins: Vec<(&str, &[f32])> = vec![("x", &x), ("attention_mask", &mask)];
+    for (padding, a) in [("exclude", &a_tok), ("include", &a_all)] {
+        let p = format!("smoothquant{{padding={padding}}},matmul{{roles=[lhs],stats=[chan_maxabs]}}");
+        let (_, sink) = run_tapped(&p, &g, &[("w", &w)], &ins);
+        let got = &stats_of(&sink.rows(), "matmul.0", "lhs", 0)["chan_maxabs"];
+        for j in 0..K {
+            // max over token rows of x_j / s_j, s_j = a_j^alpha / m_j^(1 - alpha).
+            let want = a_tok[j] * m[j].powf(1.0 - alpha) / a[j].powf(alpha);
+            assert!(close(got[j], want, 1e-5), "padding={padding} channel {j}: {} vs host {want}", got[j]);
+        }
+    }
+}
+
 #[test]
 fn a_fused_bias_gelu_site_keeps_its_output() {
     let g = fixture_bias_gelu();

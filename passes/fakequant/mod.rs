@@ -152,6 +152,34 @@ pub(super) fn fake_quant(g: &mut Graph, x: NodeId, axes: Vec<usize>, qz: Quantiz
     fake_quant_rows(g, x, axes, qz, None)
 }
 
+/// `|x|` on the rows `mask` marks as tokens (an F32 mask with one value per row of `x`, its
+/// leading axes flattened; a row counts where it is >= 0.5), 0 on the others: what a max over
+/// rows of it reads is the tokens' (also `smoothquant`'s). A `Where`, not a product: a padding
+/// row holding an Inf would make 0 * Inf = NaN. `x` has static dims.
+pub(super) fn abs_of_token_rows(g: &mut Graph, x: NodeId, mask: NodeId) -> NodeId {
+    let xs = g.shape(x).clone();
+    let abs = g.abs(x);
+    let dims = static_dims(&xs).expect("static dims (checked by the caller)");
+    let mut row_dims: Vec<i64> = dims[..dims.len() - 1].iter().map(|&d| d as i64).collect();
+    row_dims.push(1);
+    let m = g.reshape_(mask, row_dims);
+    let m = g.add_node(Op::Expand { target_shape: dims.iter().map(|&d| d as i64).collect() }, vec![m], xs.clone());
+    let half = g.full(&dims, 0.5, DType::F32);
+    let token = g.add_node(Op::Compare(CmpOp::Ge), vec![m, half], xs.clone().with_dtype(DType::Bool));
+    let zero = g.full(&dims, 0.0, DType::F32);
+    g.add_node(Op::Where, vec![token, abs, zero], xs)
+}
+
+/// The graph's row mask for `x` (one value per row of `x`, its leading axes flattened; see
+/// [`Rewrite::row_mask`]), or why `padding=exclude` cannot take its scales over token rows.
+pub(super) fn token_rows(rw: &mut Rewrite, x: NodeId) -> Result<NodeId, String> {
+    let dims = static_dims(rw.graph().shape(x)).ok_or("symbolic dims")?;
+    let n: usize = dims[..dims.len().saturating_sub(1)].iter().product();
+    rw.row_mask(n).ok_or_else(|| {
+        format!("padding=exclude needs a graph input attention_mask with one value per row of lhs ({n} rows): none here; use padding=include")
+    })
+}
+
 /// [`fake_quant`] whose scales read only the rows `rows` marks as tokens (an F32 mask with one
 /// value per row of `x`, `x`'s leading axes flattened; a row counts where it is >= 0.5): every
 /// row is quantized, the padding rows with the tokens' scales.
@@ -159,20 +187,10 @@ fn fake_quant_rows(g: &mut Graph, x: NodeId, axes: Vec<usize>, qz: Quantizer, ro
     let xs = g.shape(x).clone();
     let ones = vec![1usize; xs.rank()];
     let c = |g: &mut Graph, v: f32| g.full(&ones, v, DType::F32);
-    let mut abs = g.abs(x);
-    if let Some(mask) = rows {
-        // |x| where the row is a token, 0 elsewhere (a `Where`, not a product: a padding row
-        // holding an Inf would make 0 * Inf = NaN).
-        let dims = static_dims(&xs).expect("static dims (checked by `unsupported`)");
-        let mut row_dims: Vec<i64> = dims[..dims.len() - 1].iter().map(|&d| d as i64).collect();
-        row_dims.push(1);
-        let m = g.reshape_(mask, row_dims);
-        let m = g.add_node(Op::Expand { target_shape: dims.iter().map(|&d| d as i64).collect() }, vec![m], xs.clone());
-        let half = g.full(&dims, 0.5, DType::F32);
-        let token = g.add_node(Op::Compare(CmpOp::Ge), vec![m, half], xs.clone().with_dtype(DType::Bool));
-        let zero = g.full(&dims, 0.0, DType::F32);
-        abs = g.add_node(Op::Where, vec![token, abs, zero], xs.clone());
-    }
+    let abs = match rows {
+        Some(mask) => abs_of_token_rows(g, x, mask),
+        None => g.abs(x),
+    };
     let rs = shape::reduce_shape(&xs, &axes, true).expect("reduce shape of a static tensor");
     let mut s = g.reduce(abs, ReduceOp::Max, axes, true, rs.clone());
     if qz.clip != 1.0 {
@@ -262,16 +280,10 @@ impl Pass for FakeQuant {
             };
             // With padding=exclude, the token rows of lhs (its leading axes flattened).
             let rows = if exclude_padding {
-                let dims = static_dims(rw.graph().shape(lhs)).expect("static dims (checked by `unsupported`)");
-                let n: usize = dims[..dims.len() - 1].iter().product();
-                match rw.row_mask(n) {
-                    Some(m) => Some(m),
-                    None => {
-                        let why = format!(
-                            "padding=exclude needs a graph input attention_mask with one value per row of lhs ({n} rows): \
-                             none here; use padding=include or scope=token"
-                        );
-                        rw.skip(&site, Some(Role::LHS), Some(lhs), why);
+                match token_rows(rw, lhs) {
+                    Ok(m) => Some(m),
+                    Err(why) => {
+                        rw.skip(&site, Some(Role::LHS), Some(lhs), format!("{why} or scope=token"));
                         continue;
                     }
                 }

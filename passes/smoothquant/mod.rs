@@ -6,7 +6,8 @@
 //! For a matmul `y = x W` with `x [.., K]` and a weight `W [K, N]`, per input channel `j`:
 //!
 //! ```text
-//! a_j = max |x[.., j]|      over every row of the current run (the lhs's per-channel absmax)
+//! a_j = max |x[.., j]|      over every row of the current run (the lhs's per-channel absmax;
+//!                          `padding=exclude`: over the rows `attention_mask` marks as tokens)
 //! w_j = max |W[j, :]|       the weight row's absmax
 //! s_j = a_j^alpha / w_j^(1 - alpha)       (a_j or w_j of 0 counts as 1: s stays finite, > 0)
 //! x'  = x / s      W' = diag(s) W         so x' W' = x W up to f32 rounding
@@ -36,7 +37,7 @@ use rlx_ir::{DType, Graph, NodeId, Op, Shape};
 
 use crate::error::Error;
 use crate::manifest::Role;
-use crate::pass::{Globs, Opt, OptionSpec, Options, Pass, PassKind, PassRegistration};
+use crate::pass::{Globs, Opt, OptionSpec, Options, Pass, PassKind, PassRegistration, Word};
 use crate::rewrite::Rewrite;
 use crate::sketch::static_dims;
 
@@ -44,7 +45,14 @@ const SITES: Opt<Globs> = Opt::globs("sites", "[*]", "glob patterns over site na
 const ALPHA: Opt<f32> =
     Opt::float("alpha", 0.0, 1.0, "0.5", "migration strength: s = absmax(x)^alpha / absmax(W row)^(1-alpha) (Xiao et al. 2023: 0.5)");
 
-const OPTIONS: &[OptionSpec] = &[SITES.spec, ALPHA.spec];
+const PADDING: Opt<Word> = Opt::word(
+    "padding",
+    &["include", "exclude"],
+    "include",
+    "activation absmax a_j over every row (include: the padded batch as a run-time migration sees it) or over the rows the graph input attention_mask marks as tokens (exclude)",
+);
+
+const OPTIONS: &[OptionSpec] = &[SITES.spec, ALPHA.spec, PADDING.spec];
 
 /// Name prefix of the nodes this pass adds; the migrated weight is `PREFIX<site>/weight`, which
 /// `fakequant` treats as the site's weight.
@@ -98,8 +106,9 @@ fn positive_or_one(g: &mut Graph, v: NodeId, ones: &[usize]) -> NodeId {
     g.add_node(Op::Where, vec![pos, v, one], shape)
 }
 
-/// Append the migration of `x [.., K] @ w [K, N]`; returns `(x', W')`.
-fn migrate(g: &mut Graph, site: &str, x: NodeId, w: NodeId, alpha: f32) -> (NodeId, NodeId) {
+/// Append the migration of `x [.., K] @ w [K, N]`, `a_j` over the token rows of `rows` when
+/// given (see `fakequant::abs_of_token_rows`); returns `(x', W')`.
+fn migrate(g: &mut Graph, site: &str, x: NodeId, w: NodeId, alpha: f32, rows: Option<NodeId>) -> (NodeId, NodeId) {
     let xs = g.shape(x).clone();
     let rank = xs.rank();
     let k = *static_dims(&xs).expect("checked static").last().expect("rank >= 1");
@@ -112,7 +121,10 @@ fn migrate(g: &mut Graph, site: &str, x: NodeId, w: NodeId, alpha: f32) -> (Node
     let sx = Shape::new(&row, DType::F32);
     let sw = Shape::new(&[k, 1], DType::F32);
     // a [1.., K]: absmax over every axis but the last.
-    let ax = g.abs(x);
+    let ax = match rows {
+        Some(mask) => super::fakequant::abs_of_token_rows(g, x, mask),
+        None => g.abs(x),
+    };
     let a = g.reduce(ax, ReduceOp::Max, (0..rank - 1).collect(), true, sx.clone());
     let a = positive_or_one(g, a, &xones);
     // w [K, 1]: absmax over N, as a [1.., K] row.
@@ -150,6 +162,7 @@ impl Pass for SmoothQuant {
     fn run(&self, opts: &Options, rw: &mut Rewrite) -> Result<(), Error> {
         let patterns = opts.get(&SITES)?;
         let alpha = opts.get(&ALPHA)?;
+        let exclude_padding = opts.get(&PADDING)? == "exclude";
         let nodes: Vec<NodeId> = rw.original_nodes().collect();
         for id in nodes {
             let node = rw.graph().node(id);
@@ -174,13 +187,25 @@ impl Pass for SmoothQuant {
                 rw.skip(&site, Some(role), Some(t), why);
                 continue;
             }
+            let rows = if exclude_padding {
+                match super::fakequant::token_rows(rw, x) {
+                    Ok(m) => Some(m),
+                    Err(why) => {
+                        rw.skip(&site, Some(Role::LHS), Some(x), why);
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
             let g = rw.graph_mut();
-            let (xm, wm) = migrate(g, &site, x, w, alpha);
+            let (xm, wm) = migrate(g, &site, x, w, alpha, rows);
             let mut inputs = g.node(id).inputs.clone();
             inputs[0] = xm;
             inputs[1] = wm;
             g.set_inputs(id, inputs);
-            rw.actuate(&site, id, format!("smoothquant alpha {alpha}: x / s, diag(s) W, dynamic per-channel scales"));
+            let over = if rows.is_some() { " over token rows" } else { "" };
+            rw.actuate(&site, id, format!("smoothquant alpha {alpha}: x / s, diag(s) W, dynamic per-channel scales{over}"));
         }
         Ok(())
     }

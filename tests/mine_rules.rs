@@ -149,6 +149,28 @@ fn record_runs(pipeline: &str, runs: &[Vec<f32>]) -> std::collections::BTreeMap<
     opscope::mine::series_from_rows(&sink.rows())
 }
 
+/// Rows of nothing but NaN are summed as rows of energy 0 by the sketch: the row rules
+/// (adjacent-row ratio, row-energy spread, per-token int8) leave runs holding non-finite values
+/// out, so every other row NaN in Gaussian data gives no `delta_compute` (its adjacent ratio
+/// would read 0) and no `low_rank_probe`, while the health verdict names the NaNs. The same
+/// data without NaN mines to neither either (the control).
+#[test]
+fn rows_of_nan_give_no_row_verdict() {
+    use opscope::mine::kinds::{DELTA_COMPUTE, LOW_RANK_PROBE};
+    let runs: Vec<Vec<f32>> = (0..6).map(|r| randn(64 * 128, 300 + r)).collect();
+    let with_nan: Vec<Vec<f32>> = runs
+        .iter()
+        .map(|x| x.iter().enumerate().map(|(i, v)| if (i / 128) % 2 == 1 { f32::NAN } else { *v }).collect())
+        .collect();
+    for (what, data) in [("every other row NaN", &with_nan), ("no NaN", &runs)] {
+        let v = opscope::mine::mine(&record_runs("matmul{roles=[lhs]}", data));
+        let k = kinds(&v);
+        assert!(!k.contains(&DELTA_COMPUTE.name) && !k.contains(&LOW_RANK_PROBE.name), "{what}: {k:?}");
+        // The NaNs are named by the health verdict, and only there.
+        assert_eq!(k.contains(&opscope::mine::HEALTH.name), what != "no NaN", "{what}: {k:?}");
+    }
+}
+
 /// A memoized weight is recorded once per compile while the activation is recorded every run:
 /// the across-run rules do not list the weight as short of runs (it is a constant), while a
 /// tensor that really ran once is listed. Also: a verdict kind prints as its name.

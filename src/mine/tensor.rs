@@ -188,11 +188,18 @@ pub(crate) fn chan_metrics(ch: &[f32]) -> Option<(f64, Option<f64>)> {
 /// The per-run numbers the tensor rules read from the per-row vectors (`row_absmax`,
 /// `pos_sumsq`) of one run of a tensor of dims `shape`: per-token int8 SQNR
 /// ([`sqnr8_per_token`]), the adjacent-row ratio and the row-energy coefficient of variation.
-/// The hash is left 0 (see [`RowSummary`]). All `None` for a run with no counted value.
+/// The hash is left 0 (see [`RowSummary`]). All `None` for a run with no counted value, and for
+/// a run holding a NaN or an Inf: the sketch sums a row's finite values only, so a row of
+/// nothing but NaN/Inf reads as a row of energy 0 (a false "identical neighbour" or "low rank"),
+/// and a partly non-finite row as a smaller one; the health verdict names such runs.
 pub(crate) fn row_metrics(run: &StepStats, shape: &[usize]) -> RowSummary {
     let mut out = RowSummary::default();
     let count = run.scalar(tensor::COUNT).unwrap_or(0.0);
     if count <= 0.0 {
+        return out;
+    }
+    let nonfinite: f64 = [tensor::NAN_COUNT, tensor::POSINF_COUNT, tensor::NEGINF_COUNT].iter().filter_map(|&s| run.scalar(s)).sum();
+    if nonfinite > 0.0 {
         return out;
     }
     let p = run.scalar(tensor::SUMSQ).map(|s| s / count);

@@ -1615,7 +1615,20 @@ fn record_npz(a: &RecordArgs, pipeline: &Pipeline, npz: &std::path::Path) -> Res
     after_recording(&summary, &a.out, || {
         format!("opscope: interrupted: the rows recorded so far are in {}", interrupted_rows(&a.out))
     });
+    write_online_state(pipeline, &a.out)?;
     say!("recorded {} batches of {} with '{pipeline}' to {}", job.batches(), npz.display(), written_to(&a.out, &before));
+    Ok(())
+}
+
+/// With `online` in the pipeline, write the process's online state (quantile sketches, distinct
+/// tensors per site) to `<out>.online.json` and say so: every `record` path (text, `.npz`
+/// inputs, a GGUF decoder) ends with it.
+fn write_online_state(pipeline: &Pipeline, out: &std::path::Path) -> Result<()> {
+    if opscope::online::enabled(pipeline) {
+        let path = opscope::online::state_path(out);
+        opscope::online::take().write(&path).map_err(|e| anyhow::anyhow!(e))?;
+        say!("online state (DDSketch quantiles, distinct tensors per site) in {}", path.display());
+    }
     Ok(())
 }
 
@@ -1719,6 +1732,7 @@ fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> R
         format!("opscope: interrupted: the rows recorded so far are in {}", interrupted_rows(&a.out))
     });
     emit(&summary.table())?;
+    write_online_state(pipeline, &a.out)?;
     for (p, cn) in &samples {
         say!("greedy: {:?} -> {:?}", p, cn);
     }
@@ -1916,11 +1930,7 @@ fn record(a: RecordArgs) -> Result<()> {
         );
     }
     emit(&summary.table())?;
-    if opscope::online::enabled(&pipeline) {
-        let path = opscope::online::state_path(&a.out);
-        opscope::online::take().write(&path).map_err(|e| anyhow::anyhow!(e))?;
-        say!("online state (DDSketch quantiles, distinct tensors per site) in {}", path.display());
-    }
+    write_online_state(&pipeline, &a.out)?;
     say!(
         "recorded {} text entries ({} per batch, {} tokens, {}) with '{}' to {}",
         job.sentences(),

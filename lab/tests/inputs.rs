@@ -65,6 +65,21 @@ fn int32_and_int64_inputs_record_the_same_numbers_as_numpy() {
     let rows: Vec<opscope::Row> = reader.deserialize().collect::<Result<_, _>>().unwrap();
     let nnz: Vec<f32> = rows.iter().filter(|r| &*r.stat == "nnz" && r.site.contains("proj")).map(|r| r.value).collect();
     assert_eq!(nnz, vec![want as f32; 2], "npz: one row per batch");
+    // With `online`, the .npz path writes the online state beside the recording, as the text
+    // path does (it wrote none, without a word, until 2026-12-07).
+    let out = dir.path().join("online.csv");
+    let run = opscope()
+        .args(["record", "--pipeline", "online,matmul{roles=[lhs],stats=[nnz]}", "--onnx"])
+        .arg(dir.path().join("model_int32.onnx"))
+        .arg("--inputs")
+        .arg(dir.path().join("inputs.npz"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "npz online: {}", String::from_utf8_lossy(&run.stderr));
+    let state = opscope::online::OnlineState::read(&opscope::online::state_path(&out)).expect("the online state is written");
+    assert!(state.sites.keys().any(|k| k.contains("proj") && k.ends_with("/lhs")), "{:?}", state.sites.keys().collect::<Vec<_>>());
     // An input the model declares and the file lacks: the error lists both.
     let run = opscope()
         .args(["record", "--onnx"])

@@ -152,7 +152,12 @@ pub fn text(verdicts: &[Verdict], cannot: &[CannotRun], no_data: &[String], seri
             let _ = writeln!(out, "  {}: {} at {} site/role(s)", c.kind, why.join("; "), c.series);
         }
         if cannot.iter().any(|c| !c.missing.is_empty()) {
-            let _ = writeln!(out, "  (a tap's default stats=[all] records every statistic; runs come from more text or steps)");
+            let _ = writeln!(
+                out,
+                "  (a statistic is missing when the pipeline did not record it, which a tap's default stats=[all] does, or \
+                 when it is undefined for the data and was not written: kurtosis and chan_outlier of an all-zero tensor, \
+                 sumsq beyond f32's range; runs come from more text or steps)"
+            );
         }
     }
     for line in group_not_sketched(no_data) {

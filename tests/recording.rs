@@ -766,3 +766,34 @@ fn a_parquet_part_damaged_after_it_was_closed_is_an_error() {
     let err = read_all(&root).unwrap_err().to_string();
     assert!(err.contains("copied into the dataset twice") && err.contains("recording=copy"), "{err}");
 }
+
+/// A recording the checksum cannot guard (its `checksum` removed, as the error for a file
+/// changed on purpose suggests; a CSV written back by pandas) is still refused by the miner when
+/// one of its rows appears twice with another value (the later row used to win in silence: a
+/// density of 1.0 read as 0.002), or names an `idx` its tensor cannot have; the clean file mines.
+#[test]
+fn a_duplicated_row_or_an_impossible_idx_is_refused_by_the_miner() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.csv");
+    run_into(opscope::recording::open(&path).unwrap()).unwrap();
+    let side = opscope::recording::sidecar_path(&path);
+    let mut doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&side).unwrap()).unwrap();
+    doc.as_object_mut().unwrap().remove("checksum");
+    std::fs::write(&side, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(opscope::mine::load(&path).is_ok());
+    let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let (stat, value, idx) = (col("stat"), col("value"), col("idx"));
+    let row = text.lines().skip(1).find(|l| l.split(',').nth(stat) == Some("max")).unwrap();
+    let with = |f: usize, v: &str| -> String {
+        let mut cells: Vec<&str> = row.split(',').collect();
+        cells[f] = v;
+        cells.join(",")
+    };
+    for (extra, want) in [(with(value, "12345"), "has two rows for stat 'max' idx 0"), (with(idx, "9999999"), "has idx 9999999 for stat 'max'")] {
+        std::fs::write(&path, format!("{text}{extra}\n")).unwrap();
+        let err = opscope::mine::load(&path).unwrap_err().to_string();
+        assert!(err.contains(want), "{want}: {err}");
+    }
+}

@@ -106,10 +106,14 @@ impl StepStats {
         self.own.as_ref().map_or(series, |o| o.flops)
     }
 
-    fn push(&mut self, stat: Stat, idx: usize, value: f32) {
+    /// Set value `idx` of `stat`. Returns the value it held, when it held one: a row that
+    /// appears twice (a recording never writes a value twice, nor a NaN, so a slot holding a
+    /// number was filled by an earlier row).
+    fn push(&mut self, stat: Stat, idx: usize, value: f32) -> Option<f32> {
+        let mut held = None;
         if idx == 0 {
             match self.scalars.iter_mut().find(|(s, _)| *s == stat) {
-                Some(slot) => slot.1 = value,
+                Some(slot) => held = Some(std::mem::replace(&mut slot.1, value)),
                 None => self.scalars.push((stat, value)),
             }
         }
@@ -124,8 +128,10 @@ impl StepStats {
             if v.len() <= idx {
                 v.resize(idx + 1, f32::NAN);
             }
-            v[idx] = value;
+            let was = std::mem::replace(&mut v[idx], value);
+            held = (!was.is_nan()).then_some(was);
         }
+        held
     }
 
     /// Give back the growth slack of the vectors (a vector grows one value at a time as its rows
@@ -638,7 +644,19 @@ impl Builder {
     }
 
     fn add(&mut self, (si, ri): (usize, usize), stat: Stat, idx: u64, value: f32) {
-        self.series[si].1.runs[ri].push(stat, idx as usize, value);
+        let run = &mut self.series[si].1.runs[ri];
+        if let Some(was) = run.push(stat, idx as usize, value) {
+            let (compile, step) = (run.compile, run.step);
+            let (site, role) = (&self.series[si].0 .0, &self.series[si].0 .1);
+            self.bad_idx.get_or_insert_with(|| {
+                format!(
+                    "{site}/{role} (compile {compile}, step {step}) has two rows for stat '{}' idx {idx} ({was} and {value}): a \
+                     recording writes each value once, so the file was concatenated with itself or edited; remove the \
+                     duplicate rows (or re-record)",
+                    stat.as_str()
+                )
+            });
+        }
     }
 
     /// Add a row.

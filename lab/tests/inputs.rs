@@ -50,17 +50,20 @@ fn int32_and_int64_inputs_record_the_same_numbers_as_numpy() {
         assert_eq!(nnz, vec![want as f32], "{model}: lhs nnz of /proj/MatMul");
     }
     // The same inputs from a numpy .npz (two batches along axis 0), no tokenizer involved.
+    let record_npz = |pipeline: &str, out: &std::path::Path| {
+        let run = opscope()
+            .args(["record", "--pipeline", pipeline, "--onnx"])
+            .arg(dir.path().join("model_int32.onnx"))
+            .arg("--inputs")
+            .arg(dir.path().join("inputs.npz"))
+            .arg("--out")
+            .arg(out)
+            .output()
+            .unwrap();
+        assert!(run.status.success(), "npz {pipeline}: {}", String::from_utf8_lossy(&run.stderr));
+    };
     let out = dir.path().join("npz.csv");
-    let run = opscope()
-        .args(["record", "--pipeline", "matmul{roles=[lhs],stats=[nnz]}", "--onnx"])
-        .arg(dir.path().join("model_int32.onnx"))
-        .arg("--inputs")
-        .arg(dir.path().join("inputs.npz"))
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(run.status.success(), "npz: {}", String::from_utf8_lossy(&run.stderr));
+    record_npz("matmul{roles=[lhs],stats=[nnz]}", &out);
     let mut reader = csv::Reader::from_path(&out).unwrap();
     let rows: Vec<opscope::Row> = reader.deserialize().collect::<Result<_, _>>().unwrap();
     let nnz: Vec<f32> = rows.iter().filter(|r| &*r.stat == "nnz" && r.site.contains("proj")).map(|r| r.value).collect();
@@ -68,16 +71,7 @@ fn int32_and_int64_inputs_record_the_same_numbers_as_numpy() {
     // With `online`, the .npz path writes the online state beside the recording, as the text
     // path does (it wrote none, without a word, until 2026-12-07).
     let out = dir.path().join("online.csv");
-    let run = opscope()
-        .args(["record", "--pipeline", "online,matmul{roles=[lhs],stats=[nnz]}", "--onnx"])
-        .arg(dir.path().join("model_int32.onnx"))
-        .arg("--inputs")
-        .arg(dir.path().join("inputs.npz"))
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(run.status.success(), "npz online: {}", String::from_utf8_lossy(&run.stderr));
+    record_npz("online,matmul{roles=[lhs],stats=[nnz]}", &out);
     let state = opscope::online::OnlineState::read(&opscope::online::state_path(&out)).expect("the online state is written");
     assert!(state.sites.keys().any(|k| k.contains("proj") && k.ends_with("/lhs")), "{:?}", state.sites.keys().collect::<Vec<_>>());
     // An input the model declares and the file lacks: the error lists both.

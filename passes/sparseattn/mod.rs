@@ -410,7 +410,10 @@ impl Pass for SparseAttn {
                 }
             };
             let (masked, counted) = match (keep, key_mask) {
-                (Keep::Window { window, sinks }, Some(mask)) if dims.len() == 4 => {
+                // The kernel's key mask is `[B, Sk]`; one of another size is left to the slots.
+                (Keep::Window { window, sinks }, Some(mask))
+                    if dims.len() == 4 && static_dims(g.shape(mask)).is_some_and(|m| m.iter().product::<usize>() == dims[0] * dims[3]) =>
+                {
                     (mask_window_by_valid_keys(g, &site, s, &dims, mask, window, sinks), "; the window counts the key mask's valid keys (a decode step)")
                 }
                 _ => (mask_scores(g, &site, s, &dims, keep), ""),

@@ -248,7 +248,7 @@ fn report_numbers_are_those_of_all_runs() {
             let runs: Vec<&RunRef> = r.runs.values().collect();
             let identical = runs.len() >= 2
                 && runs.windows(2).all(|w| {
-                    ["min", "max", "sumsq", "count"].iter().all(|k| w[0].scalars.get(*k) == w[1].scalars.get(*k))
+                    ["min", "max", "sumsq", "count", "nan_count", "posinf_count", "neginf_count"].iter().all(|k| w[0].scalars.get(*k) == w[1].scalars.get(*k))
                         && ["hist", "chan_maxabs"].iter().all(|k| w[0].vectors.get(*k) == w[1].vectors.get(*k))
                 });
             assert_eq!(s["runs_identical"], identical, "{what}");

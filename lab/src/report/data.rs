@@ -191,8 +191,15 @@ pub fn summarize(key: &SeriesKey, s: &Series, rank: usize, short: &str) -> Serie
     let run_absmax: Vec<f64> = s.runs.iter().map(|r| run_absmax(r).unwrap_or(f64::NAN)).collect();
     let run_rms: Vec<f64> = s.runs.iter().map(|r| run_rms(r).unwrap_or(f64::NAN)).collect();
     let same = |v: &[f64]| v.windows(2).all(|w| w[0] == w[1] || (w[0].is_nan() && w[1].is_nan()));
+    // Non-finite counts too: runs of all NaN and of all Inf have no absmax, rms or histogram.
+    let run_nonfinite: Vec<[f64; 3]> = s
+        .runs
+        .iter()
+        .map(|r| [tensor::NAN_COUNT, tensor::POSINF_COUNT, tensor::NEGINF_COUNT].map(|st| r.scalar(st).unwrap_or(0.0)))
+        .collect();
     let runs_identical = s.runs.len() >= 2
         && s.runs.iter().any(|r| r.has(tensor::COUNT))
+        && run_nonfinite.windows(2).all(|w| w[0] == w[1])
         && same(&run_absmax)
         && same(&run_rms)
         && hist.as_ref().is_none_or(|h| h.runs.windows(2).all(|w| w[0].1 == w[1].1))
@@ -285,6 +292,19 @@ mod tests {
             let a = summarize(&key, &full[&key], 0, "s").runs_identical;
             let b = summarize(&key, &compact[&key], 0, "s").runs_identical;
             assert_eq!((a, b), (want, want), "{name}: full {a}, compact {b}");
+        }
+        // Runs of nothing but NaN and of nothing but +Inf record no absmax, rms or histogram:
+        // their non-finite counts tell them apart (a helper saw them reported identical).
+        for (name, counts, want) in [("NaN then Inf", [("nan_count", 6.0), ("posinf_count", 6.0)], false), ("NaN twice", [("nan_count", 6.0), ("nan_count", 6.0)], true)] {
+            let path = dir.path().join(format!("{}.csv", name.replace(' ', "_")));
+            let mut sink = opscope::recording::open(&path).unwrap();
+            for (step, (stat, n)) in counts.iter().enumerate() {
+                sink.write(&[row(step as u64, "count", 0, 0.0), row(step as u64, stat, 0, *n)]).unwrap();
+            }
+            sink.finish().unwrap();
+            let key: SeriesKey = ("s".into(), "out".into(), 0);
+            let full = opscope::mine::load(&path).unwrap();
+            assert_eq!(summarize(&key, &full[&key], 0, "s").runs_identical, want, "{name}");
         }
     }
 }

@@ -16,6 +16,7 @@ parsing its lines, and gives ORT's `compute_scale_zp` of every loaded range.
 Usage: calib_reference.py REQUEST.json OUT.json
 REQUEST: {"recording": csv, "cases": [{"key", "method", "percentile", "symmetric", "json",
           "cache"}], "ort_entropy": [names] | null (null: all),
+          "moving_average": {"runs": [f32 files], "weight": f32 file, "k", "n", "constant"}?,
           "raw": {name: {"files": [f32 files], "hist": [lo, hi, bins]?, "weight": {"file", "shape"}?}},
           "quantize": {"case", "lhs", "out", "k", "n"}?}
 """
@@ -299,6 +300,63 @@ def quantize(spec, case):
             "y_scale": float(q["y_scale"]), "y_zero_point": int(q["y_zero_point"])}
 
 
+def ort_moving_average(spec):
+    """onnxruntime's own MinMaxCalibrater(moving_average=True) on a one-MatMul ONNX model x[?,k] @ W
+    (the test's weight) fed the test's batches, for x and y: `mean` in one `collect_data` pass over
+    every batch (as quantize_static runs it: np.nanmean of the batches' ReduceMin/ReduceMax), `ema`
+    one `collect_data` call a batch (merge_range: m + c (x - m) from the first batch's value),
+    both asymmetric and symmetric; and `ema_pytorch_sym`, the symmetric range PyTorch's
+    MovingAverageMinMaxObserver gives (its documented recurrence on the batches' min and max,
+    then +-max(|min|, |max|); torch is not a test dependency)."""
+    import os
+    import tempfile
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization.calibrate import create_calibrator
+
+    d = tempfile.mkdtemp()
+    k, n = spec["k"], spec["n"]
+    w = np.fromfile(spec["weight"], dtype="<f4").reshape(k, n)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])],
+                          [numpy_helper.from_array(w, "W")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    onnx.save(m, os.path.join(d, "m.onnx"))
+    batches = [np.fromfile(f, dtype="<f4").reshape(-1, k) for f in spec["runs"]]
+    c = spec["constant"]
+
+    class Reader:
+        def __init__(self, xs):
+            self.it = iter(xs)
+
+        def get_next(self):
+            x = next(self.it, None)
+            return None if x is None else {"x": x}
+
+    def ranges(sym, per_batch):
+        cal = create_calibrator(os.path.join(d, "m.onnx"), ["MatMul"], augmented_model_path=os.path.join(d, f"aug{sym}{per_batch}.onnx"),
+                                extra_options={"moving_average": True, "averaging_constant": c if per_batch else 0.01, "symmetric": sym})
+        for chunk in ([[b] for b in batches] if per_batch else [batches]):
+            cal.collect_data(Reader(chunk))
+        t = cal.compute_data()
+        return {name: [float(np.asarray(t[name].range_value[0]).reshape(-1)[0]), float(np.asarray(t[name].range_value[1]).reshape(-1)[0])] for name in ("x", "y")}
+
+    out = {"mean": ranges(False, False), "mean_sym": ranges(True, False), "ema": ranges(False, True)}
+    ys = [(b.astype(np.float32) @ w) for b in batches]
+    pt = {}
+    for name, arrs in (("x", batches), ("y", ys)):
+        lo, hi = float(arrs[0].min()), float(arrs[0].max())
+        for a in arrs[1:]:
+            lo, hi = lo + c * (float(a.min()) - lo), hi + c * (float(a.max()) - hi)
+        amax = max(abs(lo), abs(hi))
+        pt[name] = [-amax, amax]
+    out["ema_pytorch_sym"] = pt
+    return out
+
+
 def main():
     req = json.load(open(sys.argv[1]))
     tensors = read_recording(req["recording"])
@@ -326,6 +384,8 @@ def main():
             lo, hi, n = spec["hist"]
             raw[name]["hist"] = np.histogram(x.astype(np.float64), n, range=(lo, hi))[0].tolist()
     res["raw"] = raw
+    if req.get("moving_average"):
+        res["moving_average"] = ort_moving_average(req["moving_average"])
     if req.get("quantize"):
         spec = req["quantize"]
         case = next(c for c in req["cases"] if c["key"] == spec["case"])

@@ -1104,6 +1104,17 @@ enum MethodArg {
     Entropy,
 }
 
+/// How min-max combines the runs' ranges on the command line.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum AverageArg {
+    /// The smallest min and largest max of any run (ORT's MinMax default).
+    Extremes,
+    /// The mean of the runs' min and max (ORT's MinMax with moving_average=True in quantize_static).
+    Mean,
+    /// Exponential moving average in run order (PyTorch's MovingAverageMinMaxObserver).
+    Ema,
+}
+
 #[derive(clap::Args)]
 struct CalibrateArgs {
     /// Recording (CSV, .csv.gz or Parquet) made with `matmul{stats=[min,max,hist],hist_bins=2048,hist_range=-A:A}`
@@ -1115,6 +1126,12 @@ struct CalibrateArgs {
     /// Percent of the values the range keeps (percentile method; ORT's default 99.999).
     #[arg(long)]
     percentile: Option<f64>,
+    /// Min-max: how the runs' ranges combine (each run is one batch).
+    #[arg(long, value_enum, default_value = "extremes")]
+    average: AverageArg,
+    /// `--average ema`: the weight of each new run, in (0, 1] (PyTorch's averaging_constant).
+    #[arg(long)]
+    averaging_constant: Option<f64>,
     /// Symmetric range and int8 [-127, 127] scales with zero point 0 (else uint8 [0, 255] with a
     /// zero point).
     #[arg(long)]
@@ -1132,7 +1149,7 @@ struct CalibrateArgs {
 }
 
 fn calibrate(a: CalibrateArgs) -> Result<()> {
-    use opscope::mine::{CalibrationMethod, CalibrationOptions};
+    use opscope::mine::{CalibrationMethod, CalibrationOptions, RangeAveraging};
     use std::fmt::Write as _;
     let name = a.out.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
     let kind = if name.ends_with(".json") {
@@ -1150,8 +1167,18 @@ fn calibrate(a: CalibrateArgs) -> Result<()> {
         (MethodArg::Minmax, None) => CalibrationMethod::MinMax,
         (MethodArg::Entropy, None) => CalibrationMethod::Entropy,
     };
-    let options = CalibrationOptions { symmetric: a.symmetric, ..CalibrationOptions::new(method) };
-    options.validate().map_err(|e| anyhow::anyhow!("--percentile: {e}"))?;
+    let averaging = match (a.average, a.averaging_constant) {
+        (AverageArg::Ema, c) => RangeAveraging::Ema(c.unwrap_or(0.01)),
+        (_, Some(_)) => anyhow::bail!("--averaging-constant applies to --average ema only"),
+        (AverageArg::Extremes, None) => RangeAveraging::Extremes,
+        (AverageArg::Mean, None) => RangeAveraging::Mean,
+    };
+    if averaging != RangeAveraging::Extremes && method != CalibrationMethod::MinMax {
+        anyhow::bail!("--average {} applies to --method minmax only (ORT's moving_average is a MinMax calibrator option)", averaging.name());
+    }
+    let options = CalibrationOptions { symmetric: a.symmetric, averaging, ..CalibrationOptions::new(method) };
+    let flag = if matches!(averaging, RangeAveraging::Ema(_)) { "--averaging-constant" } else { "--percentile" };
+    options.validate().map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
     // Compact: calibration reads extremes, histograms and channel maxima, not per-row vectors.
     let series = opscope::mine::load_compact(&a.recording)?;
     let table = opscope::mine::calibrate_all(&series, &options);
@@ -1238,9 +1265,14 @@ fn calibrate(a: CalibrateArgs) -> Result<()> {
         }
     }
     let q = &table.tensors[0].quant;
+    let how = match averaging {
+        RangeAveraging::Extremes => method.to_string(),
+        RangeAveraging::Mean => format!("{method} averaged: the mean of the runs' ranges"),
+        RangeAveraging::Ema(c) => format!("{method} averaged: moving average of the runs' ranges, constant {c}"),
+    };
     let _ = writeln!(
         out,
-        "wrote {} ({} tensors, {method}, {} [{}, {}]{}); keys are site/role, not ONNX tensor names{}",
+        "wrote {} ({} tensors, {how}, {} [{}, {}]{}); keys are site/role, not ONNX tensor names{}",
         a.out.display(),
         table.tensors.len(),
         q.dtype(),

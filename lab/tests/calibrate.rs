@@ -332,6 +332,90 @@ fn sparse_histograms_calibrate_as_onnxruntime() {
     assert!(fullest < 30.0, "sparse: fullest bin {fullest}");
 }
 
+/// Min-max with the runs' ranges averaged (`--average mean`, `--average ema`) against
+/// onnxruntime's own `MinMaxCalibrater(moving_average=True)` on a one-MatMul ONNX model fed the
+/// same batches: its mean in one `collect_data` pass (as `quantize_static` runs it) and its
+/// moving average across one `collect_data` call a batch; the symmetric moving average against
+/// PyTorch's `MovingAverageMinMaxObserver` recurrence (ORT makes each batch's range symmetric
+/// before averaging, PyTorch after; opscope follows PyTorch). Run 0 holds the planted outliers
+/// (21.5, -7.5), which set the extremes and move an average by a fraction.
+#[test]
+fn averaged_min_max_matches_onnxruntime_moving_average() {
+    let d = LARGE;
+    let runs = heavy_tailed(d, 8);
+    let w = weight(d);
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("rec.csv");
+    record("matmul{roles=[lhs,out],stats=[min,max]}", d, &runs, &w, Some(&rec));
+    let files: Vec<PathBuf> = runs
+        .iter()
+        .enumerate()
+        .map(|(i, x)| {
+            let p = dir.path().join(format!("x{i}.f32"));
+            std::fs::write(&p, x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+            p
+        })
+        .collect();
+    let wfile = dir.path().join("w.f32");
+    std::fs::write(&wfile, w.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    let c = 0.3;
+    let r = reference(
+        dir.path(),
+        serde_json::json!({
+            "recording": rec, "cases": [], "ort_entropy": Value::Null,
+            "moving_average": {"runs": files, "weight": wfile, "k": d.k, "n": d.n, "constant": c},
+        }),
+    );
+    let ma = &r["moving_average"];
+    let series = opscope::mine::load(&rec).unwrap();
+    let extremes = calibrate_all(&series, &CalibrationOptions::new(CalibrationMethod::MinMax));
+    let c_text = c.to_string();
+    for (key, args, want_key) in [
+        ("mean", vec!["--average", "mean"], "mean"),
+        ("mean_sym", vec!["--average", "mean", "--symmetric"], "mean_sym"),
+        ("ema", vec!["--average", "ema", "--averaging-constant", &c_text], "ema"),
+        ("ema_sym", vec!["--average", "ema", "--averaging-constant", &c_text, "--symmetric"], "ema_pytorch_sym"),
+    ] {
+        let table = dir.path().join(format!("{key}.json"));
+        let out = opscope_cli().arg("calibrate").arg(&rec).args(["--method", "minmax"]).args(&args).arg("--out").arg(&table).output().unwrap();
+        assert!(out.status.success(), "{key}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("minmax averaged"), "{key}: the summary says how the runs were combined");
+        let t: Value = serde_json::from_slice(&std::fs::read(&table).unwrap()).unwrap();
+        assert_eq!(t["opscope"]["average"], if key.starts_with("mean") { "mean" } else { "ema" });
+        assert_eq!(t["calibration_method"]["value"], "CalibrationMethod.MinMax");
+        // The library gives the CLI's ranges.
+        let averaging = if key.starts_with("mean") { opscope::mine::RangeAveraging::Mean } else { opscope::mine::RangeAveraging::Ema(c) };
+        let lib = calibrate_all(&series, &CalibrationOptions { averaging, symmetric: key.ends_with("sym"), ..CalibrationOptions::new(CalibrationMethod::MinMax) });
+        assert!(lib.failed.is_empty());
+        for (role, ort_name, tol) in [("lhs", "x", 1e-6), ("out", "y", 1e-5)] {
+            let name = &extremes.tensors.iter().find(|t| t.role == role).unwrap().name;
+            let got = (t["data"][name]["lowest"].as_f64().unwrap(), t["data"][name]["highest"].as_f64().unwrap());
+            let want = (ma[want_key][ort_name][0].as_f64().unwrap(), ma[want_key][ort_name][1].as_f64().unwrap());
+            // The activation: f64 averaging of the recorded per-run extremes against ORT's float32
+            // nanmean and merge_range; the output also through RLX's GEMM against ORT's MatMul.
+            for (g, w) in [(got.0, want.0), (got.1, want.1)] {
+                assert!((g - w).abs() <= tol * w.abs().max(1.0), "{key} {role}: opscope {got:?} vs reference {want:?}");
+            }
+            let l = lib.tensors.iter().find(|t| &t.name == name).unwrap();
+            assert_eq!((l.lowest as f64, l.highest as f64), got, "{key} {role}: library vs CLI");
+            let e = extremes.tensors.iter().find(|t| &t.name == name).unwrap();
+            // An average lies inside the extremes (symmetric: within +-absmax, centred on 0).
+            let (lo, hi) = if key.ends_with("sym") {
+                let a = e.amax() as f64;
+                assert_eq!(got.0, -got.1, "{key} {role}: symmetric");
+                (-a, a)
+            } else {
+                (e.lowest as f64, e.highest as f64)
+            };
+            assert!(got.0 >= lo && got.1 <= hi, "{key} {role}: {got:?} inside {:?}", (lo, hi));
+        }
+    }
+    let lhs = &extremes.tensors.iter().find(|t| t.role == "lhs").unwrap().name;
+    let mean_hi = ma["mean"]["x"][1].as_f64().unwrap();
+    eprintln!("lhs upper end: min-max 21.5, mean {mean_hi}, ema(0.3) {}", ma["ema"]["x"][1]);
+    assert!(mean_hi < 0.75 * 21.5, "the planted 21.5 in one of 8 runs sets min-max ({}), not the mean ({mean_hi})", extremes.tensors.iter().find(|t| &t.name == lhs).unwrap().highest);
+}
+
 /// MiniLM-L3 over 20 sentences: activations and weights at 2048 bins over [-32, 32], outputs
 /// (attention scores reach -75, the layer-0 FFN output 202) at 4096 over [-256, 256].
 #[test]
@@ -464,6 +548,10 @@ fn calibration_errors_name_the_problem_and_the_fix() {
     for (args, want) in [
         (vec!["--method", "minmax", "--out", "t.txt"], "writes .json (ONNX Runtime calibration table) or .cache"),
         (vec!["--method", "entropy", "--percentile", "99", "--out", "t.json"], "--percentile applies to --method percentile only"),
+        (vec!["--method", "entropy", "--average", "mean", "--out", "t.json"], "--average mean applies to --method minmax only"),
+        (vec!["--method", "minmax", "--average", "mean", "--averaging-constant", "0.1", "--out", "t.json"], "--averaging-constant applies to --average ema only"),
+        (vec!["--method", "minmax", "--average", "ema", "--averaging-constant", "0", "--out", "t.json"], "--averaging-constant: the averaging constant must be in (0, 1]"),
+        (vec!["--method", "minmax", "--average", "ema", "--averaging-constant", "1.5", "--out", "t.json"], "must be in (0, 1] (got 1.5"),
         (vec!["--method", "minmax", "--out", "r.csv.manifest.json"], "recording's manifest sidecar"),
         // Never a part of a recording, even with --force (a dataset's partition sidecar is
         // no input of a CSV calibration, and was overwritten before this check).

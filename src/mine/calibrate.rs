@@ -4,7 +4,14 @@
 //! calibrators use the same ideas):
 //!
 //! - **min-max** (`MinMaxCalibrater`): `lowest` = the smallest `min` over runs, `highest` = the
-//!   largest `max`; symmetric: `[-absmax, absmax]`.
+//!   largest `max`; symmetric: `[-absmax, absmax]`. With [`RangeAveraging`] the runs' ranges
+//!   are averaged instead (each run is one batch): their mean (`MinMaxCalibrater(moving_average=
+//!   True)` as `quantize_static` runs it: one `collect_data` pass, `np.nanmean` over the batches'
+//!   `ReduceMin` / `ReduceMax`), or their exponential moving average in run order, `m = m + c (x
+//!   - m)` from the first run's value (PyTorch's `MovingAverageMinMaxObserver`, `c` its
+//!   `averaging_constant`, 0.01 by default; ORT's `merge_range` does the same across
+//!   `collect_data` calls of one batch each). Symmetric: `[-a, a]` with `a` the larger of the
+//!   averaged `|lowest|` and `|highest|`, as ORT.
 //! - **percentile** (`HistogramCollector.compute_percentile`): on the value histogram merged over
 //!   runs ([`merged_histogram`]), `cdf = cumsum(hist / total)`; `lowest = edges[i]` for the first
 //!   bin `i` with `cdf[i] >= (100 - p) / 200` and `highest = edges[j]` for the first `j` with
@@ -113,11 +120,43 @@ impl fmt::Display for CalibrationMethod {
     }
 }
 
+/// How min-max combines the ranges of the runs (each run one batch of calibration data).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RangeAveraging {
+    /// The smallest `min` and the largest `max` of any run (ORT's `MinMaxCalibrater` default,
+    /// PyTorch's `MinMaxObserver`).
+    Extremes,
+    /// The mean over runs of each run's `min` and of each run's `max`: ORT's
+    /// `MinMaxCalibrater(moving_average=True)` as `quantize_static` runs it (one `collect_data`
+    /// pass over the data reader; `np.nanmean` over the batches). One outlier batch then moves
+    /// the range by `1 / runs` of its excess instead of setting it.
+    Mean,
+    /// Exponential moving average in run order (compile, then step): the first run's `min` /
+    /// `max`, then `m = m + c (x - m)` for each later run, `c` in `(0, 1]`. PyTorch's
+    /// `MovingAverageMinMaxObserver(averaging_constant=c)` (default 0.01), and ORT's moving
+    /// average across `collect_data` calls of one batch each. Weighs late runs most: with `c =
+    /// 0.01` the first run keeps `0.99^(runs - 1)` of its weight.
+    Ema(f64),
+}
+
+impl RangeAveraging {
+    /// The CLI's spelling: `extremes`, `mean`, `ema`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            RangeAveraging::Extremes => "extremes",
+            RangeAveraging::Mean => "mean",
+            RangeAveraging::Ema(_) => "ema",
+        }
+    }
+}
+
 /// How to calibrate.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CalibrationOptions {
     /// The method.
     pub method: CalibrationMethod,
+    /// Min-max only: how the runs' ranges combine ([`RangeAveraging::Extremes`] by default).
+    pub averaging: RangeAveraging,
     /// Symmetric: min-max gives `[-absmax, absmax]`, percentile works on `|x|`, and the scale is
     /// int8 `[-127, 127]` with zero point 0; otherwise uint8 `[0, 255]` with a zero point.
     pub symmetric: bool,
@@ -130,6 +169,7 @@ impl CalibrationOptions {
     pub fn new(method: CalibrationMethod) -> CalibrationOptions {
         CalibrationOptions {
             method,
+            averaging: RangeAveraging::Extremes,
             symmetric: false,
             quantized_bins: 128,
         }
@@ -137,9 +177,24 @@ impl CalibrationOptions {
 
     /// Check the options alone, before any series is read.
     ///
-    /// Errors: [`CalibrationError::Options`] for fewer than 2 quantized bins or a percentile
-    /// outside [0, 100].
+    /// Errors: [`CalibrationError::Options`] for fewer than 2 quantized bins, a percentile
+    /// outside [0, 100], an averaging constant outside `(0, 1]`, or averaging with a method other
+    /// than min-max.
     pub fn validate(&self) -> Result<(), CalibrationError> {
+        if let RangeAveraging::Ema(c) = self.averaging {
+            if !(c > 0.0 && c <= 1.0) {
+                return Err(CalibrationError::Options(format!(
+                    "the averaging constant must be in (0, 1] (got {c}; PyTorch's MovingAverageMinMaxObserver uses 0.01)"
+                )));
+            }
+        }
+        if self.averaging != RangeAveraging::Extremes && self.method != CalibrationMethod::MinMax {
+            return Err(CalibrationError::Options(format!(
+                "averaging the runs' ranges ({}) applies to min-max only (ORT's moving_average is a MinMaxCalibrater option), not to {}",
+                self.averaging.name(),
+                self.method
+            )));
+        }
         if self.quantized_bins < 2 {
             return Err(CalibrationError::Options(format!("quantized bins must be at least 2 (got {})", self.quantized_bins)));
         }
@@ -601,11 +656,31 @@ pub fn calibrate(key: &SeriesKey, s: &Series, o: &CalibrationOptions) -> Result<
     let mut runs = with_range.len();
     let mut histogram = None;
     let (lowest, highest) = match o.method {
-        CalibrationMethod::MinMax if o.symmetric => {
-            let a = data_min.abs().max(data_max.abs());
-            (-a, a)
+        CalibrationMethod::MinMax => {
+            let (lo, hi) = match o.averaging {
+                RangeAveraging::Extremes => (data_min, data_max),
+                RangeAveraging::Mean => {
+                    let n = with_range.len() as f64;
+                    let lo: f64 = with_range.iter().filter_map(|r| r.scalar(tensor::MIN)).sum();
+                    let hi: f64 = with_range.iter().filter_map(|r| r.scalar(tensor::MAX)).sum();
+                    ((lo / n) as f32, (hi / n) as f32)
+                }
+                RangeAveraging::Ema(c) => {
+                    let ema = |stat: Stat| {
+                        let mut v = with_range.iter().filter_map(|r| r.scalar(stat));
+                        let first = v.next().unwrap_or(f64::NAN);
+                        v.fold(first, |m, x| m + c * (x - m)) as f32
+                    };
+                    (ema(tensor::MIN), ema(tensor::MAX))
+                }
+            };
+            if o.symmetric {
+                let a = lo.abs().max(hi.abs());
+                (-a, a)
+            } else {
+                (lo, hi)
+            }
         }
-        CalibrationMethod::MinMax => (data_min, data_max),
         CalibrationMethod::Percentile(_) | CalibrationMethod::Entropy => {
             let Some(m) = merged_histogram(s, None) else {
                 return Err(CalibrationError::NoHistogram { method: o.method.name() });
@@ -760,6 +835,10 @@ pub fn ort_json(tensors: &[TensorCalibration], o: &CalibrationOptions) -> Value 
         CalibrationMethod::Percentile(p) => json!(p),
         _ => Value::Null,
     };
+    let (average, constant) = match o.averaging {
+        RangeAveraging::Ema(c) => ("ema", json!(c)),
+        a => (a.name(), Value::Null),
+    };
     json!({
         "CLS": "TensorsData",
         "data": data,
@@ -767,6 +846,7 @@ pub fn ort_json(tensors: &[TensorCalibration], o: &CalibrationOptions) -> Value 
         "smooth_quant": false,
         "opscope": {
             "method": o.method.name(), "percentile": percentile, "symmetric": o.symmetric,
+            "average": average, "averaging_constant": constant,
             "quantized_bins": o.quantized_bins,
             "tensor_names": "site/role: the recording does not hold ONNX tensor names",
             "tensors": ours,

@@ -30,7 +30,7 @@ use std::fmt;
 use serde::{Serialize, Serializer};
 
 pub use calibrate::{
-    calibrate, calibrate_all, quant_params, CalibrationError, CalibrationNote, CalibrationMethod, CalibrationOptions, CalibrationTable, QuantParams,
+    calibrate, calibrate_all, quant_params, CalibrationError, CalibrationNote, CalibrationMethod, CalibrationOptions, CalibrationTable, QuantParams, RangeAveraging,
     TensorCalibration,
 };
 pub use hist::{histograms_by_run, merged_histogram, merged_histograms, MergedHistogram, RunHistograms};

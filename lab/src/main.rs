@@ -707,8 +707,10 @@ struct MeasureArgs {
     /// projections, about 4x the packed size).
     #[arg(long)]
     no_w8a8: bool,
-    /// With --onnx: also measure this actuation pipeline against fp32, as a W8A8 row (repeat for
-    /// more), e.g. `smoothquant{alpha=0.5},fakequant{scope=tensor,weights=true}`.
+    /// Also measure this actuation pipeline against the unchanged model (repeat for more), e.g.
+    /// `smoothquant{alpha=0.5},fakequant{scope=tensor,weights=true}` or
+    /// `staticquant{table=table.json}`: a W8A8 row (--onnx), a row beside W4A8 run on the packed
+    /// weights (--gguf).
     #[arg(long, value_name = "PIPELINE")]
     also: Vec<String>,
     /// With --onnx: instead of the standard measurements, apply a plan written by `opscope plan`
@@ -729,9 +731,6 @@ fn measure(a: MeasureArgs) -> Result<()> {
     if c.gguf.is_none() && (a.no_skip || a.no_w8a8) {
         anyhow::bail!("--no-skip and --no-w8a8 apply to --gguf only: the ONNX measurement always runs every skip and W8A8 configuration");
     }
-    if c.gguf.is_some() && !a.also.is_empty() {
-        anyhow::bail!("--also applies to --onnx only: SmolLM2's measurement has its own W4A8/W8A8 rows");
-    }
     if let Some(gguf) = &c.gguf {
         use opscope_lab::llama::job::LlamaJob;
         anyhow::ensure!(c.decode.is_none(), "--decode is for `record`: measure scores the prefill's next-token predictions");
@@ -741,7 +740,7 @@ fn measure(a: MeasureArgs) -> Result<()> {
         let f32_job = if a.no_w8a8 { None } else { Some(LlamaJob::new_with(gguf, &entries, b, s, 0, false)?) };
         let bar = ProgressBar::new_spinner();
         bar.enable_steady_tick(std::time::Duration::from_millis(500));
-        let m = opscope_lab::llama::measure::measure(&job, f32_job.as_ref(), !a.no_skip, |stage| bar.set_message(stage.to_string()))?;
+        let m = opscope_lab::llama::measure::measure(&job, f32_job.as_ref(), !a.no_skip, &a.also, |stage| bar.set_message(stage.to_string()))?;
         bar.finish_and_clear();
         write_json(a.json.as_deref(), &m, "the measurement")?;
         return emit(&m.markdown());

@@ -102,6 +102,36 @@ pub struct Measurement {
     pub spearman: f64,
 }
 
+/// Parse the `--also` pipelines, each of which must hold an actuation (checked before any run).
+///
+/// Errors: a pipeline does not parse, or holds no actuation (it would measure the unchanged
+/// model).
+pub fn parse_also(also: &[String]) -> Result<Vec<Pipeline>> {
+    also.iter()
+        .map(|text| {
+            let p = Pipeline::parse(text).with_context(|| format!("--also {text}"))?;
+            if !p.passes.iter().any(|i| i.pass.kind() == opscope::PassKind::Actuation) {
+                bail!("--also '{text}' holds no actuation (fakequant, staticquant, smoothquant, lowrank, sparseattn, skip): it would measure the unchanged model");
+            }
+            Ok(p)
+        })
+        .collect()
+}
+
+/// An `--also` pipeline must change the model: an actuation that changed no site (no site
+/// matched, or every site was skipped with a reason) would be measured as a row equal to the
+/// reference.
+///
+/// Errors: one of its actuations changed nothing in the graphs `manifests` describe (the
+/// message gives the reasons the sites were skipped).
+pub fn ensure_actuated(pipeline: &Pipeline, manifests: &[opscope::Manifest]) -> Result<()> {
+    let arcs: Vec<std::sync::Arc<opscope::Manifest>> = manifests.iter().cloned().map(std::sync::Arc::new).collect();
+    if let Some(idle) = pipeline.idle_actuations(&arcs).first() {
+        bail!("--also: {}", pipeline.idle_actuation_warning(idle, manifests.len()));
+    }
+    Ok(())
+}
+
 /// Run the corpus under `pipeline` (observing the deployed program): sentence embeddings
 /// (`[sentences][hidden]`, the model's last output), the recorded rows and the manifests of the
 /// compiles.
@@ -215,7 +245,7 @@ pub fn measure(job: &Job, progress: impl FnMut(&str)) -> Result<Measurement> {
 ///
 /// Errors: those of [`measure`]; a pipeline of `also` that does not parse (named).
 pub fn measure_with(job: &Job, also: &[String], mut progress: impl FnMut(&str)) -> Result<Measurement> {
-    let also_parsed = also.iter().map(|p| Pipeline::parse(p).with_context(|| format!("--also {p}"))).collect::<Result<Vec<_>>>()?;
+    let also_parsed = parse_also(also)?;
     progress("fp32 with attn + residual taps");
     let (fp32, rows, _) = embed(job, &Pipeline::parse(BASELINE)?)?;
     // Runs in execution order: (compile, step) of each batch as first seen.
@@ -281,7 +311,8 @@ pub fn measure_with(job: &Job, also: &[String], mut progress: impl FnMut(&str)) 
     let mut also_rows = Vec::new();
     for (text, p) in also.iter().zip(&also_parsed) {
         progress(text);
-        let (q, _, _) = embed(job, p)?;
+        let (q, _, manifests) = embed(job, p)?;
+        ensure_actuated(p, &manifests)?;
         let (cos_mean, cos_min, sqnr_db) = compare(&fp32, &q);
         also_rows.push(Quant { name: "--also".into(), pipeline: text.clone(), cos_mean, cos_min, sqnr_db });
     }

@@ -284,10 +284,32 @@ fn measure_gguf_matches_numpy() {
         .arg(&fortunes)
         .args(["--batch", &batch.to_string(), "--seq", &seq.to_string(), "--no-skip", "--no-w8a8", "--json"])
         .arg(&json)
+        .args(["--also", "fakequant{scope=token}"])
         .output()
         .unwrap();
     assert!(st.status.success(), "opscope measure --gguf failed: {}", String::from_utf8_lossy(&st.stderr));
     let m: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    // An --also row runs its pipeline on the packed model against the packed reference: given
+    // the per-token row's own pipeline it gives that row (checked against numpy below).
+    let rows = m["quant"].as_array().unwrap();
+    let also = rows.iter().find(|q| q["name"] == "--also (packed weights)").expect("the --also row");
+    let builtin = rows.iter().find(|q| q["pipeline"] == "fakequant{scope=token}" && q["name"] != also["name"]).unwrap();
+    for k in ["perplexity", "reference_perplexity", "logits_sqnr_db", "top1_agree", "change_ci95"] {
+        assert_eq!(also[k], builtin[k], "--also row vs the per-token row: {k}");
+    }
+    // An --also actuation that changes nothing is refused, as is a pipeline without one.
+    for (also, want) in [("fakequant{sites=[nomatch*]}", "changed nothing"), ("matmul", "holds no actuation")] {
+        let st = std::process::Command::new(env!("CARGO_BIN_EXE_opscope"))
+            .args(["measure", "--gguf"])
+            .arg(&gguf)
+            .arg("--text")
+            .arg(&fortunes)
+            .args(["--batch", "4", "--seq", "8", "--no-skip", "--no-w8a8", "--also", also])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&st.stderr);
+        assert!(!st.status.success() && err.contains(want), "--also {also}: {err}");
+    }
     let (blocks, layers) = ([0usize, 23, 46, 59], [0usize, 15, 29]);
     let r = reference(&gguf, serde_json::json!({"texts": entries, "seq": seq, "blocks": blocks, "attn_layers": layers}));
     let close = |got: f64, want: f64, rel: f64, what: &str| assert!((got - want).abs() <= rel * want.abs().max(1e-3), "{what}: opscope {got}, numpy {want}");

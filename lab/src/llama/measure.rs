@@ -353,10 +353,15 @@ fn residual(job: &LlamaJob, rows: &[Row]) -> Result<(BTreeMap<usize, f64>, Vec<M
 
 /// Measure `job` (loaded with packed weights) and, for the W8A8 rows, `dequantized` (the same
 /// model with every projection bound as f32; `None` leaves those rows out). `skip`: also run one
-/// skip per residual block (a full pass over the text each). `progress` gets each stage's name.
+/// skip per residual block (a full pass over the text each). `also`: more actuation pipelines
+/// (`opscope measure --also`), each run on the packed model and reported as a row beside the
+/// W4A8 rows, against the packed reference. `progress` gets each stage's name.
 ///
-/// Errors: a run fails, or a skip did not bypass its block.
-pub fn measure(job: &LlamaJob, dequantized: Option<&LlamaJob>, skip: bool, mut progress: impl FnMut(&str)) -> Result<LlmMeasurement> {
+/// Errors: a run fails, a pipeline of `also` does not parse, holds no actuation or changed
+/// nothing ([`crate::measure::parse_also`], [`crate::measure::ensure_actuated`]), or a skip did
+/// not bypass its block.
+pub fn measure(job: &LlamaJob, dequantized: Option<&LlamaJob>, skip: bool, also: &[String], mut progress: impl FnMut(&str)) -> Result<LlmMeasurement> {
+    let also_parsed = crate::measure::parse_also(also)?;
     let vocab = job.model.config.vocab;
     progress("reference run with attn + residual taps");
     let base = run(job, BASELINE)?;
@@ -388,6 +393,22 @@ pub fn measure(job: &LlamaJob, dequantized: Option<&LlamaJob>, skip: bool, mut p
             logits_sqnr_db: sqnr,
             top1_agree: agree,
             change_ci95: change_interval(&reference.per_sequence, &r.per_sequence, 0.95, BOOTSTRAP_RESAMPLES),
+        });
+    }
+
+    for (text, p) in also.iter().zip(&also_parsed) {
+        progress(text);
+        let r = run(job, text)?;
+        crate::measure::ensure_actuated(p, &r.manifests)?;
+        let (sqnr, agree) = compare(&base.logits, &r.logits, vocab);
+        quant.push(LlmQuant {
+            name: "--also (packed weights)".into(),
+            pipeline: text.clone(),
+            perplexity: r.ppl.value(),
+            reference_perplexity: base.ppl.value(),
+            logits_sqnr_db: sqnr,
+            top1_agree: agree,
+            change_ci95: change_interval(&base.per_sequence, &r.per_sequence, 0.95, BOOTSTRAP_RESAMPLES),
         });
     }
 

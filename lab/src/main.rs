@@ -387,20 +387,20 @@ fn memo(a: MemoArgs) -> Result<()> {
 }
 
 fn blocks(a: BlocksArgs) -> Result<()> {
-    let enc = opscope_lab::model::OnnxEncoder::load(&a.model.onnx, a.model.batch as usize, a.model.seq as usize)?;
+    let (source, file) = a.model.load()?;
     let graph = match a.model.stage {
-        opscope::activate::Stage::Deployed => opscope::activate::fuse(&enc.graph, rlx_runtime::Device::Cpu, &rlx_runtime::CompileOptions::default()),
-        _ => enc.graph.clone(),
+        opscope::activate::Stage::Deployed => opscope::activate::fuse(&source, rlx_runtime::Device::Cpu, &rlx_runtime::CompileOptions::default()),
+        _ => source.clone(),
     };
     let stage = match a.model.stage {
         opscope::activate::Stage::Deployed => "deployed",
         _ => "source",
     };
     let opts = opscope::analysis::BlockOptions { wl_rounds: a.wl_rounds, min_ops: a.min_ops };
-    let found = opscope::analysis::repeated_blocks(&graph, &opts).with_context(|| format!("{}", a.model.onnx.display()))?;
+    let found = opscope::analysis::repeated_blocks(&graph, &opts).with_context(|| format!("{}", file.display()))?;
     // People read occurrences by the site name of their first op (the ONNX names, recovered
     // through fusion from the weights), e.g. `layer.1/attention/self/query/MatMul`.
-    let (names, _) = opscope::analysis::site_names(&graph, Some(&enc.graph));
+    let (names, _) = opscope::analysis::site_names(&graph, Some(&source));
     let is_op = |v: &u32| !matches!(graph.nodes()[*v as usize].op, rlx_ir::Op::Input { .. } | rlx_ir::Op::Param { .. } | rlx_ir::Op::Constant { .. });
     let first_sites: Vec<Vec<String>> = found
         .iter()
@@ -408,12 +408,12 @@ fn blocks(a: BlocksArgs) -> Result<()> {
         .collect();
     // What RLX fused inside each block (deployed program only: the source program is unfused).
     let fusion: Vec<Option<opscope::analysis::BlockFusion>> =
-        found.iter().map(|b| (stage == "deployed").then(|| opscope::analysis::block_fusion(b, &enc.graph, &graph))).collect();
+        found.iter().map(|b| (stage == "deployed").then(|| opscope::analysis::block_fusion(b, &source, &graph))).collect();
     if a.json {
-        let doc = serde_json::json!({ "onnx": a.model.onnx, "stage": stage, "rlx_fusion": fusion, "graph": graph.name, "nodes": graph.nodes().len(), "blocks": found, "first_sites": first_sites });
+        let doc = serde_json::json!({ "onnx": a.model.onnx, "gguf": a.model.gguf, "stage": stage, "rlx_fusion": fusion, "graph": graph.name, "nodes": graph.nodes().len(), "blocks": found, "first_sites": first_sites });
         return emit(&(serde_json::to_string_pretty(&doc).context("JSON")? + "\n"));
     }
-    let mut out = format!("{} repeated block(s) in the {} program of {} ({} nodes), by ops covered\n", found.len(), stage, a.model.onnx.display(), graph.nodes().len());
+    let mut out = format!("{} repeated block(s) in the {} program of {} ({} nodes), by ops covered\n", found.len(), stage, file.display(), graph.nodes().len());
     out.push_str("rank  ops  x  covered  chain  unfused  ops of one occurrence; site of each occurrence's first op\n");
     let shown = if a.top == 0 { found.len() } else { a.top.min(found.len()) };
     for (i, ((b, sites), f)) in found.iter().zip(&first_sites).zip(&fusion).take(shown).enumerate() {
@@ -557,13 +557,18 @@ struct SitesArgs {
     pipeline: String,
 }
 
-/// An ONNX model imported for a fixed `[batch, seq]`, and which of its programs to look at
-/// (`sites`, `blocks`).
+/// An ONNX model imported for a fixed `[batch, seq]`, or a GGUF decoder's prefill graph built for
+/// it, and which of its programs to look at (`sites`, `blocks`).
 #[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("model").required(true).multiple(false).args(["onnx", "gguf"])))]
 struct ModelGraph {
     /// ONNX model.
     #[arg(long)]
-    onnx: PathBuf,
+    onnx: Option<PathBuf>,
+    /// Instead of --onnx: a Llama-architecture GGUF decoder; its prefill graph as `record --gguf`
+    /// builds it (packed weights as `DequantMatMul`).
+    #[arg(long)]
+    gguf: Option<PathBuf>,
     /// Sentences per batch the model is imported for.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096))]
     batch: u32,
@@ -576,6 +581,18 @@ struct ModelGraph {
 }
 
 /// The sites `pipeline` finds in `graph` as `(short name, full name, pass, op, roles, shapes)`.
+impl ModelGraph {
+    /// The model's graph for `[batch, seq]` and its file.
+    fn load(&self) -> Result<(rlx_ir::Graph, &std::path::Path)> {
+        let (b, s) = (self.batch as usize, self.seq as usize);
+        match (&self.onnx, &self.gguf) {
+            (Some(onnx), _) => Ok((opscope_lab::model::OnnxEncoder::load(onnx, b, s)?.graph, onnx.as_path())),
+            (None, Some(gguf)) => Ok((opscope_lab::llama::LlamaModel::load(gguf)?.prefill_graph(b, s, false), gguf.as_path())),
+            (None, None) => anyhow::bail!("give --onnx or --gguf"),
+        }
+    }
+}
+
 fn site_table(pipeline: &Pipeline, graph: &rlx_ir::Graph, stage: opscope::activate::Stage) -> Result<Vec<[String; 5]>> {
     let options = rlx_runtime::CompileOptions::default();
     let (_, m) = opscope::activate::rewrite(pipeline, graph, stage, &options, 0)?;
@@ -596,13 +613,13 @@ fn site_table(pipeline: &Pipeline, graph: &rlx_ir::Graph, stage: opscope::activa
 
 fn sites(a: SitesArgs) -> Result<()> {
     let pipeline = Pipeline::parse(&a.pipeline)?;
-    let enc = opscope_lab::model::OnnxEncoder::load(&a.model.onnx, a.model.batch as usize, a.model.seq as usize)?;
-    let rows = site_table(&pipeline, &enc.graph, a.model.stage)?;
+    let (graph, file) = a.model.load()?;
+    let rows = site_table(&pipeline, &graph, a.model.stage)?;
     let mut out = String::new();
     for [short, full, pass, op, roles] in &rows {
         out.push_str(&format!("{short}\t{pass}\t{op}\t{roles}\t{full}\n"));
     }
-    out.push_str(&format!("{} site(s) of '{pipeline}' in {}\n", rows.len(), a.model.onnx.display()));
+    out.push_str(&format!("{} site(s) of '{pipeline}' in {}\n", rows.len(), file.display()));
     emit(&out)
 }
 
@@ -656,7 +673,7 @@ struct Corpus {
 impl Corpus {
     /// The ONNX model (required unless `--gguf` is given).
     fn onnx(&self) -> Result<&PathBuf> {
-        self.onnx.as_ref().context("this command needs --onnx (--gguf works with `record`, `measure` and `cost` only)")
+        self.onnx.as_ref().context("this command needs --onnx (--gguf works with `record`, `measure`, `cost`, `sites` and `blocks` only)")
     }
 
     /// The tokenizer and text files (required unless `--inputs` is given).
@@ -664,8 +681,8 @@ impl Corpus {
         match (&self.tokenizer, &self.text) {
             (Some(t), Some(x)) => Ok((t, x)),
             (None, _) if self.gguf.is_some() => anyhow::bail!(
-                "this command runs an ONNX encoder (--onnx, --tokenizer, --text); --gguf works with `record`, `measure` and \
-                 `cost` only"
+                "this command runs an ONNX encoder (--onnx, --tokenizer, --text); --gguf works with `record`, `measure`, \
+                 `cost`, `sites` and `blocks` only"
             ),
             _ => anyhow::bail!("this command needs --tokenizer and --text (--inputs is for `record` only)"),
         }
@@ -1646,19 +1663,40 @@ fn record_npz(a: &RecordArgs, pipeline: &Pipeline, npz: &std::path::Path) -> Res
     after_recording(&summary, &a.out, || {
         format!("opscope: interrupted: the rows recorded so far are in {}", interrupted_rows(&a.out))
     });
-    write_online_state(pipeline, &a.out)?;
+    write_side_outputs(pipeline, &a.out)?;
     say!("recorded {} batches of {} with '{pipeline}' to {}", job.batches(), npz.display(), written_to(&a.out, &before));
     Ok(())
 }
 
-/// With `online` in the pipeline, write the process's online state (quantile sketches, distinct
-/// tensors per site) to `<out>.online.json` and say so: every `record` path (text, `.npz`
-/// inputs, a GGUF decoder) ends with it.
-fn write_online_state(pipeline: &Pipeline, out: &std::path::Path) -> Result<()> {
+/// What a recording has beside its rows, said at the end of every `record` path (text, `.npz`
+/// inputs, a GGUF decoder): with `online` in the pipeline, write the process's online state
+/// (quantile sketches, distinct tensors per site) to `<out>.online.json`; with `capture`, where
+/// the captured tensors are (the summary table's capture rows carry counts only, so without this
+/// line a capture-only recording would show a table of dashes and no tensors).
+fn write_side_outputs(pipeline: &Pipeline, out: &std::path::Path) -> Result<()> {
     if opscope::online::enabled(pipeline) {
         let path = opscope::online::state_path(out);
         opscope::online::take().write(&path).map_err(|e| anyhow::anyhow!(e))?;
         say!("online state (DDSketch quantiles, distinct tensors per site) in {}", path.display());
+    }
+    if pipeline.instances().iter().any(|i| i.pass.name() == "capture") {
+        let dir = opscope::recording::capture_dir_of(out);
+        let m = if dir.join("manifest.json").is_file() { Some(opscope::capture::read_manifest(&dir)?) } else { None };
+        match m {
+            Some(m) if !m.captured.is_empty() => say!(
+                "captured {} tensor(s) in {} (their table rows hold counts only; {} left out by the byte budget): opscope probe --capture {}",
+                m.captured.len(),
+                dir.display(),
+                m.skipped.len(),
+                dir.display()
+            ),
+            Some(m) => say!(
+                "capture wrote no tensor: the byte budget left out all {} it was given ({}); raise budget=..",
+                m.skipped.len(),
+                dir.join("manifest.json").display()
+            ),
+            None => say!("capture wrote no tensor: no tapped tensor could be captured (the recording's manifest lists the skipped sites and why)"),
+        }
     }
     Ok(())
 }
@@ -1763,7 +1801,7 @@ fn record_gguf(a: &RecordArgs, pipeline: &Pipeline, gguf: &std::path::Path) -> R
         format!("opscope: interrupted: the rows recorded so far are in {}", interrupted_rows(&a.out))
     });
     emit(&summary.table())?;
-    write_online_state(pipeline, &a.out)?;
+    write_side_outputs(pipeline, &a.out)?;
     for (p, cn) in &samples {
         say!("greedy: {:?} -> {:?}", p, cn);
     }
@@ -1961,7 +1999,7 @@ fn record(a: RecordArgs) -> Result<()> {
         );
     }
     emit(&summary.table())?;
-    write_online_state(&pipeline, &a.out)?;
+    write_side_outputs(&pipeline, &a.out)?;
     say!(
         "recorded {} text entries ({} per batch, {} tokens, {}) with '{}' to {}",
         job.sentences(),

@@ -11,7 +11,7 @@ use std::process::Command;
 use opscope::capture::{read_manifest, read_tensor};
 use serde_json::Value;
 
-fn record(out: &Path, pipeline: &str, limit: &str) {
+fn record(out: &Path, pipeline: &str, limit: &str) -> String {
     let a = opscope_lab::model::MiniLmAssets::from_cache().unwrap_or_else(|e| panic!("{e}"));
     let o = Command::new(env!("CARGO_BIN_EXE_opscope"))
         .arg("record")
@@ -21,6 +21,7 @@ fn record(out: &Path, pipeline: &str, limit: &str) {
         .output()
         .unwrap();
     assert!(o.status.success(), "record: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
 }
 
 /// The exact q-quantile of `v` as DDSketch ranks it: the value at rank floor(q (n - 1)).
@@ -33,11 +34,13 @@ fn online_quantiles_of_every_minilm_site_are_within_alpha_of_a_full_capture() {
     let dir = tempfile::tempdir().unwrap();
     let rec = dir.path().join("rec.parquet");
     // Two runs of 8 x 32 tokens; every matmul tensor captured on both (weights once).
-    record(&rec, "online,capture{budget=512MiB}", "16");
+    let said = record(&rec, "online,capture{budget=512MiB}", "16");
     let state = opscope::online::OnlineState::read(&opscope::online::state_path(&rec)).unwrap();
     let cap = dir.path().join("rec.parquet.capture");
     let m = read_manifest(&cap).unwrap();
     assert!(m.skipped.is_empty(), "the budget holds every tensor: {:?}", m.skipped.len());
+    // `record` says where the tensors went and how many (its table has counts only for them).
+    assert!(said.contains(&format!("captured {} tensor(s) in {}", m.captured.len(), cap.display())), "{said}");
     let runs = m.captured.iter().map(|c| c.run).max().unwrap() + 1;
     assert_eq!(runs, 2);
     // What each site/role's state saw: every run's tensor (a weight, captured once per compile,

@@ -502,7 +502,7 @@ fn measure_refuses_gguf_only_flags_on_onnx_and_names_a_missing_gguf() {
     for cmd in [&["ab", "--a", "matmul", "--b", ""][..], &["time"][..]] {
         let out = opscope().args(cmd).args(["--gguf", "missing.gguf", "--text"]).arg(&text).output().unwrap();
         let err = String::from_utf8(out.stderr).unwrap();
-        assert!(!out.status.success() && err.contains("--gguf works with `record`, `measure` and `cost` only"), "{cmd:?}: {err}");
+        assert!(!out.status.success() && err.contains("--gguf works with `record`, `measure`, `cost`, `sites` and `blocks` only"), "{cmd:?}: {err}");
     }
 }
 

@@ -383,3 +383,56 @@ fn job_rows(entries: &[String], gguf: &Path, seq: usize) -> Vec<usize> {
     let job = LlamaJob::new(gguf, entries, entries.len(), seq, 0).unwrap();
     job.seqs.iter().enumerate().flat_map(|(b, s)| (0..s.len()).map(move |t| b * seq + t)).collect()
 }
+
+/// `opscope sites --gguf` lists one `matmul` site per packed projection of the file and the tied
+/// output head, each with the operand and output widths of its weight: against the tensor table
+/// PyPI `gguf`'s reader gives (`[ne0, ne1]` = `[input features, output features]`; the output
+/// head reads `token_embd`).
+#[test]
+fn sites_gguf_lists_every_projection_of_the_file() {
+    let (gguf, _) = assets();
+    let (batch, seq) = (2usize, 16usize);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_opscope"))
+        .args(["sites", "--gguf"])
+        .arg(&gguf)
+        .args(["--batch", &batch.to_string(), "--seq", &seq.to_string()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    // site -> (lhs width, out width), from the `roles` column: "lhs [2,16,576], out [2,16,1536]".
+    let width = |roles: &str, role: &str| -> u64 {
+        let r = roles.split(", ").find(|r| r.starts_with(&format!("{role} ["))).unwrap_or_else(|| panic!("{role} in {roles}"));
+        let dims: Vec<u64> = r[role.len() + 2..r.len() - 1].split(',').map(|d| d.parse().unwrap()).collect();
+        assert_eq!(dims[..2], [batch as u64, seq as u64], "{roles}");
+        dims[2]
+    };
+    let ours: std::collections::BTreeMap<String, (u64, u64)> = text
+        .lines()
+        .filter(|l| l.contains('\t'))
+        .map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            (f[4].to_string(), (width(f[3], "lhs"), width(f[3], "out")))
+        })
+        .collect();
+    let py = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import json, re, sys\nfrom gguf import GGUFReader\nr = GGUFReader(sys.argv[1])\n\
+             t = {x.name[:-len('.weight')]: [int(d) for d in x.shape] for x in r.tensors if re.fullmatch(r'blk\\.\\d+\\.(attn_(q|k|v|output)|ffn_(gate|up|down))\\.weight', x.name)}\n\
+             t['output'] = [int(d) for d in next(x.shape for x in r.tensors if x.name == 'token_embd.weight')]\n\
+             print(json.dumps(t))",
+        ])
+        .arg(&gguf)
+        .output()
+        .expect("python3 runs");
+    assert!(py.status.success(), "pip install -r scripts/requirements-test.txt: {}", String::from_utf8_lossy(&py.stderr));
+    let want: std::collections::BTreeMap<String, (u64, u64)> = serde_json::from_slice::<std::collections::BTreeMap<String, Vec<u64>>>(&py.stdout)
+        .unwrap()
+        .into_iter()
+        .map(|(k, v)| (k, (v[0], v[1])))
+        .collect();
+    assert_eq!(want.len(), 211, "30 layers x 7 projections and the head");
+    assert_eq!(ours, want, "sites and widths vs the file's tensor table");
+    assert!(text.ends_with(&format!("211 site(s) of 'matmul' in {}\n", gguf.display())), "{text}");
+}

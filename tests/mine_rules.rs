@@ -314,3 +314,40 @@ fn a_non_negative_tensor_with_subnormal_values_is_flagged() {
     let s = v.iter().find(|v| v.kind == SUBNORMALS).unwrap_or_else(|| panic!("{:?}", kinds(&v)));
     assert_eq!(evidence(s, "subnormal_extreme"), -1e-40f32 as f64);
 }
+
+/// Where NaN/Inf arise: the chain MLP with layer 2's weight scaled so that its product overflows
+/// f32 (|x @ w| ~ 1e39 > 3.4e38) gives +-Inf in layer 2's output, and NaN (Inf - Inf) from layer 3
+/// on. The health verdict names every tensor holding them, and only layer 2's output as the first
+/// in execution order in every run: its inputs (the activation and the finite weight) hold none.
+#[test]
+fn the_health_verdict_names_the_first_tensor_to_hold_nan_or_inf() {
+    let (g, mut params) = chain_mlp(16, 64, 5);
+    params[2].1.iter_mut().for_each(|v| *v *= 1e38);
+    let sink = MemorySink::default();
+    let runs = 3;
+    opscope::scope(&Pipeline::parse("matmul").unwrap(), Box::new(sink.clone()), || {
+        let mut c = Session::new(Device::Cpu).compile(g.clone());
+        for (n, w) in &params {
+            c.set_param(n, w);
+        }
+        for r in 0..runs {
+            c.run(&[("x", &randn(16 * 64, 50 + r).iter().map(|v| v.abs() + 0.5).collect::<Vec<f32>>())]);
+        }
+    })
+    .unwrap();
+    let v = opscope::mine::mine(&opscope::mine::series_from_rows(&sink.rows()));
+    let health: Vec<&opscope::mine::Verdict> = v.iter().filter(|v| v.kind == opscope::mine::HEALTH).collect();
+    let ev = |v: &opscope::mine::Verdict, k: &str| v.evidence.iter().find(|(n, _)| n == k).map(|(_, x)| *x).unwrap();
+    let firsts: Vec<(&str, &str)> = health.iter().filter(|v| ev(v, "first_in_runs") > 0.0).map(|v| (v.site.as_str(), v.role.as_str())).collect();
+    assert_eq!(firsts, vec![("matmul.2", "out")], "{health:#?}");
+    let first = health.iter().find(|v| v.site == "matmul.2" && v.role == "out").unwrap();
+    assert_eq!((ev(first, "first_in_runs"), ev(first, "runs_nonfinite")), (runs as f64, runs as f64));
+    // Downstream: layer 3's and 4's activations and outputs hold them too; the weights and the
+    // tensors before layer 2's output hold none.
+    let named: Vec<(&str, &str)> = health.iter().map(|v| (v.site.as_str(), v.role.as_str())).collect();
+    for t in [("matmul.3", "lhs"), ("matmul.3", "out"), ("matmul.4", "lhs"), ("matmul.4", "out")] {
+        assert!(named.contains(&t), "{t:?} in {named:?}");
+    }
+    let clean = |(s, r): &(&str, &str)| *r == "rhs" || ["matmul.0", "matmul.1"].contains(s) || (*s, *r) == ("matmul.2", "lhs");
+    assert!(!named.iter().any(clean), "{named:?}");
+}

@@ -503,7 +503,8 @@ fn remove_run(s: &mut Series, runs: &mut std::collections::HashMap<(u32, u64), u
 }
 
 /// NaN, +Inf and -Inf values of one run (0 where not recorded).
-fn nonfinite(r: &StepStats) -> f64 {
+/// NaN and ±Inf values of one run of one tensor (0 when none was recorded).
+pub(crate) fn nonfinite(r: &StepStats) -> f64 {
     [tensor::NAN_COUNT, tensor::POSINF_COUNT, tensor::NEGINF_COUNT].iter().filter_map(|k| r.scalar(*k)).sum()
 }
 

@@ -378,6 +378,16 @@ fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>)
     for ((pass, _), f) in &site_flops {
         *total_flops.entry(*pass).or_insert(0.0) += f;
     }
+    // Per run (compile, step), the execution order (`Series::order`) of the first tapped tensor
+    // holding a NaN or an Inf: where the values arise, in its producer or between it and the
+    // tapped tensor before it (TensorFlow Debugger V2's first-op alert, PyTorch's anomaly mode).
+    let mut first_bad: BTreeMap<(u32, u64), usize> = BTreeMap::new();
+    for s in series.values().filter(|s| is_tensor_series(s)) {
+        for r in s.runs.iter().filter(|r| super::series::nonfinite(r) > 0.0) {
+            let e = first_bad.entry((r.compile, r.step)).or_insert(s.order);
+            *e = (*e).min(s.order);
+        }
+    }
     for ((site, role, pass_idx), s) in series {
         if !is_tensor_series(s) {
             continue;
@@ -416,7 +426,16 @@ fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>)
         // Over every run, also after a sampled load: one run with a NaN is a verdict.
         let nonfinite: f64 = s.nonfinite_over_runs();
         if nonfinite > 0.0 {
-            push(kinds::HEALTH, vec![("nonfinite", Some(nonfinite))], "any NaN or Inf", "health check");
+            // Over the runs read (every run, unless a sampled load left some out).
+            let bad: Vec<&StepStats> = s.runs.iter().filter(|r| super::series::nonfinite(r) > 0.0).collect();
+            let first = bad.iter().filter(|r| first_bad.get(&(r.compile, r.step)) == Some(&s.order)).count();
+            push(
+                kinds::HEALTH,
+                vec![("nonfinite", Some(nonfinite)), ("runs_nonfinite", Some(bad.len() as f64)), ("first_in_runs", Some(first as f64))],
+                "any NaN or Inf; first_in_runs: the runs in which it is the first tapped tensor in execution order to hold one \
+                 (they arise in its producer, or between it and the tapped tensor before it)",
+                "health check; the first-tensor alert of TensorFlow Debugger V2 and PyTorch's anomaly mode",
+            );
         }
         // Over every run, also after a sampled load (`Series::subnormal_over_runs`).
         let (tiny_runs, tiny_first) = s.subnormal_over_runs();

@@ -43,6 +43,21 @@ pub fn brace(names: &[&str]) -> String {
     format!("{prefix}{{{}}}{}", middles.join(","), &names[0][names[0].len() - suffix_len..])
 }
 
+/// True when the verdicts `a` and `b` are about one tensor read at two sites: the same shape,
+/// runs and, run by run, the same count, min, max and sum of squares (a tensor several ops read
+/// is sketched once per use, with the same numbers). Series not found: false.
+fn same_tensor(series: &BTreeMap<SeriesKey, Series>, a: &Verdict, b: &Verdict) -> bool {
+    use opscope::sketch::tensor::{COUNT, MAX, MIN, SUMSQ};
+    let get = |v: &Verdict| series.get(&(v.site.clone(), v.role.clone(), v.pass_idx));
+    let (Some(x), Some(y)) = (get(a), get(b)) else { return false };
+    x.shape == y.shape
+        && x.runs.len() == y.runs.len()
+        && x.runs.iter().zip(&y.runs).all(|(p, q)| {
+            let stats = [COUNT, MIN, MAX, SUMSQ].map(|st| (p.scalar(st), q.scalar(st)));
+            stats.iter().any(|(u, _)| u.is_some()) && stats.iter().all(|(u, w)| u.map(f64::to_bits) == w.map(f64::to_bits))
+        })
+}
+
 /// The verdicts of `opscope mine` as text (see the module doc). `series` gives the site names
 /// whose common prefix is dropped; `no_data` lines are printed as they are, except that
 /// [`group_not_sketched`] folds the sites one reason leaves unsketched into one line.
@@ -51,8 +66,10 @@ pub fn text(verdicts: &[Verdict], cannot: &[CannotRun], no_data: &[String], seri
     let prefix = common_prefix(&names);
     let short = |s: &str| s.strip_prefix(prefix).unwrap_or(s).to_string();
 
-    // One line per (kind, role, pass, rule, evidence): identical evidence on several sites is one
-    // tensor read by several ops (the recorder writes a shared input once per use).
+    // One line per (kind, role, pass, rule, evidence) and tensor: identical evidence on several
+    // sites is one tensor read by several ops (the recorder writes a shared input once per use)
+    // only when the series say so too ([`same_tensor`]); two weights whose verdict reads one
+    // small number (`central_empty_bins=17`) stay two lines.
     struct Line<'a> {
         v: &'a Verdict,
         sites: Vec<String>,
@@ -67,6 +84,7 @@ pub fn text(verdicts: &[Verdict], cannot: &[CannotRun], no_data: &[String], seri
                 && l.v.rule == v.rule
                 && l.v.evidence == v.evidence
                 && l.v.basis == v.basis
+                && same_tensor(series, l.v, v)
         };
         match lines.iter_mut().find(|l| same(l)) {
             Some(l) => {

@@ -68,3 +68,50 @@ fn the_summary_columns_equal_the_host_aggregates_over_runs() {
     assert_eq!(lhs.count, 48.0);
     assert_eq!(lhs.shape, "[4,6]");
 }
+
+/// `opscope mine`'s text folds verdicts with identical evidence on several sites into one line
+/// only when they are one tensor (the input two matmuls read), not two tensors that happen to
+/// share a one-number evidence (two different weights): a helper's `lut rhs {matmul.1,matmul.0}
+/// central_empty_bins=17` summed two weights' payoffs into one line.
+#[test]
+fn mine_text_folds_one_tensor_read_twice_but_not_two_weights_with_equal_evidence() {
+    use rlx_ir::{DType, Graph, GraphExt, Shape};
+    let f = |d: &[usize]| Shape::new(d, DType::F32);
+    let mut g = Graph::new("two_reads");
+    let x = g.input("x", f(&[8, 16]));
+    let (wa, wb) = (g.param("wa", f(&[16, 4])), g.param("wb", f(&[16, 4])));
+    let (ya, yb) = (g.matmul(x, wa, f(&[8, 4])), g.matmul(x, wb, f(&[8, 4])));
+    let y = g.add(ya, yb);
+    g.set_outputs(vec![y]);
+    let sink = opscope::MemorySink::default();
+    opscope::scope(&Pipeline::parse("matmul{roles=[lhs,rhs],stats=[count,min,max,sumsq]}").unwrap(), Box::new(sink.clone()), || {
+        let mut c = rlx_runtime::Session::new(rlx_runtime::Device::Cpu).compile(g.clone());
+        c.set_param("wa", &randn(64, 1));
+        c.set_param("wb", &randn(64, 2));
+        c.run(&[("x", &randn(128, 3))]);
+    })
+    .unwrap();
+    let series = opscope::mine::series_from_rows(&sink.rows());
+    let keys: Vec<&opscope::mine::SeriesKey> = series.keys().collect();
+    assert_eq!(keys.len(), 4, "two sites, lhs and rhs each: {keys:?}");
+    let verdict = |k: &opscope::mine::SeriesKey| opscope::mine::Verdict {
+        site: k.0.clone(),
+        role: k.1.clone(),
+        pass_idx: k.2,
+        kind: opscope::mine::kinds::LUT,
+        evidence: vec![("central_empty_bins".into(), 17.0)],
+        rule: "r",
+        source: "s",
+        payoff: 0.25,
+        basis: None,
+        fraction: 0.5,
+    };
+    let verdicts: Vec<opscope::mine::Verdict> = series.keys().map(verdict).collect();
+    let text = opscope_lab::verdicts::text(&verdicts, &[], &[], &series);
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("central_empty_bins=17")).collect();
+    // The shared input: one line, both sites, payoffs summed; the two weights: a line each.
+    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines.iter().filter(|l| l.contains(" lhs ") && l.contains('{')).count(), 1, "{text}");
+    assert_eq!(lines.iter().filter(|l| l.contains(" rhs ") && !l.contains('{')).count(), 2, "{text}");
+    assert!(lines[0].trim_start().starts_with("0.5000") && lines[0].contains(" lhs "), "{text}");
+}

@@ -66,10 +66,15 @@ pub use pipeline::Pipeline;
 pub use recording::{CsvSink, MemorySink, Row, Sink};
 
 /// The recording sink a path's name asks for: `.csv`, `.csv.gz`, or `.parquet` (cargo feature
-/// `parquet`). The way to open a file recording: [`CsvSink::create`] writes CSV only.
+/// `parquet`), after the environment mode's checks of the path
+/// ([`recording::open_checked`]): it never overwrites a file that is not an opscope recording
+/// or an interrupted recording's `<path>.partial`, and replaces an earlier recording only once
+/// the new one is complete. The way to open a file recording: [`CsvSink::create`] writes CSV
+/// only and checks nothing of what is at the path.
 ///
-/// Errors: another name, `.parquet` without the feature, or an unusable path.
-pub use recording::open as open_sink;
+/// Errors: another name, `.parquet` without the feature, an unusable path, or one of the checks
+/// (each names the fix).
+pub use recording::open_checked as open_sink;
 pub use sketch::{SketchSpec, Stat};
 
 /// `inventory`, re-exported so that a crate defining its own pass registers it with the same

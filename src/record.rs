@@ -333,7 +333,20 @@ impl Recorder {
 
     /// A tapped compile: number it in this recording (1, 2, ...), remember its manifest and
     /// tell the sink.
+    ///
+    /// A manifest with tap outputs and tag 0 (what [`crate::Pipeline::apply`] gives) fails the
+    /// recording ([`Error::Graph`], reported by [`Recorder::finish`]): value 0 of each sketch
+    /// carries the tag, and a run the `sample` stage leaves out carries its negation, so with tag
+    /// 0 every run would read as unsampled and nothing would be recorded. Apply with
+    /// [`crate::Pipeline::apply_tagged`]`(&graph, None, recorder.next_tag())`.
     pub fn register(&self, mut manifest: Manifest) -> Arc<Manifest> {
+        if manifest.tag == 0 && !manifest.outputs.is_empty() {
+            self.fail(Error::Graph(format!(
+                "graph '{}' was tapped with tag 0 (Pipeline::apply), which a recorder cannot tell from a run the sample stage \
+                 left out: nothing of it would be recorded; tap it with pipeline.apply_tagged(&graph, None, recorder.next_tag())",
+                manifest.graph
+            )));
+        }
         manifest.compile = self.with_front(|s| s.manifests.len() as u32 + 1).unwrap_or(0);
         let m = Arc::new(manifest);
         let appends = m.outputs.iter().any(|o| o.output_index.is_some());

@@ -31,6 +31,41 @@ fn a_csv_sink_refuses_a_name_it_does_not_write() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), usize::from(cfg!(feature = "parquet")), "nothing else created");
 }
 
+/// `open_sink` makes the environment mode's checks of the path (a helper's finds: it wrote over
+/// a user's CSV, removed a crashed recording's `.partial`, and let a second process truncate the
+/// first's): a file that is not a recording, a `.partial` and a directory of foreign files are
+/// refused, each left as it was; an earlier recording is replaced, once the new one is complete.
+#[test]
+fn open_sink_never_writes_over_what_is_not_a_finished_recording() {
+    let dir = tempfile::tempdir().unwrap();
+    let mine = dir.path().join("precious.csv");
+    std::fs::write(&mine, "my,precious\n1,2\n").unwrap();
+    let err = opscope::open_sink(&mine).err().expect("a user's file refused").to_string();
+    assert!(err.contains("is not an opscope recording") && err.contains("pick another path"), "{err}");
+    assert_eq!(std::fs::read_to_string(&mine).unwrap(), "my,precious\n1,2\n");
+
+    let rec = dir.path().join("rec.csv");
+    let partial = dir.path().join("rec.csv.partial");
+    std::fs::write(&partial, "site,role\nrows of a crashed run\n").unwrap();
+    let err = opscope::open_sink(&rec).err().expect("a .partial refused").to_string();
+    assert!(err.contains("rec.csv.partial is there") && err.contains("opscope mine"), "{err}");
+    assert_eq!(std::fs::read_to_string(&partial).unwrap(), "site,role\nrows of a crashed run\n");
+    std::fs::remove_file(&partial).unwrap();
+
+    // A finished recording is replaced by the next one at the path.
+    opscope::scope(&pipeline(), opscope::open_sink(&rec).unwrap(), || compile_and_run(1)).unwrap();
+    let first = std::fs::read(&rec).unwrap();
+    opscope::scope(&pipeline(), opscope::open_sink(&rec).unwrap(), || compile_and_run(2)).unwrap();
+    assert_ne!(std::fs::read(&rec).unwrap(), first, "replaced by the second recording");
+
+    let foreign = dir.path().join("table.parquet");
+    std::fs::create_dir(&foreign).unwrap();
+    std::fs::write(foreign.join("part-0.parquet"), b"PAR1").unwrap();
+    let err = opscope::open_sink(&foreign).err().expect("a foreign directory refused").to_string();
+    assert!(err.contains("other files than recording=<id> partitions (part-0.parquet)"), "{err}");
+    assert_eq!(std::fs::read_dir(&foreign).unwrap().count(), 1, "nothing added");
+}
+
 static STOP: AtomicBool = AtomicBool::new(false);
 
 #[test]

@@ -392,3 +392,31 @@ fn a_zero_extreme_is_plus_zero_lowered_and_native() {
         }
     }
 }
+
+/// Direct mode: a manifest from `Pipeline::apply` carries tag 0, which a recorder cannot tell
+/// from a run the `sample` stage left out (that run's sketches carry the negated tag, and -0.0
+/// == 0.0), so every run read as unsampled and `finish` returned Ok over a header-only recording
+/// (a helper's find). The recorder now refuses it with the fix; tapped with a tag from
+/// `next_tag`, the same run records its rows (the lhs count: 4 x 8 elements).
+#[test]
+fn a_recorder_refuses_a_manifest_of_tag_0_and_records_a_tagged_one() {
+    use opscope::record::Recorder;
+    let (extra, manifest) = tapped_run_2d("matmul", 0);
+    let sink = opscope::MemorySink::default();
+    let rec = Recorder::new(Box::new(sink.clone()), "run".into());
+    let reg = rec.register(manifest);
+    rec.record(&reg, extra);
+    let err = rec.finish().expect_err("tag 0 refused").to_string();
+    assert!(err.contains("tag 0") && err.contains("pipeline.apply_tagged(&graph, None, recorder.next_tag())"), "{err}");
+    assert!(sink.rows().is_empty());
+
+    let sink = opscope::MemorySink::default();
+    let rec = Recorder::new(Box::new(sink.clone()), "run".into());
+    let (extra, manifest) = tapped_run_2d("matmul", rec.next_tag());
+    let reg = rec.register(manifest);
+    rec.record(&reg, extra);
+    rec.finish().expect("a tagged manifest records");
+    let rows = sink.rows();
+    let count = rows.iter().find(|r| &*r.role == "lhs" && &*r.stat == "count").expect("the lhs count row");
+    assert_eq!(count.value, (4 * 8) as f32);
+}

@@ -1659,7 +1659,8 @@ fn record_npz(a: &RecordArgs, pipeline: &Pipeline, npz: &std::path::Path) -> Res
     interrupt_on_signals()?;
     let before = partitions_before(&a.out);
     check_out(a)?;
-    let summary = job.run(pipeline, a.stage, opscope::open_sink(&a.out)?)?;
+    // `check_out` made the lab's checks (with --force and --append), so the sink opens unchecked.
+    let summary = job.run(pipeline, a.stage, opscope::recording::open(&a.out)?)?;
     after_recording(&summary, &a.out, || {
         format!("opscope: interrupted: the rows recorded so far are in {}", interrupted_rows(&a.out))
     });

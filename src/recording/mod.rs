@@ -76,6 +76,39 @@ pub fn open(path: impl AsRef<Path>) -> Result<Box<dyn Sink>, Error> {
     })
 }
 
+/// [`open`] after the checks the environment mode makes of `RLX_OPSCOPE_OUT`
+/// ([`check_replaceable`]): never over a file that is not an opscope recording, never over a
+/// `<path>.partial` (an interrupted recording, or one another process is writing), never into a
+/// directory holding files other than `recording=<id>` partitions; an earlier recording at the
+/// path is replaced once the new one is complete, and stderr says so (a Parquet dataset gets the
+/// new recording beside the earlier ones). This is `opscope::open_sink`.
+///
+/// Errors: those of [`check_replaceable`] and [`open`], each naming the fix;
+/// [`Error::BadPath`] for a directory with foreign files.
+pub fn open_checked(path: impl AsRef<Path>) -> Result<Box<dyn Sink>, Error> {
+    let path = path.as_ref();
+    if path.is_dir() {
+        let foreign = std::fs::read_dir(path)
+            .map_err(|e| Error::Io { path: path.to_path_buf(), error: e })?
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .find(|n| !n.starts_with("recording=") && !n.starts_with('.'));
+        if let Some(f) = foreign {
+            return Err(Error::BadPath {
+                path: path.to_path_buf(),
+                why: format!(
+                    "a directory holding other files than recording=<id> partitions ({f}): a recording added there would \
+                     make it unreadable as a dataset; pick another path"
+                ),
+            });
+        }
+    }
+    if check_replaceable(path)? {
+        eprintln!("opscope: note: {} holds an earlier recording; this one replaces it when it is complete", path.display());
+    }
+    open(path)
+}
+
 /// Read the manifest sidecar of the recording at `recording`, if there is one.
 ///
 /// Errors: the sidecar exists but cannot be read or parsed.

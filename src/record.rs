@@ -541,10 +541,14 @@ impl Recorder {
 }
 
 impl Drop for Recorder {
-    /// Dropped without `finish` (a panic in the scope, an early return): write what arrived,
-    /// leave the recording unfinished.
+    /// Dropped without `finish` (a panic in the scope, an early return): close the recording as
+    /// an interrupted one ([`Recorder::abandon`]): every run that arrived is written, a CSV
+    /// recording stays at `<path>.partial` with a sidecar saying it ends on a whole run, and a
+    /// Parquet recording's open part is closed (readable). Until 2026-12-07 the open part was
+    /// left without a footer, losing every run of it although the process was alive (a
+    /// helper's find). After a recording error nothing more is written.
     fn drop(&mut self) {
-        if let Err(e) = self.close(None) {
+        if let Err(e) = self.close(Some(false)) {
             eprintln!("opscope: recording incomplete: {e}");
         }
     }

@@ -303,6 +303,29 @@ impl Pipeline {
             .collect()
     }
 
+    /// The tap instances that found no site in any of the graphs `manifests` describe, each with
+    /// the warning to print (position, text, what the pass looks for); empty when no tap found a
+    /// site at all (that is said as "nothing to record") or no graph was compiled.
+    pub fn idle_taps_warnings(&self, manifests: &[std::sync::Arc<Manifest>]) -> Vec<String> {
+        let found = |i: usize| manifests.iter().any(|m| m.sites.iter().any(|s| s.pass_idx == i));
+        let taps: Vec<usize> = (0..self.passes.len()).filter(|&i| self.passes[i].pass.kind() == PassKind::Tap).collect();
+        if manifests.is_empty() || !taps.iter().any(|&i| found(i)) {
+            return Vec::new();
+        }
+        taps.into_iter()
+            .filter(|&i| !found(i))
+            .map(|i| {
+                let p = &self.passes[i];
+                format!(
+                    "the tap '{p}' (pass {i}) found no site in the {} graph(s) compiled, so it recorded nothing (it looks \
+                     for: {}); check its sites=[..] patterns against the site names the other taps recorded",
+                    manifests.len(),
+                    p.pass.doc()
+                )
+            })
+            .collect()
+    }
+
     /// The actuation instances that changed no site in any of the graphs `manifests` describe
     /// (the model ran unchanged by them), each as `(position, canonical text, the distinct
     /// reasons it gave for the sites it skipped)`; no reason when it found no site at all. An

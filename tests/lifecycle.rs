@@ -380,3 +380,20 @@ fn a_panic_in_the_scope_keeps_every_run_that_ran() {
         assert!(!series.is_empty(), "{name}");
     }
 }
+
+/// A pass that did nothing is said in `Summary::warnings` (a helper's find: a tap whose
+/// `sites=[..]` matched nothing was silent in scope and environment mode while another tap
+/// recorded): the idle tap and the idle actuation each get a warning naming them; the same
+/// pipeline with patterns that match draws none.
+#[test]
+fn a_tap_or_actuation_that_found_no_site_is_a_warning() {
+    let run = |p: &str| {
+        let (_, summary) = Scope::new(&Pipeline::parse(p).unwrap(), Box::new(opscope::MemorySink::default())).run(|| compile_and_run(1));
+        summary.unwrap().warnings
+    };
+    let w = run("fakequant{sites=[nomatch*]},matmul{stats=[max]},matmul{sites=[nomatch*]}");
+    assert_eq!(w.len(), 2, "{w:#?}");
+    assert!(w.iter().any(|w| w.contains("the tap 'matmul{sites=[nomatch*]}' (pass 2) found no site in the 1 graph(s)")), "{w:#?}");
+    assert!(w.iter().any(|w| w.contains("the actuation 'fakequant{sites=[nomatch*]}' (pass 0) changed nothing")), "{w:#?}");
+    assert_eq!(run("fakequant{sites=[matmul*]},matmul{stats=[max]},matmul{sites=[matmul.0]}"), Vec::<String>::new());
+}

@@ -170,7 +170,9 @@ impl<'a> Scope<'a> {
             warnings.push(sampled_out(&self.pipeline, runs));
         }
         if compiles > 0 {
-            for idle in self.pipeline.idle_actuations(&recorder.manifests()) {
+            let manifests = recorder.manifests();
+            warnings.extend(self.pipeline.idle_taps_warnings(&manifests));
+            for idle in self.pipeline.idle_actuations(&manifests) {
                 warnings.push(self.pipeline.idle_actuation_warning(&idle, compiles));
             }
         }

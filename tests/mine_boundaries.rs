@@ -511,6 +511,31 @@ fn exact_repeat_is_the_same_elemsig_and_sumsq_in_every_run() {
     let mut holed = same(3);
     holed.extend(without(across(3, 0.0, 1.0, 4.0, &[0.5, 1.0, 2.0]), "elemsig", &[1]));
     assert_eq!(kinds(&holed), vec!["stationary"]);
+    // A weight the writer memoizes (an rhs recorded at step 0 of each compile only) is the same
+    // in every compile because it is a parameter: neither a repeat to memoize nor a stationary
+    // activation to calibrate (a helper's 300 compiles topped `mine` with their weights).
+    let weight = |compiles: u32, role: &str| -> Vec<Row> {
+        (1..=compiles)
+            .flat_map(|c| {
+                let mut r = across(0, 0.0, 1.0, 4.0, &[0.5, 1.0, 2.0]);
+                r.iter_mut().for_each(|r| {
+                    r.compile = c;
+                    r.role = role.into();
+                });
+                r
+            })
+            .collect()
+    };
+    assert_eq!(kinds(&weight(5, "rhs")), NONE);
+    // The same rows as an activation (lhs), or an rhs recorded at later steps: a repeat.
+    assert_eq!(kinds(&weight(5, "lhs")), vec!["exact_repeat"]);
+    let mut stepped = weight(4, "rhs");
+    stepped.extend(across(1, 0.0, 1.0, 4.0, &[0.5, 1.0, 2.0]).into_iter().map(|mut r| {
+        r.compile = 4;
+        r.role = "rhs".into();
+        r
+    }));
+    assert_eq!(kinds(&stepped), vec!["exact_repeat"]);
 }
 
 #[test]

@@ -141,6 +141,24 @@ fn without_the_variable_nothing_is_recorded() {
     }
 }
 
+/// A misspelt variable is said (a helper's `RLX_OPSCOPE_OUTT=x.csv` wrote
+/// `./opscope-recording.csv` in silence), with the name it was closest to; a `.gz` name that is
+/// not `.csv.gz` is refused rather than written as gzip CSV.
+#[test]
+fn a_misspelt_variable_and_a_gz_name_that_is_not_csv_are_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = example("mlp").current_dir(dir.path()).env("RLX_OPSCOPE", "matmul").env("RLX_OPSCOPE_OUTT", "x.csv").output().unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("RLX_OPSCOPE_OUTT is not an opscope variable (did you mean RLX_OPSCOPE_OUT?)"), "{err}");
+    assert!(!dir.path().join("x.csv").exists());
+    let out = example("mlp").env("RLX_OPSCOPE", "matmul").env("RLX_OPSCOPE_OUT", dir.path().join("out.json.gz")).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown recording format: name the file .csv, .csv.gz or .parquet"), "{err}");
+    assert!(!dir.path().join("out.json.gz").exists() && !dir.path().join("out.json.gz.partial").exists());
+}
+
 #[test]
 fn a_tap_defined_outside_opscope_records_through_the_environment() {
     // examples/custom_tap/token_absmax.rs defines and registers the pass, its statistic and its

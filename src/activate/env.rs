@@ -44,6 +44,18 @@ pub const ENV_OUT: &str = "RLX_OPSCOPE_OUT";
 /// Environment variable selecting the observed program: `deployed` (default) or `source`.
 pub const ENV_STAGE: &str = "RLX_OPSCOPE_STAGE";
 
+/// Every environment variable opscope reads; another `RLX_OPSCOPE*` name is warned about at the
+/// first compile.
+/// (The dataset sink's two, `recording::ENV_PART_RUNS` and `ENV_PART_BYTES`, by name: that
+/// module exists with the `parquet` feature only; a unit test checks the names.)
+const KNOWN_VARS: [&str; 6] = [ENV_PIPELINE, ENV_OUT, ENV_STAGE, super::ir::ENV_IR, "RLX_OPSCOPE_PART_RUNS", "RLX_OPSCOPE_PART_BYTES"];
+
+#[cfg(all(test, feature = "parquet"))]
+#[test]
+fn the_known_variables_name_the_dataset_sinks_own() {
+    assert!(KNOWN_VARS.contains(&crate::recording::ENV_PART_RUNS) && KNOWN_VARS.contains(&crate::recording::ENV_PART_BYTES));
+}
+
 pub(super) struct EnvState {
     pub(super) pipeline: Pipeline,
     pub(super) recorder: Arc<Recorder>,
@@ -63,6 +75,15 @@ struct EnvVars {
 fn vars() -> Option<&'static EnvVars> {
     static VARS: OnceLock<Option<EnvVars>> = OnceLock::new();
     VARS.get_or_init(|| {
+        // A misspelt companion (`RLX_OPSCOPE_OUTT`) would be a silent default: said once.
+        for (name, _) in std::env::vars_os() {
+            let name = name.to_string_lossy();
+            if name.starts_with("RLX_OPSCOPE") && !KNOWN_VARS.contains(&name.as_ref()) {
+                let near = crate::error::closest(&name, KNOWN_VARS.iter().copied());
+                let hint = near.first().map(|n| format!(" (did you mean {n}?)")).unwrap_or_default();
+                eprintln!("opscope: warning: {name} is not an opscope variable{hint}; known: {}", KNOWN_VARS.join(", "));
+            }
+        }
         let Some(pipeline) = rlx_ir::env::var(ENV_PIPELINE).filter(|t| !t.trim().is_empty()) else {
             // Companions without the pipeline: said once, so a misspelt or forgotten
             // RLX_OPSCOPE is not a silent no-op.

@@ -90,13 +90,13 @@ fn file_stamp(path: &Path) -> Option<FileStamp> {
 impl CsvSink {
     /// Create the recording.
     ///
-    /// Errors: the name does not end in `.csv` or `.gz`, or `<path>.partial` cannot be created
+    /// Errors: the name does not end in `.csv` or `.csv.gz`, or `<path>.partial` cannot be created
     /// (missing directory, permissions): fix the path or create the directory.
     pub fn create(path: impl AsRef<Path>) -> Result<CsvSink, Error> {
         let path = path.as_ref().to_path_buf();
         check_path(&path)?;
         let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-        if !(name.ends_with(".csv") || name.ends_with(".gz")) {
+        if !(name.ends_with(".csv") || name.ends_with(".csv.gz")) {
             return Err(Error::BadPath {
                 path,
                 why: "a CSV recording is named .csv or .csv.gz (opscope::open_sink picks the format from the name: .parquet for Parquet)".into(),

@@ -58,7 +58,7 @@ pub fn open(path: impl AsRef<Path>) -> Result<Box<dyn Sink>, Error> {
         #[cfg(not(feature = "parquet"))]
         return Err(no_parquet(path));
     }
-    if name.ends_with(".csv") || name.ends_with(".gz") {
+    if name.ends_with(".csv") || name.ends_with(".csv.gz") {
         return Ok(Box::new(CsvSink::create(path)?));
     }
     if name.ends_with(".parquet") {

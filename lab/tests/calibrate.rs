@@ -84,6 +84,17 @@ fn record(pipeline: &str, d: Dims, runs: &[Vec<f32>], w: &[f32], csv: Option<&Pa
     mem.rows()
 }
 
+/// Each run's `x` (`x<i>.f32`) and the weight (`w.f32`) as little-endian f32 files in `dir`,
+/// for the reference script: their paths.
+fn raw_files(dir: &Path, runs: &[Vec<f32>], w: &[f32]) -> (Vec<PathBuf>, PathBuf) {
+    let write = |name: String, v: &[f32]| {
+        let p = dir.join(name);
+        std::fs::write(&p, v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+        p
+    };
+    (runs.iter().enumerate().map(|(i, x)| write(format!("x{i}.f32"), x)).collect(), write("w.f32".into(), w))
+}
+
 /// One calibration setting, its CLI flags and output files.
 struct Case {
     key: &'static str,
@@ -242,17 +253,7 @@ fn calibrate_and_check(d: Dims, runs: &[Vec<f32>], w: &[f32]) -> (BTreeMap<&'sta
         assert_eq!(t.tensors.len(), 2, "lhs and out");
         ours.insert(c.key, t.tensors);
     }
-    let files: Vec<PathBuf> = runs
-        .iter()
-        .enumerate()
-        .map(|(i, x)| {
-            let p = dir.path().join(format!("x{i}.f32"));
-            std::fs::write(&p, x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
-            p
-        })
-        .collect();
-    let wfile = dir.path().join("w.f32");
-    std::fs::write(&wfile, w.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    let (files, wfile) = raw_files(dir.path(), runs, w);
     let lhs = ours["minmax"].iter().find(|t| t.role == "lhs").unwrap().name.clone();
     let out = ours["minmax"].iter().find(|t| t.role == "out").unwrap().name.clone();
     let r = reference(
@@ -347,17 +348,7 @@ fn averaged_min_max_matches_onnxruntime_moving_average() {
     let dir = tempfile::tempdir().unwrap();
     let rec = dir.path().join("rec.csv");
     record("matmul{roles=[lhs,out],stats=[min,max]}", d, &runs, &w, Some(&rec));
-    let files: Vec<PathBuf> = runs
-        .iter()
-        .enumerate()
-        .map(|(i, x)| {
-            let p = dir.path().join(format!("x{i}.f32"));
-            std::fs::write(&p, x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
-            p
-        })
-        .collect();
-    let wfile = dir.path().join("w.f32");
-    std::fs::write(&wfile, w.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    let (files, wfile) = raw_files(dir.path(), &runs, &w);
     let c = 0.3;
     let r = reference(
         dir.path(),

@@ -149,7 +149,7 @@ const fn col(name: &'static str, ty: ColumnType, nullable: bool, doc: &'static s
 /// The columns of a recording, in [`Row`]'s field order: the one list the CSV header, the
 /// Arrow schema and both readers are built from.
 pub const COLUMNS: [Column; 15] = [
-    col("run_id", ColumnType::Text, false, "recording id, one per recorder (a scope, or the process in the environment mode): run-<unix seconds>-<pid>-<n>"),
+    col("run_id", ColumnType::Text, false, "recording id, one per recorder (a scope, or the process in the environment mode): run-<unix seconds>-<pid>-<n>-<8 random hex digits>"),
     col("compile", ColumnType::U32, false, "the tapped compile within the recording, 1, 2, ... (a graph compiled twice is two compiles); group by (compile, step), never by step alone"),
     col("step", ColumnType::U64, false, "execution of that compiled graph, 0-based"),
     col("graph", ColumnType::Text, false, "graph name"),

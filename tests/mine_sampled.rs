@@ -179,7 +179,8 @@ fn a_recording_out_of_run_order_is_read_whole_and_too_small_a_sample_is_refused(
     let health = |s: &std::collections::BTreeMap<SeriesKey, Series>| {
         opscope::mine::mine(s).into_iter().filter(|v| v.kind.name == "health").map(|v| (v.role, v.evidence)).collect::<Vec<_>>()
     };
-    assert_eq!(health(&sampled), vec![("lhs".to_string(), vec![("nonfinite".to_string(), 3.0)])]);
+    let ev = |n: &str, v: f64| (n.to_string(), v);
+    assert_eq!(health(&sampled), vec![("lhs".to_string(), vec![ev("nonfinite", 3.0), ev("runs_nonfinite", 1.0), ev("first_in_runs", 1.0)])]);
     assert_eq!(health(&sampled), health(&load_compact(&nan).unwrap()));
     // A subnormal `min` in the same left-out run (2^-149, f32's smallest subnormal, through the
     // CSV text and back): the subnormals verdict stays too, counted over every run.

@@ -262,6 +262,9 @@ struct Exact {
     extremes: (Option<f64>, Option<f64>),
     flops: f64,
     nonfinite: f64,
+    /// The runs (compile, step) holding a NaN or an Inf ([`Series::nonfinite_runs`]): few, as
+    /// such runs are, and kept whatever a sampled load leaves out.
+    nonfinite_runs: Vec<(u32, u64)>,
     /// Runs with a subnormal `min` or `max`, and the first such value ([`Series::subnormal_over_runs`]).
     subnormal: (usize, Option<f64>),
     compiles: std::collections::BTreeSet<u32>,
@@ -345,6 +348,15 @@ impl Series {
             return self.exact.nonfinite;
         }
         self.runs.iter().map(nonfinite).sum()
+    }
+
+    /// The runs (compile, step) holding a NaN or an Inf, over every run of the series, after a
+    /// sampled load too, in read order.
+    pub fn nonfinite_runs(&self) -> Vec<(u32, u64)> {
+        if self.is_sampled() {
+            return self.exact.nonfinite_runs.clone();
+        }
+        self.runs.iter().filter(|r| nonfinite(r) > 0.0).map(|r| (r.compile, r.step)).collect()
     }
 
     /// The runs whose `min` or `max` statistic is subnormal (non-zero, |x| below f32's smallest
@@ -503,8 +515,7 @@ fn remove_run(s: &mut Series, runs: &mut std::collections::HashMap<(u32, u64), u
 }
 
 /// NaN, +Inf and -Inf values of one run (0 where not recorded).
-/// NaN and ±Inf values of one run of one tensor (0 when none was recorded).
-pub(crate) fn nonfinite(r: &StepStats) -> f64 {
+fn nonfinite(r: &StepStats) -> f64 {
     [tensor::NAN_COUNT, tensor::POSINF_COUNT, tensor::NEGINF_COUNT].iter().filter_map(|k| r.scalar(*k)).sum()
 }
 
@@ -747,6 +758,9 @@ impl Builder {
         }
         s.exact.flops += r.flops(s.flops).unwrap_or(0) as f64;
         s.exact.nonfinite += nonfinite(r);
+        if nonfinite(r) > 0.0 {
+            s.exact.nonfinite_runs.push((r.compile, r.step));
+        }
         if let Some(x) = subnormal_extreme(r) {
             s.exact.subnormal = (s.exact.subnormal.0 + 1, Some(s.exact.subnormal.1.map_or(x, |y| deepest(x, y))));
         }

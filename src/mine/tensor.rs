@@ -383,8 +383,8 @@ fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>)
     // tapped tensor before it (TensorFlow Debugger V2's first-op alert, PyTorch's anomaly mode).
     let mut first_bad: BTreeMap<(u32, u64), usize> = BTreeMap::new();
     for s in series.values().filter(|s| is_tensor_series(s)) {
-        for r in s.runs.iter().filter(|r| super::series::nonfinite(r) > 0.0) {
-            let e = first_bad.entry((r.compile, r.step)).or_insert(s.order);
+        for run in s.nonfinite_runs() {
+            let e = first_bad.entry(run).or_insert(s.order);
             *e = (*e).min(s.order);
         }
     }
@@ -426,9 +426,9 @@ fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>)
         // Over every run, also after a sampled load: one run with a NaN is a verdict.
         let nonfinite: f64 = s.nonfinite_over_runs();
         if nonfinite > 0.0 {
-            // Over the runs read (every run, unless a sampled load left some out).
-            let bad: Vec<&StepStats> = s.runs.iter().filter(|r| super::series::nonfinite(r) > 0.0).collect();
-            let first = bad.iter().filter(|r| first_bad.get(&(r.compile, r.step)) == Some(&s.order)).count();
+            // Over every run, also after a sampled load (`Series::nonfinite_runs`).
+            let bad = s.nonfinite_runs();
+            let first = bad.iter().filter(|run| first_bad.get(run) == Some(&s.order)).count();
             push(
                 kinds::HEALTH,
                 vec![("nonfinite", Some(nonfinite)), ("runs_nonfinite", Some(bad.len() as f64)), ("first_in_runs", Some(first as f64))],

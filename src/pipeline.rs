@@ -326,6 +326,18 @@ impl Pipeline {
             .collect()
     }
 
+    /// Every warning of a pass that did nothing in the graphs `manifests` describe (the compiles
+    /// of a scope or of the environment mode): the idle taps ([`Pipeline::idle_taps_warnings`])
+    /// and the idle actuations ([`Pipeline::idle_actuations`]); empty without a compile.
+    pub fn idle_warnings(&self, manifests: &[std::sync::Arc<Manifest>]) -> Vec<String> {
+        if manifests.is_empty() {
+            return Vec::new();
+        }
+        let mut w = self.idle_taps_warnings(manifests);
+        w.extend(self.idle_actuations(manifests).iter().map(|idle| self.idle_actuation_warning(idle, manifests.len())));
+        w
+    }
+
     /// The actuation instances that changed no site in any of the graphs `manifests` describe
     /// (the model ran unchanged by them), each as `(position, canonical text, the distinct
     /// reasons it gave for the sites it skipped)`; no reason when it found no site at all. An

@@ -580,7 +580,6 @@ struct ModelGraph {
     stage: opscope::activate::Stage,
 }
 
-/// The sites `pipeline` finds in `graph` as `(short name, full name, pass, op, roles, shapes)`.
 impl ModelGraph {
     /// The model's graph for `[batch, seq]` and its file.
     fn load(&self) -> Result<(rlx_ir::Graph, &std::path::Path)> {
@@ -593,6 +592,7 @@ impl ModelGraph {
     }
 }
 
+/// The sites `pipeline` finds in `graph` as `(short name, full name, pass, op, roles, shapes)`.
 fn site_table(pipeline: &Pipeline, graph: &rlx_ir::Graph, stage: opscope::activate::Stage) -> Result<Vec<[String; 5]>> {
     let options = rlx_runtime::CompileOptions::default();
     let (_, m) = opscope::activate::rewrite(pipeline, graph, stage, &options, 0)?;

@@ -187,13 +187,8 @@ pub fn finish() -> Result<(), Error> {
             } else if recorded == 0 {
                 eprintln!("opscope: warning: {}", super::scope::sampled_out(&st.pipeline, runs));
             }
-            if compiles > 0 {
-                for w in st.pipeline.idle_taps_warnings(&st.recorder.manifests()) {
-                    eprintln!("opscope: warning: {w}");
-                }
-                for idle in st.pipeline.idle_actuations(&st.recorder.manifests()) {
-                    eprintln!("opscope: warning: {}", st.pipeline.idle_actuation_warning(&idle, compiles));
-                }
+            for w in st.pipeline.idle_warnings(&st.recorder.manifests()) {
+                eprintln!("opscope: warning: {w}");
             }
             Ok(())
         }

@@ -169,13 +169,7 @@ impl<'a> Scope<'a> {
         } else if appending > 0 && recorded == 0 && res.is_ok() && !interrupted {
             warnings.push(sampled_out(&self.pipeline, runs));
         }
-        if compiles > 0 {
-            let manifests = recorder.manifests();
-            warnings.extend(self.pipeline.idle_taps_warnings(&manifests));
-            for idle in self.pipeline.idle_actuations(&manifests) {
-                warnings.push(self.pipeline.idle_actuation_warning(&idle, compiles));
-            }
-        }
+        warnings.extend(self.pipeline.idle_warnings(&recorder.manifests()));
         for w in &warnings {
             eprintln!("opscope: warning: {w}");
         }

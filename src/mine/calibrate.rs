@@ -835,9 +835,9 @@ pub fn ort_json(tensors: &[TensorCalibration], o: &CalibrationOptions) -> Value 
         CalibrationMethod::Percentile(p) => json!(p),
         _ => Value::Null,
     };
-    let (average, constant) = match o.averaging {
-        RangeAveraging::Ema(c) => ("ema", json!(c)),
-        a => (a.name(), Value::Null),
+    let constant = match o.averaging {
+        RangeAveraging::Ema(c) => json!(c),
+        _ => Value::Null,
     };
     json!({
         "CLS": "TensorsData",
@@ -846,7 +846,7 @@ pub fn ort_json(tensors: &[TensorCalibration], o: &CalibrationOptions) -> Value 
         "smooth_quant": false,
         "opscope": {
             "method": o.method.name(), "percentile": percentile, "symmetric": o.symmetric,
-            "average": average, "averaging_constant": constant,
+            "average": o.averaging.name(), "averaging_constant": constant,
             "quantized_bins": o.quantized_bins,
             "tensor_names": "site/role: the recording does not hold ONNX tensor names",
             "tensors": ours,

@@ -157,6 +157,15 @@ fn a_misspelt_variable_and_a_gz_name_that_is_not_csv_are_said() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unknown recording format: name the file .csv, .csv.gz or .parquet"), "{err}");
     assert!(!dir.path().join("out.json.gz").exists() && !dir.path().join("out.json.gz.partial").exists());
+    // A directory of another tool's Parquet files is not a dataset to add a recording to.
+    let foreign = dir.path().join("table.parquet");
+    std::fs::create_dir(&foreign).unwrap();
+    std::fs::write(foreign.join("part-0.parquet"), b"PAR1").unwrap();
+    let out = example("mlp").env("RLX_OPSCOPE", "matmul").env("RLX_OPSCOPE_OUT", &foreign).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("other files than recording=<id> partitions (part-0.parquet)"), "{err}");
+    assert_eq!(std::fs::read_dir(&foreign).unwrap().count(), 1, "nothing added");
 }
 
 #[test]

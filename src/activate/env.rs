@@ -113,13 +113,10 @@ pub(super) fn env_state() -> Option<&'static Result<EnvState, String>> {
             None => Stage::Deployed,
         };
         let out = v.out.clone().unwrap_or_else(|| "opscope-recording.csv".into());
-        // Never over a file that is not a recording; an earlier recording is replaced once this
-        // one is complete, and said so.
-        let replaces = crate::recording::check_replaceable(std::path::Path::new(&out)).map_err(|e| format!("{ENV_OUT}: {e}"))?;
-        let sink = crate::recording::open(&out).map_err(|e| format!("{ENV_OUT}: {e}"))?;
-        if replaces {
-            eprintln!("opscope: note: {out} holds an earlier recording; this one replaces it when it is complete ({ENV_OUT})");
-        }
+        // `open_sink`'s checks: never over a file that is not a recording, a `.partial` or a
+        // directory of foreign files; an earlier recording is replaced once this one is
+        // complete, and said so.
+        let sink = crate::recording::open_checked(&out).map_err(|e| format!("{ENV_OUT}: {e}"))?;
         Ok(EnvState {
             pipeline,
             recorder: Arc::new(Recorder::new(sink, new_run_id())),

@@ -562,3 +562,68 @@ fn rlx_opscope_ir_refuses_a_tap_and_a_bad_pipeline_at_the_first_compile() {
         assert!(err.contains(want), "{text}: {err}");
     }
 }
+
+/// In the environment mode, an actuation that changed no site of the program's graphs is said
+/// on stderr at exit (examples/mlp has no attention: `sparseattn` finds no site and the program
+/// runs unchanged, byte-identical stdout); one that changed the program (`fakequant` on mlp's
+/// matmuls) is not.
+#[test]
+fn env_activation_says_an_actuation_that_changed_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = example("mlp").output().unwrap();
+    let idle = example("mlp").env("RLX_OPSCOPE", "sparseattn{topk=3}").env("RLX_OPSCOPE_OUT", dir.path().join("s.csv")).output().unwrap();
+    assert!(idle.status.success(), "{}", String::from_utf8_lossy(&idle.stderr));
+    assert_eq!(plain.stdout, idle.stdout, "no attention in mlp: the program ran unchanged");
+    let err = String::from_utf8_lossy(&idle.stderr);
+    assert!(
+        err.contains("the actuation 'sparseattn{topk=3}' (pass 0) changed nothing in the 1 graph(s) compiled") && err.contains("it found no site"),
+        "{err}"
+    );
+    let q = example("mlp").env("RLX_OPSCOPE", "fakequant{bits=2}").env("RLX_OPSCOPE_OUT", dir.path().join("q.csv")).output().unwrap();
+    assert!(q.status.success());
+    assert_ne!(plain.stdout, q.stdout, "fakequant changed the program");
+    assert!(!String::from_utf8_lossy(&q.stderr).contains("changed nothing"), "{}", String::from_utf8_lossy(&q.stderr));
+}
+
+/// The environment mode in a program whose only compile is inside a scope: the scope's tap takes
+/// the compile (its graph reaches the environment's backend wrapper already tapped, and the
+/// environment recorder registers no compile). At exit the environment says nothing about its
+/// actuation having "changed nothing in the 0 graph(s) compiled". The test runs itself again as
+/// a child process with `RLX_OPSCOPE` set (read once per process) and reads the child's stderr.
+#[test]
+fn env_mode_with_every_compile_in_a_scope_reports_no_idle_actuation() {
+    use common::{matmul_2d, randn};
+    use opscope::{MemorySink, Pipeline, Scope};
+    use rlx_runtime::{Device, Session};
+    const CHILD: &str = "OPSCOPE_TEST_ENV_SCOPE_ONLY_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        // The child: one compile and run, inside a scope with a tap.
+        let p = Pipeline::parse("matmul{stats=[max]}").unwrap();
+        let sink = MemorySink::default();
+        let (_, res) = Scope::new(&p, Box::new(sink.clone())).run(|| {
+            let mut c = Session::new(Device::Cpu).compile(matmul_2d(4, 6, 3));
+            c.set_param("w", &randn(18, 1));
+            c.run(&[("x", &randn(24, 2))])
+        });
+        assert_eq!(res.unwrap().compiles, 1, "the scope took the compile");
+        assert!(!sink.rows().is_empty(), "the scope recorded");
+        opscope::activate::env::finish().unwrap();
+        eprintln!("child: finished");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "env_mode_with_every_compile_in_a_scope_reports_no_idle_actuation", "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .env("RLX_OPSCOPE", "fakequant{bits=4}")
+        .env("RLX_OPSCOPE_OUT", dir.path().join("env.csv"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains("child: finished"), "{err}");
+    // The environment was on (its pipeline was parsed at the compile: the note on its missing
+    // tap says so) ...
+    assert!(err.contains("RLX_OPSCOPE='fakequant{bits=4}' has no tap pass"), "{err}");
+    // ... and registered no compile of its own: no claim about graphs it never rewrote.
+    assert!(!err.contains("changed nothing"), "{err}");
+}

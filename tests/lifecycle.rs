@@ -397,3 +397,18 @@ fn a_tap_or_actuation_that_found_no_site_is_a_warning() {
     assert!(w.iter().any(|w| w.contains("the actuation 'fakequant{sites=[nomatch*]}' (pass 0) changed nothing")), "{w:#?}");
     assert_eq!(run("fakequant{sites=[matmul*]},matmul{stats=[max]},matmul{sites=[matmul.0]}"), Vec::<String>::new());
 }
+
+/// A scope inside which nothing was compiled says that, and only that: an actuation it holds
+/// did not run on any graph, so it is not also reported as having "changed nothing in the 0
+/// graph(s) compiled" (the idle-actuation warning is for compiles that happened).
+#[test]
+fn a_scope_with_no_compile_does_not_call_its_actuations_idle() {
+    let mut c = Session::new(Device::Cpu).compile(matmul_2d(4, 6, 3));
+    c.set_param("w", &randn(18, 1));
+    for p in ["fakequant{bits=4}", "fakequant{bits=4},matmul{stats=[max]}"] {
+        let (_, res) = Scope::new(&Pipeline::parse(p).unwrap(), Box::new(MemorySink::default())).run(|| c.run(&[("x", &randn(24, 2))]));
+        let w = res.unwrap().warnings;
+        assert_eq!(w.len(), 1, "{p}: {w:#?}");
+        assert!(w[0].contains("no graph was compiled inside it"), "{p}: {w:#?}");
+    }
+}

@@ -559,3 +559,84 @@ fn rewritten_graphs_are_pinned() {
         snapshot(name, &out, &m);
     }
 }
+
+/// A fused attention in both rank-4 layouts RLX's kernel dispatches (`[B, H, S, D]` when Q's dim 1
+/// is the head count, else `[B, S, H, D]`), multi-head (K and V with all `H` heads), with a key
+/// mask: the pass lowers it and masks it (no grouped-query repeat: K already has the heads) and
+/// equals the f64 host of the rank-3 test on the same values, permuted for `[B, H, S, D]`.
+#[test]
+fn rank_4_multi_head_attention_in_both_layouts_is_lowered_and_equals_the_f64_host() {
+    let n = B * S * H * D;
+    let mask: Vec<f32> = (0..B * S).map(|i| if i / S == 1 && i % S >= VALID { 0.0 } else { 1.0 }).collect();
+    // [B, S, H, D] (host_fused's layout) <-> [B, H, S, D].
+    let to_bhsd = |x: &[f32]| -> Vec<f32> {
+        let mut o = vec![0.0; n];
+        for b in 0..B {
+            for s in 0..S {
+                for h in 0..H {
+                    for d in 0..D {
+                        o[((b * H + h) * S + s) * D + d] = x[((b * S + s) * H + h) * D + d];
+                    }
+                }
+            }
+        }
+        o
+    };
+    for (seed, keep) in [Keep::TopK(4), Keep::Window(3, 1)].into_iter().enumerate() {
+        let s = 130 + 3 * seed as u64;
+        let (q, k, v): (Vec<f32>, _, _) = (randn(n, s).iter().map(|x| 2.0 * x).collect(), randn(n, s + 1), randn(n, s + 2));
+        let host = host_fused(&q, &k, &v, Some(&mask), keep);
+        for bhsd in [false, true] {
+            let dims = if bhsd { [B, H, S, D] } else { [B, S, H, D] };
+            let mut g = Graph::new(if bhsd { "fused_bhsd" } else { "fused_bshd" });
+            let (qi, ki, vi) = (g.input("q", f32s(&dims)), g.input("k", f32s(&dims)), g.input("v", f32s(&dims)));
+            let m = g.input("mask", f32s(&[B, S]));
+            let o = g.attention_opts(qi, ki, vi, m, H, D, f32s(&dims), None, None);
+            g.set_outputs(vec![o]);
+            let (qx, kx, vx) = if bhsd { (to_bhsd(&q), to_bhsd(&k), to_bhsd(&v)) } else { (q.clone(), k.clone(), v.clone()) };
+            let ins: Vec<(&str, &[f32])> = vec![("q", &qx), ("k", &kx), ("v", &vx), ("mask", &mask)];
+            let want: Vec<f64> = if bhsd {
+                let mut w = vec![0.0; n];
+                for b in 0..B {
+                    for s in 0..S {
+                        for h in 0..H {
+                            for d in 0..D {
+                                w[((b * H + h) * S + s) * D + d] = host[((b * S + s) * H + h) * D + d];
+                            }
+                        }
+                    }
+                }
+                w
+            } else {
+                host.clone()
+            };
+            let (out, sink) = run_tapped(&pipeline(keep), &g, &[], &ins);
+            let m = &sink.manifests()[0];
+            assert!(m.actuations.len() == 1 && m.actuations[0].action.contains("LowerAttention"), "bhsd {bhsd} {keep:?}: {:?} {:?}", m.actuations, m.skipped);
+            let diff = max_diff(&out[0], &want);
+            assert!(diff < 1e-5, "bhsd {bhsd} {keep:?}: max |RLX - host f64| = {diff:e}");
+            let dense = run_plain(&g, &[], &ins);
+            assert_ne!(bits(&out), bits(&dense), "bhsd {bhsd} {keep:?}: nothing was dropped");
+        }
+    }
+}
+
+/// A grouped-query attention whose KV head count does not divide the query heads (6 query
+/// heads, 4 KV heads: no head mapping `h / (H / KV)` covers them) is not lowered: skipped, and
+/// the reason names the head counts.
+#[test]
+fn grouped_query_kv_heads_that_do_not_divide_the_query_heads_are_named() {
+    let (hq, kvh, sk) = (6usize, 4usize, 12usize);
+    let mut g = Graph::new("gqa_not_dividing");
+    let q = g.input("q", f32s(&[1, hq, sk, D]));
+    let (k, v) = (g.input("k", f32s(&[1, kvh, sk, D])), g.input("v", f32s(&[1, kvh, sk, D])));
+    let o = g.attention_kind_opts(q, k, v, hq, D, MaskKind::Causal, f32s(&[1, hq, sk, D]), None, None);
+    g.set_outputs(vec![o]);
+    let (_, m) = Pipeline::parse("sparseattn{topk=3}").unwrap().apply(&g).unwrap();
+    assert!(m.actuations.is_empty(), "{:?}", m.actuations);
+    assert!(
+        m.skipped.iter().any(|s| s.reason.contains("has 4 heads, which do not divide the 6 query heads")),
+        "{:?}",
+        m.skipped
+    );
+}

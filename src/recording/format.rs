@@ -223,7 +223,9 @@ pub struct Sidecar {
 pub(super) struct Sums {
     #[serde(default)]
     pub checksum: Option<super::checksum::Checksum>,
+    /// A dataset partition's part checksums (read by the Parquet reader only).
     #[serde(default)]
+    #[cfg_attr(not(feature = "parquet"), allow(dead_code))]
     pub parts: std::collections::BTreeMap<String, super::checksum::Checksum>,
 }
 
@@ -553,5 +555,46 @@ mod tests {
         assert!(e.contains("it holds 9 bytes, and held 27"), "{e}");
         let cut = open_checked(&path, "restore it", true).expect("the rows first").cut.expect("its error").to_string();
         assert_eq!(cut, e);
+    }
+
+    /// A recording replaced while it was being checked (another process's `--force` renamed the new
+    /// file into place, then its sidecar): checked first against the old sidecar, it fails; the
+    /// check is made again against the sidecar as it is now, which matches, and the file is
+    /// accepted (and read through the checked handle). Deterministic: the sidecar is first a FIFO
+    /// that gives the old sidecar, and the new sidecar is renamed over it before the FIFO's writer
+    /// closes, so the first read ends after the rename and the second read finds the new one.
+    #[test]
+    fn a_recording_replaced_during_its_check_is_checked_again_against_its_new_sidecar() {
+        use std::io::Write;
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.csv");
+        let (old, new) = (b"the recording before --force".to_vec(), b"the recording after  --force".to_vec());
+        assert_eq!(old.len(), new.len());
+        let sum = |b: &[u8]| Some(Checksum { bytes: b.len() as u64, crc32: crc32fast::hash(b) });
+        std::fs::write(&path, &new).unwrap();
+        let side = sidecar_path(&path);
+        let staged = dir.path().join("new.manifest.json");
+        std::fs::write(&staged, sidecar_json(vec![], true, sum(&new)).unwrap()).unwrap();
+        let fifo = std::ffi::CString::new(side.as_os_str().as_bytes()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0, "mkfifo");
+        let old_sidecar = sidecar_json(vec![], true, sum(&old)).unwrap();
+        let writer = std::thread::spawn(move || {
+            let mut f = std::fs::OpenOptions::new().write(true).open(&side).unwrap(); // waits for the first read
+            f.write_all(&old_sidecar).unwrap();
+            std::fs::rename(&staged, &side).unwrap();
+            drop(f); // the first read ends here, the new sidecar already in place
+        });
+        let opened = open_checked(&path, "restore it", false);
+        writer.join().unwrap();
+        let mut opened = opened.expect("checked again against the new sidecar");
+        assert!(opened.cut.is_none());
+        let mut read = Vec::new();
+        opened.file.read_to_end(&mut read).unwrap();
+        assert_eq!(read, new);
+        // The same old sidecar twice is damage: refused (the check the retry must not weaken).
+        std::fs::write(sidecar_path(&path), sidecar_json(vec![], true, sum(&old)).unwrap()).unwrap();
+        let e = open_checked(&path, "restore it", false).err().expect("a changed byte").to_string();
+        assert!(e.contains("its bytes changed since it was closed"), "{e}");
     }
 }

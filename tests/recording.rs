@@ -797,3 +797,78 @@ fn a_duplicated_row_or_an_impossible_idx_is_refused_by_the_miner() {
         assert!(err.contains(want), "{want}: {err}");
     }
 }
+
+/// A dataset recording writes each compile's manifest once, in files of its own
+/// (`_graphs-NNNNNN.json`, NNNNNN the first compile a file holds), each listed in the
+/// partition's `_manifest.json` with its count and checksum, and written before the part that
+/// needs it is renamed into place. Before, `_manifest.json` held every manifest and was
+/// rewritten at each part's close: time quadratic in the compiles (`benches/recompile.rs`).
+/// Read back, the manifests are the recorder's, in compile order; a listed file damaged or
+/// missing is an error naming it, and an unlisted one is ignored.
+#[test]
+#[cfg(feature = "parquet")]
+fn a_dataset_writes_each_manifest_once_and_reads_them_back_in_compile_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("d.parquet");
+    let memory = opscope::MemorySink::default();
+    let sink = opscope::recording::DatasetSink::create(&root, opscope::recording::PartLimits { runs: 2, bytes: u64::MAX }).unwrap();
+    let tee = opscope::recording::Tee(vec![Box::new(memory.clone()), Box::new(sink)]);
+    let p = Pipeline::parse("matmul{stats=[max]}").unwrap();
+    // Seven compiles of three shapes (so that the manifests differ), run 1, 2 or 3 times: parts
+    // of two runs close in the middle of a compile's runs and after several compiles.
+    opscope::scope(&p, Box::new(tee), || {
+        for i in 0..7usize {
+            let (m, k, n) = (2 + i % 3, 3 + i, 2);
+            let mut c = rlx_runtime::Session::new(rlx_runtime::Device::Cpu).compile(matmul_2d(m, k, n));
+            c.set_param("w", &randn(k * n, i as u64));
+            for _ in 0..1 + i % 3 {
+                c.run(&[("x", &randn(m * k, 7))]);
+            }
+        }
+    })
+    .unwrap();
+    let part_dir = std::fs::read_dir(&root).unwrap().next().unwrap().unwrap().path();
+    let side: serde_json::Value = serde_json::from_slice(&std::fs::read(part_dir.join("_manifest.json")).unwrap()).unwrap();
+    assert_eq!(side["graphs"], serde_json::json!([]), "no manifest inline: {side}");
+    let files = side["graph_files"].as_array().unwrap();
+    assert!(files.len() > 1, "the manifests of later compiles went to later files: {side}");
+    let mut on_disk = Vec::new();
+    for f in files {
+        let name = f["file"].as_str().unwrap();
+        assert_eq!(name, format!("_graphs-{:06}.json", on_disk.len() + 1), "named by its first compile");
+        let bytes = std::fs::read(part_dir.join(name)).unwrap();
+        assert_eq!(f["checksum"]["bytes"], bytes.len() as u64);
+        let mut crc = flate2::Crc::new();
+        crc.update(&bytes);
+        assert_eq!(f["checksum"]["crc32"], crc.sum() as u64);
+        let held: Vec<serde_json::Value> = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(f["graphs"], held.len() as u64);
+        on_disk.extend(held);
+    }
+    // Each manifest once, in compile order, equal to what the recorder gave the sinks.
+    let want: Vec<serde_json::Value> = memory.manifests().iter().map(|m| serde_json::to_value(m).unwrap()).collect();
+    assert_eq!(want.len(), 7);
+    assert_eq!(on_disk, want);
+    let read = opscope::recording::read_sidecar(&root).unwrap().unwrap();
+    assert_eq!(read.graphs.iter().map(|m| serde_json::to_value(&**m).unwrap()).collect::<Vec<_>>(), want);
+    assert_eq!(read.graphs.iter().map(|m| m.compile).collect::<Vec<_>>(), (1..=7).collect::<Vec<u32>>());
+    let rows = read_all(&root).unwrap();
+    assert_eq!(rows.len(), memory.rows().len());
+    // An unlisted file (a write whose `_manifest.json` never followed) is ignored.
+    std::fs::write(part_dir.join("_graphs-000099.json"), b"[]").unwrap();
+    assert_eq!(read_all(&root).unwrap(), rows);
+    // A listed file damaged, then missing: an error naming it, for the rows and the sidecar.
+    let first = part_dir.join(files[0]["file"].as_str().unwrap());
+    let good = std::fs::read(&first).unwrap();
+    let mut bad = good.clone();
+    bad[good.len() / 2] ^= 0x01;
+    std::fs::write(&first, &bad).unwrap();
+    for err in [read_all(&root).unwrap_err().to_string(), opscope::recording::read_sidecar(&root).unwrap_err().to_string()] {
+        assert!(err.contains("_graphs-000001.json") && err.contains("damaged") && err.contains("restore it"), "{err}");
+    }
+    std::fs::remove_file(&first).unwrap();
+    let err = read_all(&root).unwrap_err().to_string();
+    assert!(err.contains("_graphs-000001.json") && err.contains("cannot be read"), "{err}");
+    std::fs::write(&first, &good).unwrap();
+    assert_eq!(read_all(&root).unwrap(), rows);
+}

@@ -1562,14 +1562,14 @@ fn exit_interrupted() -> ! {
 }
 
 /// Remove the recording `run_id` left at `out` when it recorded no run: its partition of a
-/// dataset (only when it holds nothing but its parts and sidecar), or a CSV recording's
+/// dataset (only when it holds nothing but its parts, sidecar and manifest files), or a CSV recording's
 /// `.partial` and sidecar. True when removed.
 fn remove_empty_recording(out: &std::path::Path, run_id: &str) -> bool {
     if out.is_dir() {
         let dir = out.join(format!("recording={run_id}"));
         let ours = |e: &std::fs::DirEntry| {
             let n = e.file_name().to_string_lossy().to_string();
-            n == opscope::recording::PARTITION_SIDECAR || n.starts_with("part-") && n.ends_with(".parquet")
+            n == opscope::recording::PARTITION_SIDECAR || n.starts_with("part-") && n.ends_with(".parquet") || n.starts_with("_graphs-") && n.ends_with(".json")
         };
         let only_ours = std::fs::read_dir(&dir).is_ok_and(|d| d.flatten().all(|e| ours(&e)));
         return only_ours && std::fs::remove_dir_all(&dir).is_ok();

@@ -208,9 +208,10 @@ fn a_file_size_limit_is_a_clear_error_and_keeps_the_closed_parts() {
     };
     let ok = sweep(&full, None);
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
-    // 64 KiB per file: every part (a few KB) fits; the sidecar, growing by one manifest per
-    // compile (each sweep run is its own compile), outgrows it after a few parts.
-    let out = sweep(&limited, Some(64));
+    // 10 KiB per file: every part (5-8.2 KB) and every file of manifests (3 KB: one compile,
+    // each sweep run is its own) fits; `_manifest.json`, which lists every part and manifest
+    // file (about 200 bytes each), outgrows it after about 50 of the sweep's 66 parts.
+    let out = sweep(&limited, Some(10));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "the write failure is an error: {stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");

@@ -8,7 +8,9 @@
 //!     part-00000.parquet                       (closed: footer written, fsynced, renamed)
 //!     part-00001.parquet
 //!     _part-00002.parquet.partial              (the open part; readers skip it)
-//!     _manifest.json                           (the sidecar, rewritten at every part close)
+//!     _graphs-000001.json                      (manifests of compiles 1.., written once)
+//!     _manifest.json                           (the sidecar: parts, checksums, manifest files;
+//!                                               rewritten at every part close)
 //!   recording=run-1764500007-4250-1/           (another process, another host)
 //!     ...
 //! ```
@@ -25,7 +27,7 @@ use crate::error::Error;
 use crate::manifest::Manifest;
 
 use super::checksum::Checksum;
-use super::format::{check_dataset_path, write_atomic, Block, Row, Sidecar, FORMAT};
+use super::format::{check_dataset_path, write_atomic, Block, GraphFile, Row, Sidecar, FORMAT};
 use super::rowgroup::{ParquetFile, RowGroup};
 use super::read::RowRef;
 use super::sink::Sink;
@@ -97,8 +99,9 @@ struct OpenPart {
 /// A Parquet recording as a dataset directory (see the module docs): rows of each run are one
 /// row group of the open part; a part is closed (footer, fsync, rename from
 /// `_part-NNNNN.parquet.partial` to `part-NNNNN.parquet`, directory fsync) when it reaches its
-/// [`PartLimits`], and the partition's `_manifest.json` is rewritten then with every manifest
-/// seen so far. Several recorders (processes, hosts) may write into one dataset: each writes its
+/// [`PartLimits`], and the partition's `_manifest.json` is rewritten then, after the manifests
+/// of the compiles first seen since the last close are written to a file of their own
+/// ([`GraphFile`]; each manifest is written once). Several recorders (processes, hosts) may write into one dataset: each writes its
 /// own `recording=<id>` partition.
 pub struct DatasetSink {
     root: PathBuf,
@@ -119,6 +122,10 @@ pub struct DatasetSink {
     /// Each closed part's length and CRC-32, by file name, for the sidecar
     /// ([`Sidecar::parts`]).
     sums: std::collections::BTreeMap<String, Checksum>,
+    /// The manifest files written ([`Sidecar::graph_files`]): together they hold the first
+    /// `graphs_on_disk` manifests.
+    graph_files: Vec<GraphFile>,
+    graphs_on_disk: usize,
 }
 
 /// A run's rows are written as a row group every this many rows (and at the run's end), so the
@@ -151,6 +158,8 @@ impl DatasetSink {
             run_open: false,
             partition_made: false,
             sums: Default::default(),
+            graph_files: Vec::new(),
+            graphs_on_disk: 0,
         })
     }
 
@@ -263,21 +272,36 @@ impl DatasetSink {
         Ok(())
     }
 
-    /// `_manifest.json` of the partition, when its manifests changed (or `always`).
+    /// `_manifest.json` of the partition, when its manifests changed (or `always`), after the
+    /// manifests first seen since the last one in a file of their own ([`GraphFile`]): each
+    /// manifest is written once, and `_manifest.json` holds the part and file lists only.
     fn write_sidecar(&mut self, always: bool) -> Result<(), Error> {
         if !always && self.sidecar_written == Some(self.manifests.len()) {
             return Ok(());
         }
         let dir = self.partition()?;
+        if self.manifests.len() > self.graphs_on_disk {
+            // Named by the first compile it holds (written again, whole, under the same name
+            // if this write fails and the next part's close tries again).
+            let name = format!("_graphs-{:06}.json", self.graphs_on_disk + 1);
+            let path = dir.join(&name);
+            let new = &self.manifests[self.graphs_on_disk..];
+            let json = serde_json::to_vec(new).map_err(|e| Error::Internal(format!("manifest JSON: {e}")))?;
+            write_atomic(&path, &json).map_err(|e| self.write_err(&path, "writing the manifests", e))?;
+            let file = GraphFile { file: name, graphs: new.len(), checksum: Checksum { bytes: json.len() as u64, crc32: crc32fast::hash(&json) } };
+            self.graph_files.push(file);
+            self.graphs_on_disk = self.manifests.len();
+        }
         let path = dir.join(PARTITION_SIDECAR);
         let json = serde_json::to_vec_pretty(&Sidecar {
             format: FORMAT,
-            graphs: self.manifests.clone(),
+            graphs: Vec::new(),
             ends_on_run: false,
             closed_parts: Some(self.next_part),
             checksum: None,
             parts: self.sums.clone(),
             recording: self.id.clone(),
+            graph_files: self.graph_files.clone(),
         })
             .map_err(|e| Error::Internal(format!("manifest JSON: {e}")))?;
         write_atomic(&path, &json).map_err(|e| self.write_err(&path, "writing the manifest sidecar", e))?;
@@ -392,11 +416,13 @@ pub fn partitions(root: &Path) -> Result<Vec<Partition>, Error> {
         let side = dir.join(PARTITION_SIDECAR);
         if side.is_file() {
             let bytes = std::fs::read(&side).map_err(|e| Error::Io { path: side.clone(), error: e })?;
-            p.sidecar = Some(serde_json::from_slice(&bytes).map_err(|e| RecordingError {
+            let mut sidecar: Sidecar = serde_json::from_slice(&bytes).map_err(|e| RecordingError {
                 path: side.clone(),
                 line: Some(e.line() as u64),
                 reason: super::damaged_sidecar(&e),
-            })?);
+            })?;
+            read_graph_files(&dir, &mut sidecar)?;
+            p.sidecar = Some(sidecar);
         }
         if !p.parts.is_empty() || !p.open.is_empty() || p.sidecar.is_some() {
             p.parts.sort();
@@ -406,6 +432,40 @@ pub fn partitions(root: &Path) -> Result<Vec<Partition>, Error> {
     }
     out.sort_by(|a, b| a.dir.cmp(&b.dir));
     Ok(out)
+}
+
+/// Append to `sidecar.graphs` the manifests of the files it lists ([`Sidecar::graph_files`]),
+/// each checked against its length and CRC-32 and its manifest count.
+///
+/// Errors: a listed file is missing, unreadable, damaged (checksum), not a JSON array of
+/// manifests, or holds another count than listed (each named, with the fix).
+fn read_graph_files(dir: &Path, sidecar: &mut Sidecar) -> Result<(), Error> {
+    for f in &sidecar.graph_files {
+        let path = dir.join(&f.file);
+        let bad = |reason: String| -> Error { RecordingError { path: path.clone(), line: None, reason }.into() };
+        let bytes = std::fs::read(&path).map_err(|e| {
+            bad(format!(
+                "the partition's {PARTITION_SIDECAR} lists this file of {} manifest(s), which cannot be read ({e}): restore \
+                 it from a copy; without it the compiles it describes have no manifest",
+                f.graphs
+            ))
+        })?;
+        let sum = Checksum { bytes: bytes.len() as u64, crc32: crc32fast::hash(&bytes) };
+        if sum != f.checksum {
+            return Err(bad(format!(
+                "damaged: {} bytes with CRC-32 {:08x}, where the partition's {PARTITION_SIDECAR} lists {} bytes with \
+                 CRC-32 {:08x}; restore it from a copy",
+                sum.bytes, sum.crc32, f.checksum.bytes, f.checksum.crc32
+            )));
+        }
+        let graphs: Vec<std::sync::Arc<Manifest>> =
+            serde_json::from_slice(&bytes).map_err(|e| bad(format!("not a JSON array of manifests ({e}), although its checksum matches: written by another version?")))?;
+        if graphs.len() != f.graphs {
+            return Err(bad(format!("holds {} manifest(s) where the partition's {PARTITION_SIDECAR} lists {}", graphs.len(), f.graphs)));
+        }
+        sidecar.graphs.extend(graphs);
+    }
+    Ok(())
 }
 
 /// Compiles are numbered 1, 2, ... within each recording. Read as one table, a dataset numbers
@@ -623,5 +683,5 @@ pub(super) fn read_sidecar(root: &Path) -> Result<Option<Sidecar>, Error> {
         };
         offset += n;
     }
-    Ok(Some(Sidecar { format: FORMAT, graphs, ends_on_run: false, closed_parts: None, checksum: None, parts: Default::default(), recording: None }))
+    Ok(Some(Sidecar { format: FORMAT, graphs, ends_on_run: false, closed_parts: None, checksum: None, parts: Default::default(), recording: None, graph_files: Vec::new() }))
 }

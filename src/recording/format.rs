@@ -215,6 +215,28 @@ pub struct Sidecar {
     /// (two partitions of one recording would count its runs twice). Absent before it was added.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recording: Option<String>,
+    /// In a dataset partition's `_manifest.json`: the files that hold its manifests, in compile
+    /// order (`graphs` is then empty in the file, and filled from them when a dataset is read,
+    /// [`super::partitions`]). Each is written once, with the compiles first seen since the one
+    /// before it, so a recording that compiles thousands of graphs writes each manifest once
+    /// rather than all of them at every part's close (quadratic in the compiles). Absent in
+    /// datasets written before it was added (their manifests are inline in `graphs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub graph_files: Vec<GraphFile>,
+}
+
+/// One file of a dataset partition's manifests (`recording=<id>/_graphs-NNNNNN.json`, where
+/// NNNNNN is the first compile it holds, numbered from 1): a JSON array of [`Manifest`]s,
+/// written once (synced, renamed into place) before the part whose compiles it describes is
+/// renamed into place.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GraphFile {
+    /// The file's name in the partition directory.
+    pub file: String,
+    /// How many manifests it holds.
+    pub graphs: usize,
+    /// Its length and CRC-32, verified when it is read.
+    pub checksum: super::checksum::Checksum,
 }
 
 /// The checksums of a sidecar alone (the rest of its JSON is skipped unparsed): what a reader
@@ -499,7 +521,7 @@ pub(super) fn sidecar_json(
     ends_on_run: bool,
     checksum: Option<super::checksum::Checksum>,
 ) -> Result<Vec<u8>, Error> {
-    serde_json::to_vec_pretty(&Sidecar { format: FORMAT, graphs, ends_on_run, closed_parts: None, checksum, parts: Default::default(), recording: None })
+    serde_json::to_vec_pretty(&Sidecar { format: FORMAT, graphs, ends_on_run, closed_parts: None, checksum, parts: Default::default(), recording: None, graph_files: Vec::new() })
         .map_err(|e| Error::Internal(format!("manifest JSON: {e}")))
 }
 

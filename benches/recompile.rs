@@ -10,7 +10,14 @@
 //! n, after one warm-up loop of each), tapped over untapped, milliseconds per compile; then the
 //! least-squares exponent of each variant's time in n (1.0 = linear in the compiles).
 //!
-//! `cargo bench --bench recompile --features parquet`; `-- --quick` stops at n = 1000.
+//! Then a long recording: one compile of the chain run 8192 times into a Parquet dataset with
+//! one run a part (`PartLimits { runs: 1, .. }`: 8192 parts, the part count of 262 144 runs at
+//! the default 32 runs a part), printing the milliseconds per run of each block of 1024 runs. A
+//! sink whose sidecar listed every part's checksum rewrote it whole at each close, so its runs
+//! slowed down as the recording grew; the last block over the first says whether they still do.
+//!
+//! `cargo bench --bench recompile --features parquet`; `-- --quick` stops at n = 1000 and
+//! records 4096 runs.
 
 use std::time::Instant;
 
@@ -124,4 +131,42 @@ fn main() {
     for (i, (_, name)) in VARIANTS.iter().enumerate() {
         println!("{name}: time ~ n^{:.2}", exponent(ns, &times[i]));
     }
+    long_recording(if quick { 4096 } else { 8192 }, &weights, &x, dir.path());
+}
+
+/// One compile run `runs` times into a dataset of one run a part; ms per run of each block of
+/// 1024 runs, and the sidecar's size at the end.
+fn long_recording(runs: usize, weights: &[Vec<f32>], x: &[f32], dir: &std::path::Path) {
+    const BLOCK: usize = 1024;
+    let p = Pipeline::parse("matmul").expect("pipeline");
+    let root = dir.join("long.parquet");
+    let sink = DatasetSink::create(&root, PartLimits { runs: 1, bytes: u64::MAX }).expect("dataset sink");
+    let mut blocks = Vec::new();
+    opscope::scope(&p, Box::new(sink), || {
+        let mut c = Session::new(Device::Cpu).compile(common::chain(M, D, LAYERS));
+        for (l, w) in weights.iter().enumerate() {
+            c.set_param(&format!("w{l}"), w);
+        }
+        let mut t = Instant::now();
+        for r in 1..=runs {
+            std::hint::black_box(c.run(&[("x", x)]));
+            if r % BLOCK == 0 {
+                blocks.push(t.elapsed().as_secs_f64() * 1e3 / BLOCK as f64);
+                t = Instant::now();
+            }
+        }
+    })
+    .expect("scope");
+    let sidecar = std::fs::read_dir(&root)
+        .expect("the dataset")
+        .flatten()
+        .map(|e| e.path().join(opscope::recording::PARTITION_SIDECAR))
+        .find(|p| p.is_file())
+        .and_then(|p| std::fs::metadata(p).ok())
+        .map_or(0, |m| m.len());
+    println!();
+    println!("one compile, {runs} runs, one run a Parquet part: ms a run per block of {BLOCK} runs");
+    println!("{}", blocks.iter().map(|b| format!("{b:.2}")).collect::<Vec<_>>().join(" / "));
+    println!("last block / first: {:.2}x; _manifest.json at the end: {sidecar} bytes", blocks[blocks.len() - 1] / blocks[0]);
+    std::fs::remove_dir_all(&root).expect("remove the dataset");
 }

@@ -842,7 +842,7 @@ fn a_dataset_writes_each_manifest_once_and_reads_them_back_in_compile_order() {
         crc.update(&bytes);
         assert_eq!(f["checksum"]["crc32"], crc.sum() as u64);
         let held: Vec<serde_json::Value> = serde_json::from_slice(&bytes).unwrap();
-        assert_eq!(f["graphs"], held.len() as u64);
+        assert_eq!(f["entries"], held.len() as u64);
         on_disk.extend(held);
     }
     // Each manifest once, in compile order, equal to what the recorder gave the sinks.
@@ -871,4 +871,73 @@ fn a_dataset_writes_each_manifest_once_and_reads_them_back_in_compile_order() {
     assert!(err.contains("_graphs-000001.json") && err.contains("cannot be read"), "{err}");
     std::fs::write(&first, &good).unwrap();
     assert_eq!(read_all(&root).unwrap(), rows);
+}
+
+/// A long recording's part checksums move out of `_manifest.json` (rewritten at every part's
+/// close) into files of their own, `CHECKSUMS_PER_FILE` at a time, so that the sidecar stays
+/// bounded; every part is still verified against its checksum, in the dataset and read alone,
+/// and a damaged checksum file is an error naming it.
+#[test]
+#[cfg(feature = "parquet")]
+fn part_checksums_move_to_files_of_their_own_and_every_part_is_still_verified() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("d.parquet");
+    let sink = opscope::recording::DatasetSink::create(&root, opscope::recording::PartLimits { runs: 1, bytes: u64::MAX }).unwrap().checksums_per_file(3);
+    let p = Pipeline::parse("matmul{stats=[max]}").unwrap();
+    let (g, w, x) = (matmul_2d(4, 6, 3), randn(18, 1), randn(24, 2));
+    opscope::scope(&p, Box::new(sink), || {
+        let mut c = rlx_runtime::Session::new(rlx_runtime::Device::Cpu).compile(g.clone());
+        c.set_param("w", &w);
+        for _ in 0..8 {
+            c.run(&[("x", &x)]);
+        }
+    })
+    .unwrap();
+    let part_dir = std::fs::read_dir(&root).unwrap().next().unwrap().unwrap().path();
+    let side: serde_json::Value = serde_json::from_slice(&std::fs::read(part_dir.join("_manifest.json")).unwrap()).unwrap();
+    // 8 parts: checksums of parts 0-2 and 3-5 in two files, 6-7 in the sidecar.
+    let files: Vec<&str> = side["part_files"].as_array().unwrap().iter().map(|f| f["file"].as_str().unwrap()).collect();
+    assert_eq!(files, ["_parts-00000.json", "_parts-00003.json"], "{side}");
+    let inline: Vec<&String> = side["parts"].as_object().unwrap().keys().collect();
+    assert_eq!(inline, ["part-00006.parquet", "part-00007.parquet"]);
+    let mut listed = std::collections::BTreeMap::new();
+    for f in side["part_files"].as_array().unwrap() {
+        let bytes = std::fs::read(part_dir.join(f["file"].as_str().unwrap())).unwrap();
+        let held: std::collections::BTreeMap<String, serde_json::Value> = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(f["entries"], held.len() as u64);
+        listed.extend(held);
+    }
+    for n in 0..6 {
+        let name = format!("part-{n:05}.parquet");
+        let mut crc = flate2::Crc::new();
+        crc.update(&std::fs::read(part_dir.join(&name)).unwrap());
+        assert_eq!(listed[&name]["crc32"], crc.sum() as u64, "{name}");
+    }
+    let good = read_all(&root).unwrap();
+    let alone: usize = (0..8).map(|n| read_all(&part_dir.join(format!("part-{n:05}.parquet"))).unwrap().len()).sum();
+    assert_eq!(good.len(), alone, "each part verified and read alone, their rows are the dataset's");
+    // A part whose checksum is in a file: damaged, it is an error in the dataset and read alone.
+    let part = part_dir.join("part-00001.parquet");
+    let bytes = std::fs::read(&part).unwrap();
+    let mut flipped = bytes.clone();
+    flipped[bytes.len() / 2] ^= 0x01;
+    for damaged in [&bytes[..bytes.len() - 1], &flipped[..]] {
+        std::fs::write(&part, damaged).unwrap();
+        for err in [read_all(&root).unwrap_err().to_string(), read_all(&part).unwrap_err().to_string()] {
+            assert!(err.contains("part-00001.parquet") && err.contains("it was closed") && err.contains("_parts-00000.json"), "{err}");
+        }
+    }
+    std::fs::write(&part, &bytes).unwrap();
+    // A part copied in under a name no file or the sidecar lists is refused, as before.
+    std::fs::copy(&part, part_dir.join("part-00042.parquet")).unwrap();
+    assert!(read_all(&root).unwrap_err().to_string().contains("not a part this recording wrote"));
+    std::fs::remove_file(part_dir.join("part-00042.parquet")).unwrap();
+    // The checksum file damaged: an error naming it.
+    let sums = part_dir.join("_parts-00003.json");
+    let text = std::fs::read(&sums).unwrap();
+    std::fs::write(&sums, &text[..text.len() - 2]).unwrap();
+    let err = read_all(&root).unwrap_err().to_string();
+    assert!(err.contains("_parts-00003.json") && err.contains("damaged"), "{err}");
+    std::fs::write(&sums, &text).unwrap();
+    assert_eq!(read_all(&root).unwrap(), good);
 }

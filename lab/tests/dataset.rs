@@ -307,26 +307,9 @@ print(json.dumps([[s, r, p, n, float(lo), float(hi)] for s, r, p, n, lo, hi in r
 
     // The README's check of the parts' checksums for readers that do not verify them (DuckDB,
     // Spark): Python's zlib, not opscope's code.
-    let check = r#"
-import json, pathlib, sys, zlib
-sides = sorted(pathlib.Path(sys.argv[1]).glob("recording=*/_manifest.json"))
-if not sides:
-    sys.exit(f"{sys.argv[1]}: no recording=*/_manifest.json: not an opscope dataset")
-bad = []
-for side in sides:
-    listed = json.loads(side.read_text()).get("parts", {})
-    for name, want in listed.items():
-        part = side.parent / name
-        if not part.exists():
-            bad.append(f"{part}: missing")
-        elif part.stat().st_size != want["bytes"] or zlib.crc32(part.read_bytes()) != want["crc32"]:
-            bad.append(f"{part}: damaged")
-    bad += [f"{p}: not listed (copied in?)" for p in sorted(side.parent.glob("*.parquet")) if listed and p.name not in listed]
-print("\n".join(bad) or f"{len(sides)} partition(s): every part matches its checksum")
-sys.exit(1 if bad else 0)
-"#;
+    let check = readme_checksum_script();
     let run_check = |ok: bool| {
-        let py = Command::new("python3").args(["-c", check]).arg(&out).output().expect("python3 runs");
+        let py = Command::new("python3").args(["-c", check.as_str()]).arg(&out).output().expect("python3 runs");
         assert_eq!(py.status.success(), ok, "{}", String::from_utf8_lossy(&py.stderr));
         String::from_utf8_lossy(&py.stdout).trim().to_string()
     };
@@ -348,6 +331,15 @@ sys.exit(1 if bad else 0)
     let mine = opscope().args(["mine", "--json"]).arg(&out).output().unwrap();
     let err = String::from_utf8_lossy(&mine.stderr);
     assert!(!mine.status.success() && err.contains("changed since it was closed") && err.contains(&*part.to_string_lossy()), "{err}");
+    // Restored, and a file of manifests damaged instead: the script names it.
+    bytes[mid] ^= 0x20;
+    std::fs::write(part, &bytes).unwrap();
+    assert_eq!(run_check(true), "2 partition(s): every part matches its checksum");
+    let graphs = partitions[0].dir.join("_graphs-000001.json");
+    let mut text = std::fs::read(&graphs).unwrap();
+    text.push(b' ');
+    std::fs::write(&graphs, &text).unwrap();
+    assert_eq!(run_check(false), format!("{}: missing or damaged", graphs.display()));
 }
 
 #[test]
@@ -772,4 +764,15 @@ fn a_part_deleted_since_it_was_written_is_named() {
     std::fs::copy(&parts[0], parts[0].with_file_name("_part-00004.parquet.partial")).unwrap();
     let err = mine();
     assert!(err.contains("lacks 2 parts: part-00001.parquet, part-00003.parquet") && err.contains("skipped 1 open part"), "{err}");
+}
+
+/// The README's Python check of a dataset's checksums (the block after "check it with Python's
+/// `zlib`"), de-indented: the test runs the script users copy, not a copy of it.
+fn readme_checksum_script() -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let start = readme.find("check it with Python's `zlib`").expect("the README's checksum check");
+    let body = &readme[start..];
+    let open = body.find("```python\n").expect("its python block") + "```python\n".len();
+    let close = body[open..].find("  ```").expect("the block's end") + open;
+    body[open..close].lines().map(|l| l.strip_prefix("  ").unwrap_or(l)).collect::<Vec<_>>().join("\n")
 }

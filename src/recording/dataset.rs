@@ -9,6 +9,7 @@
 //!     part-00001.parquet
 //!     _part-00002.parquet.partial              (the open part; readers skip it)
 //!     _graphs-000001.json                      (manifests of compiles 1.., written once)
+//!     _parts-00000.json                        (checksums of parts 0..1023, written once)
 //!     _manifest.json                           (the sidecar: parts, checksums, manifest files;
 //!                                               rewritten at every part close)
 //!   recording=run-1764500007-4250-1/           (another process, another host)
@@ -27,7 +28,7 @@ use crate::error::Error;
 use crate::manifest::Manifest;
 
 use super::checksum::Checksum;
-use super::format::{check_dataset_path, write_atomic, Block, GraphFile, Row, Sidecar, FORMAT};
+use super::format::{check_dataset_path, write_atomic, Block, Row, Sidecar, SidecarFile, FORMAT};
 use super::rowgroup::{ParquetFile, RowGroup};
 use super::read::RowRef;
 use super::sink::Sink;
@@ -101,7 +102,7 @@ struct OpenPart {
 /// `_part-NNNNN.parquet.partial` to `part-NNNNN.parquet`, directory fsync) when it reaches its
 /// [`PartLimits`], and the partition's `_manifest.json` is rewritten then, after the manifests
 /// of the compiles first seen since the last close are written to a file of their own
-/// ([`GraphFile`]; each manifest is written once). Several recorders (processes, hosts) may write into one dataset: each writes its
+/// ([`SidecarFile`]; each manifest is written once). Several recorders (processes, hosts) may write into one dataset: each writes its
 /// own `recording=<id>` partition.
 pub struct DatasetSink {
     root: PathBuf,
@@ -119,14 +120,24 @@ pub struct DatasetSink {
     run_open: bool,
     /// This sink created its partition directory (see `partition`).
     partition_made: bool,
-    /// Each closed part's length and CRC-32, by file name, for the sidecar
-    /// ([`Sidecar::parts`]).
+    /// The length and CRC-32 of each part closed since the last `_parts-NNNNN.json`, by file
+    /// name, for the sidecar ([`Sidecar::parts`]); at most `checksums_per_file`.
     sums: std::collections::BTreeMap<String, Checksum>,
+    /// The part checksum files written ([`Sidecar::part_files`]).
+    part_files: Vec<SidecarFile>,
+    checksums_per_file: usize,
     /// The manifest files written ([`Sidecar::graph_files`]): together they hold the first
     /// `graphs_on_disk` manifests.
-    graph_files: Vec<GraphFile>,
+    graph_files: Vec<SidecarFile>,
     graphs_on_disk: usize,
 }
+
+/// How many part checksums a partition's `_manifest.json` lists before they go to a file of
+/// their own (`_parts-NNNNN.json`, [`Sidecar::part_files`]), so that the sidecar rewritten at
+/// every part's close stays bounded (about 90 KB) however many parts a long recording closes:
+/// a million runs at 32 a part are 31 250 parts, whose checksums were 2.8 MB rewritten every 32
+/// runs. The files are listed in `_manifest.json`, one line each (31 of them then).
+pub const CHECKSUMS_PER_FILE: usize = 1024;
 
 /// A run's rows are written as a row group every this many rows (and at the run's end), so the
 /// encoded pages the writer holds stay bounded whatever a run holds: 128 Ki rows, about 0.45 MB
@@ -158,9 +169,18 @@ impl DatasetSink {
             run_open: false,
             partition_made: false,
             sums: Default::default(),
+            part_files: Vec::new(),
+            checksums_per_file: CHECKSUMS_PER_FILE,
             graph_files: Vec::new(),
             graphs_on_disk: 0,
         })
+    }
+
+    /// The same sink with `n` (>= 1) part checksums in `_manifest.json` before they go to a file
+    /// of their own (default [`CHECKSUMS_PER_FILE`]; a test's small number exercises the files).
+    pub fn checksums_per_file(mut self, n: usize) -> DatasetSink {
+        self.checksums_per_file = n.max(1);
+        self
     }
 
     /// The partition directory, `root/recording=<id>`, created on first use.
@@ -288,9 +308,17 @@ impl DatasetSink {
             let new = &self.manifests[self.graphs_on_disk..];
             let json = serde_json::to_vec(new).map_err(|e| Error::Internal(format!("manifest JSON: {e}")))?;
             write_atomic(&path, &json).map_err(|e| self.write_err(&path, "writing the manifests", e))?;
-            let file = GraphFile { file: name, graphs: new.len(), checksum: Checksum { bytes: json.len() as u64, crc32: crc32fast::hash(&json) } };
-            self.graph_files.push(file);
+            self.graph_files.push(SidecarFile { file: name, entries: new.len(), checksum: Checksum { bytes: json.len() as u64, crc32: crc32fast::hash(&json) } });
             self.graphs_on_disk = self.manifests.len();
+        }
+        if self.sums.len() >= self.checksums_per_file {
+            let first = self.sums.keys().next().and_then(|n| n.strip_prefix("part-")).and_then(|n| n.strip_suffix(".parquet")).unwrap_or("00000");
+            let name = format!("_parts-{first}.json");
+            let path = dir.join(&name);
+            let json = serde_json::to_vec(&self.sums).map_err(|e| Error::Internal(format!("checksum JSON: {e}")))?;
+            write_atomic(&path, &json).map_err(|e| self.write_err(&path, "writing the part checksums", e))?;
+            self.part_files.push(SidecarFile { file: name, entries: self.sums.len(), checksum: Checksum { bytes: json.len() as u64, crc32: crc32fast::hash(&json) } });
+            self.sums.clear();
         }
         let path = dir.join(PARTITION_SIDECAR);
         let json = serde_json::to_vec_pretty(&Sidecar {
@@ -302,6 +330,7 @@ impl DatasetSink {
             parts: self.sums.clone(),
             recording: self.id.clone(),
             graph_files: self.graph_files.clone(),
+            part_files: self.part_files.clone(),
         })
             .map_err(|e| Error::Internal(format!("manifest JSON: {e}")))?;
         write_atomic(&path, &json).map_err(|e| self.write_err(&path, "writing the manifest sidecar", e))?;
@@ -421,7 +450,7 @@ pub fn partitions(root: &Path) -> Result<Vec<Partition>, Error> {
                 line: Some(e.line() as u64),
                 reason: super::damaged_sidecar(&e),
             })?;
-            read_graph_files(&dir, &mut sidecar)?;
+            read_sidecar_files(&dir, &mut sidecar)?;
             p.sidecar = Some(sidecar);
         }
         if !p.parts.is_empty() || !p.open.is_empty() || p.sidecar.is_some() {
@@ -434,38 +463,61 @@ pub fn partitions(root: &Path) -> Result<Vec<Partition>, Error> {
     Ok(out)
 }
 
-/// Append to `sidecar.graphs` the manifests of the files it lists ([`Sidecar::graph_files`]),
-/// each checked against its length and CRC-32 and its manifest count.
+/// The entries of a file `_manifest.json` lists ([`SidecarFile`]) in the partition `dir`,
+/// checked against its length and CRC-32 and its entry count; `what` names them in errors
+/// ("manifests", "part checksums").
 ///
-/// Errors: a listed file is missing, unreadable, damaged (checksum), not a JSON array of
-/// manifests, or holds another count than listed (each named, with the fix).
-fn read_graph_files(dir: &Path, sidecar: &mut Sidecar) -> Result<(), Error> {
+/// Errors: the file is missing, unreadable, damaged (checksum), not of the expected JSON form,
+/// or holds another count than listed (each named, with the fix).
+fn read_listed<T: serde::de::DeserializeOwned>(dir: &Path, f: &SidecarFile, what: &str, len: impl Fn(&T) -> usize) -> Result<T, Error> {
+    let path = dir.join(&f.file);
+    let bad = |reason: String| -> Error { RecordingError { path: path.clone(), line: None, reason }.into() };
+    let bytes = std::fs::read(&path).map_err(|e| {
+        bad(format!(
+            "the partition's {PARTITION_SIDECAR} lists this file of {} {what}, which cannot be read ({e}): restore it \
+             from a copy (it was written with the partition)",
+            f.entries
+        ))
+    })?;
+    let sum = Checksum { bytes: bytes.len() as u64, crc32: crc32fast::hash(&bytes) };
+    if sum != f.checksum {
+        return Err(bad(format!(
+            "damaged: {} bytes with CRC-32 {:08x}, where the partition's {PARTITION_SIDECAR} lists {} bytes with CRC-32 \
+             {:08x}; restore it from a copy",
+            sum.bytes, sum.crc32, f.checksum.bytes, f.checksum.crc32
+        )));
+    }
+    let v: T = serde_json::from_slice(&bytes).map_err(|e| bad(format!("not a file of {what} ({e}), although its checksum matches: written by another version?")))?;
+    if len(&v) != f.entries {
+        return Err(bad(format!("holds {} {what} where the partition's {PARTITION_SIDECAR} lists {}", len(&v), f.entries)));
+    }
+    Ok(v)
+}
+
+/// Fill `sidecar.graphs` and `sidecar.parts` from the files it lists ([`Sidecar::graph_files`],
+/// [`Sidecar::part_files`]): manifests in compile order after any inline ones, and the earlier
+/// parts' checksums.
+///
+/// Errors: as [`read_listed`].
+fn read_sidecar_files(dir: &Path, sidecar: &mut Sidecar) -> Result<(), Error> {
     for f in &sidecar.graph_files {
-        let path = dir.join(&f.file);
-        let bad = |reason: String| -> Error { RecordingError { path: path.clone(), line: None, reason }.into() };
-        let bytes = std::fs::read(&path).map_err(|e| {
-            bad(format!(
-                "the partition's {PARTITION_SIDECAR} lists this file of {} manifest(s), which cannot be read ({e}): restore \
-                 it from a copy; without it the compiles it describes have no manifest",
-                f.graphs
-            ))
-        })?;
-        let sum = Checksum { bytes: bytes.len() as u64, crc32: crc32fast::hash(&bytes) };
-        if sum != f.checksum {
-            return Err(bad(format!(
-                "damaged: {} bytes with CRC-32 {:08x}, where the partition's {PARTITION_SIDECAR} lists {} bytes with \
-                 CRC-32 {:08x}; restore it from a copy",
-                sum.bytes, sum.crc32, f.checksum.bytes, f.checksum.crc32
-            )));
-        }
-        let graphs: Vec<std::sync::Arc<Manifest>> =
-            serde_json::from_slice(&bytes).map_err(|e| bad(format!("not a JSON array of manifests ({e}), although its checksum matches: written by another version?")))?;
-        if graphs.len() != f.graphs {
-            return Err(bad(format!("holds {} manifest(s) where the partition's {PARTITION_SIDECAR} lists {}", graphs.len(), f.graphs)));
-        }
+        let graphs: Vec<std::sync::Arc<Manifest>> = read_listed(dir, f, "manifests", Vec::len)?;
         sidecar.graphs.extend(graphs);
     }
+    sidecar.parts.extend(part_checksums(dir, &sidecar.part_files)?);
     Ok(())
+}
+
+/// The part checksums of the files `files` in the partition `dir` ([`Sidecar::part_files`]).
+///
+/// Errors: as [`read_listed`].
+fn part_checksums(dir: &Path, files: &[SidecarFile]) -> Result<std::collections::BTreeMap<String, Checksum>, Error> {
+    let mut all = std::collections::BTreeMap::new();
+    for f in files {
+        let sums: std::collections::BTreeMap<String, Checksum> = read_listed(dir, f, "part checksums", std::collections::BTreeMap::len)?;
+        all.extend(sums);
+    }
+    Ok(all)
 }
 
 /// Compiles are numbered 1, 2, ... within each recording. Read as one table, a dataset numbers
@@ -521,7 +573,7 @@ pub(super) fn read(root: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Err
         for part in &p.parts {
             // The rows are read through the handle that was checked.
             let file = std::fs::File::open(part).map_err(|e| Error::Io { path: part.clone(), error: e })?;
-            verify_in(&file, part, p.sidecar.as_ref().map(|s| &s.parts))?;
+            verify_in(&file, part, p.sidecar.as_ref())?;
             super::parquet::read_open(part, file, super::parquet::Origin::ClosedPart, &mut |mut r: RowRef<'_>| {
                 max = max.max(r.compile);
                 r.compile += offset;
@@ -544,21 +596,26 @@ pub(super) fn read(root: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Err
 
 /// What a reader can do about a part that no longer matches its checksum.
 const PART_FIX: &str = "restore it from a copy, or move it out of the dataset to read the other parts (its runs are \
-                        then named as missing); for a part rewritten on purpose, remove `parts` from the partition's \
-                        _manifest.json (its parts are then read unchecked)";
+                        then named as missing); for a part rewritten on purpose, remove `parts` and `part_files` from \
+                        the partition's _manifest.json (its parts are then read unchecked)";
 
-/// Verify the closed part `file` (opened at `part`) against its entry in `sums` (its partition
-/// sidecar's [`Sidecar::parts`]), through the handle its rows are then read from; a part
-/// without an entry (a dataset written before checksums, a sidecar lost) is not checked. The
-/// handle is left at its start.
+/// Verify the closed part `file` (opened at `part`) against its entry in its partition's
+/// `sidecar` ([`Sidecar::parts`], with the checksum files already read in); a part without
+/// an entry (a dataset written before checksums, a sidecar lost) is not checked. The handle is
+/// left at its start. The error names the file that lists the checksum (`_manifest.json`, or
+/// the `_parts-NNNNN.json` whose range of part numbers holds the part's).
 ///
 /// Errors: the part no longer matches ([`super::checksum::verify`]).
-fn verify_in(file: &std::fs::File, part: &Path, sums: Option<&std::collections::BTreeMap<String, Checksum>>) -> Result<(), Error> {
+fn verify_in(file: &std::fs::File, part: &Path, sidecar: Option<&Sidecar>) -> Result<(), Error> {
     let name = part.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-    match sums.and_then(|s| s.get(&name)) {
-        Some(want) => super::checksum::verify_open(file, part, want, &part.with_file_name(PARTITION_SIDECAR), PART_FIX),
-        None => Ok(()),
-    }
+    let Some((sidecar, want)) = sidecar.and_then(|s| Some((s, s.parts.get(&name)?))) else { return Ok(()) };
+    let number = |n: &str, prefix: &str, suffix: &str| -> Option<usize> { n.strip_prefix(prefix)?.strip_suffix(suffix)?.parse().ok() };
+    let source = number(&name, "part-", ".parquet")
+        .and_then(|n| {
+            sidecar.part_files.iter().find(|f| number(&f.file, "_parts-", ".json").is_some_and(|first| (first..first + f.entries).contains(&n)))
+        })
+        .map_or(PARTITION_SIDECAR, |f| f.file.as_str());
+    super::checksum::verify_open(file, part, want, &part.with_file_name(source), PART_FIX)
 }
 
 /// The checksums a partition's sidecar lists ([`Sidecar::parts`]), if it lists any.
@@ -624,7 +681,13 @@ pub(super) fn verify_part(file: &std::fs::File, part: &Path) -> Result<(), Error
     let side = part.with_file_name(PARTITION_SIDECAR);
     let Ok(bytes) = std::fs::read(&side) else { return Ok(()) };
     match serde_json::from_slice::<super::format::Sums>(&bytes) {
-        Ok(sums) => verify_in(file, part, Some(&sums.parts)),
+        Ok(sums) => {
+            let dir = side.parent().unwrap_or(Path::new("."));
+            let mut parts = part_checksums(dir, &sums.part_files)?;
+            parts.extend(sums.parts);
+            let sidecar = Sidecar { format: FORMAT, graphs: Vec::new(), ends_on_run: false, closed_parts: None, checksum: None, parts, recording: None, graph_files: Vec::new(), part_files: sums.part_files };
+            verify_in(file, part, Some(&sidecar))
+        }
         Err(_) => Ok(()),
     }
 }
@@ -683,5 +746,5 @@ pub(super) fn read_sidecar(root: &Path) -> Result<Option<Sidecar>, Error> {
         };
         offset += n;
     }
-    Ok(Some(Sidecar { format: FORMAT, graphs, ends_on_run: false, closed_parts: None, checksum: None, parts: Default::default(), recording: None, graph_files: Vec::new() }))
+    Ok(Some(Sidecar { format: FORMAT, graphs, ends_on_run: false, closed_parts: None, checksum: None, parts: Default::default(), recording: None, graph_files: Vec::new(), part_files: Vec::new() }))
 }

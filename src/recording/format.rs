@@ -206,8 +206,9 @@ pub struct Sidecar {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checksum: Option<super::checksum::Checksum>,
     /// In a dataset partition's `_manifest.json`: each closed part's checksum, by file name
-    /// (`part-00000.parquet`), verified before the part is read. Absent in datasets written
-    /// before it was added.
+    /// (`part-00000.parquet`), verified before the part is read; those of earlier parts are in
+    /// the files [`Sidecar::part_files`] lists (filled in here when a dataset is read). Absent
+    /// in datasets written before it was added.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub parts: std::collections::BTreeMap<String, super::checksum::Checksum>,
     /// In a dataset partition's `_manifest.json`: the recording id the partition holds (its
@@ -222,19 +223,26 @@ pub struct Sidecar {
     /// rather than all of them at every part's close (quadratic in the compiles). Absent in
     /// datasets written before it was added (their manifests are inline in `graphs`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub graph_files: Vec<GraphFile>,
+    pub graph_files: Vec<SidecarFile>,
+    /// In a dataset partition's `_manifest.json`: the files that hold the checksums of its
+    /// earlier parts, in part order, each a JSON object of [`Sidecar::parts`]' form written once
+    /// when `parts` reached `recording::CHECKSUMS_PER_FILE` (1024) entries (and restarted empty):
+    /// `_manifest.json`, rewritten at every part's close, stays bounded however long the
+    /// recording runs. Filled into `parts` when a dataset is read. Absent before it was added.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub part_files: Vec<SidecarFile>,
 }
 
-/// One file of a dataset partition's manifests (`recording=<id>/_graphs-NNNNNN.json`, where
-/// NNNNNN is the first compile it holds, numbered from 1): a JSON array of [`Manifest`]s,
-/// written once (synced, renamed into place) before the part whose compiles it describes is
-/// renamed into place.
+/// A file a dataset partition's `_manifest.json` lists, written once (synced, renamed into
+/// place) before the part that needs it is renamed into place: `_graphs-NNNNNN.json` (a JSON
+/// array of [`Manifest`]s; NNNNNN the first compile it holds, numbered from 1) or
+/// `_parts-NNNNN.json` (a JSON object of part checksums by file name; NNNNN the first part).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GraphFile {
+pub struct SidecarFile {
     /// The file's name in the partition directory.
     pub file: String,
-    /// How many manifests it holds.
-    pub graphs: usize,
+    /// How many manifests, or part checksums, it holds.
+    pub entries: usize,
     /// Its length and CRC-32, verified when it is read.
     pub checksum: super::checksum::Checksum,
 }
@@ -249,6 +257,10 @@ pub(super) struct Sums {
     #[serde(default)]
     #[cfg_attr(not(feature = "parquet"), allow(dead_code))]
     pub parts: std::collections::BTreeMap<String, super::checksum::Checksum>,
+    /// The files holding a dataset partition's earlier part checksums ([`Sidecar::part_files`]).
+    #[serde(default)]
+    #[cfg_attr(not(feature = "parquet"), allow(dead_code))]
+    pub part_files: Vec<SidecarFile>,
 }
 
 /// A recording opened for reading and checked, through the handle its rows are then read from,
@@ -521,7 +533,7 @@ pub(super) fn sidecar_json(
     ends_on_run: bool,
     checksum: Option<super::checksum::Checksum>,
 ) -> Result<Vec<u8>, Error> {
-    serde_json::to_vec_pretty(&Sidecar { format: FORMAT, graphs, ends_on_run, closed_parts: None, checksum, parts: Default::default(), recording: None, graph_files: Vec::new() })
+    serde_json::to_vec_pretty(&Sidecar { format: FORMAT, graphs, ends_on_run, closed_parts: None, checksum, parts: Default::default(), recording: None, graph_files: Vec::new(), part_files: Vec::new() })
         .map_err(|e| Error::Internal(format!("manifest JSON: {e}")))
 }
 

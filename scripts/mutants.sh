@@ -10,6 +10,9 @@
 # 5-minute RLX build). Release builds are incremental in that target only, so a mutant rebuilds
 # in about 10-30 s instead of a minute and a half.
 #
+# The `parquet` feature is on, so the Parquet recording code (`src/recording/dataset.rs`, ...)
+# is built and tested rather than compiled out.
+#
 # Extra arguments go to cargo-mutants (e.g. `--shard 0/16 --sharding round-robin`, `-f
 # src/mine/tensor.rs` instead of the default scope, `--list` to see the mutants without running
 # them). The report is written to $MUTANTS_TREE/mutants.out/ (outcomes.json, caught.txt,
@@ -43,6 +46,7 @@ done
 exec cargo mutants \
   --in-place \
   --package opscope \
+  --features parquet \
   --cargo-arg=--release \
   --timeout 300 \
   "${scope[@]}" \

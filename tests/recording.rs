@@ -868,21 +868,50 @@ fn a_dataset_writes_each_manifest_once_and_reads_them_back_in_compile_order() {
     }
     std::fs::remove_file(&first).unwrap();
     let err = read_all(&root).unwrap_err().to_string();
-    assert!(err.contains("_graphs-000001.json") && err.contains("cannot be read"), "{err}");
+    assert!(err.contains("_graphs-000001.json") && err.contains("is missing") && err.contains("copy it again"), "{err}");
     std::fs::write(&first, &good).unwrap();
     assert_eq!(read_all(&root).unwrap(), rows);
+    // Listed twice or out of order (a hand edit): refused, naming the file expected.
+    let side_path = part_dir.join("_manifest.json");
+    let original = std::fs::read(&side_path).unwrap();
+    let mut edited = side.clone();
+    let list = edited["graph_files"].as_array_mut().unwrap();
+    list.swap(0, 1);
+    std::fs::write(&side_path, serde_json::to_vec(&edited).unwrap()).unwrap();
+    let err = read_all(&root).unwrap_err().to_string();
+    assert!(err.contains("where the recording's next one is '_graphs-000001.json'"), "{err}");
+    std::fs::write(&side_path, &original).unwrap();
+    // What a copy taken while the recording was written holds: a `_manifest.json` listing a
+    // manifest file that the copy lacks, with none of the parts that need it. The parts present
+    // are read, with a note.
+    let last = files.last().unwrap();
+    let first_missing: u32 = last["file"].as_str().unwrap()[8..14].parse().unwrap();
+    std::fs::remove_file(part_dir.join(last["file"].as_str().unwrap())).unwrap();
+    let mut kept = 0;
+    for part in std::fs::read_dir(&part_dir).unwrap().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "parquet")) {
+        let mut max = 0;
+        opscope::recording::read_rows(&part, |r| max = max.max(r.compile)).unwrap();
+        if max >= first_missing {
+            std::fs::remove_file(&part).unwrap();
+        } else {
+            kept += 1;
+        }
+    }
+    assert!(kept > 0);
+    let copy = read_all(&root).unwrap();
+    assert!(!copy.is_empty() && copy.len() < rows.len() && copy.iter().all(|r| rows.contains(r)));
 }
 
-/// A long recording's part checksums move out of `_manifest.json` (rewritten at every part's
-/// close) into files of their own, `CHECKSUMS_PER_FILE` at a time, so that the sidecar stays
-/// bounded; every part is still verified against its checksum, in the dataset and read alone,
-/// and a damaged checksum file is an error naming it.
+/// A long recording's part checksums and manifest files move out of `_manifest.json`
+/// (rewritten at every part's close) into index files, `ENTRIES_PER_INDEX_FILE` entries at a
+/// time, so that the sidecar stays bounded; every part is still verified against its checksum,
+/// in the dataset and read alone, and a damaged index file is an error naming it.
 #[test]
 #[cfg(feature = "parquet")]
-fn part_checksums_move_to_files_of_their_own_and_every_part_is_still_verified() {
+fn index_files_keep_the_sidecar_bounded_and_every_part_is_still_verified() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("d.parquet");
-    let sink = opscope::recording::DatasetSink::create(&root, opscope::recording::PartLimits { runs: 1, bytes: u64::MAX }).unwrap().checksums_per_file(3);
+    let sink = opscope::recording::DatasetSink::create(&root, opscope::recording::PartLimits { runs: 1, bytes: u64::MAX }).unwrap().entries_per_index_file(3);
     let p = Pipeline::parse("matmul{stats=[max]}").unwrap();
     let (g, w, x) = (matmul_2d(4, 6, 3), randn(18, 1), randn(24, 2));
     opscope::scope(&p, Box::new(sink), || {
@@ -895,24 +924,37 @@ fn part_checksums_move_to_files_of_their_own_and_every_part_is_still_verified() 
     .unwrap();
     let part_dir = std::fs::read_dir(&root).unwrap().next().unwrap().unwrap().path();
     let side: serde_json::Value = serde_json::from_slice(&std::fs::read(part_dir.join("_manifest.json")).unwrap()).unwrap();
-    // 8 parts: checksums of parts 0-2 and 3-5 in two files, 6-7 in the sidecar.
-    let files: Vec<&str> = side["part_files"].as_array().unwrap().iter().map(|f| f["file"].as_str().unwrap()).collect();
-    assert_eq!(files, ["_parts-00000.json", "_parts-00003.json"], "{side}");
-    let inline: Vec<&String> = side["parts"].as_object().unwrap().keys().collect();
-    assert_eq!(inline, ["part-00006.parquet", "part-00007.parquet"]);
-    let mut listed = std::collections::BTreeMap::new();
-    for f in side["part_files"].as_array().unwrap() {
+    assert_eq!(side["format"], 2);
+    // 8 parts and 1 manifest file, 3 entries an index file: at most 2 left in the sidecar.
+    let index = side["index_files"].as_array().unwrap();
+    let names: Vec<&str> = index.iter().map(|f| f["file"].as_str().unwrap()).collect();
+    assert_eq!(names, ["_index-00000.json", "_index-00001.json", "_index-00002.json"], "{side}");
+    let mut listed: std::collections::BTreeMap<String, serde_json::Value> = side["parts"].as_object().cloned().unwrap_or_default().into_iter().collect();
+    let mut graph_files: Vec<serde_json::Value> = Vec::new();
+    let mut where_listed = std::collections::BTreeMap::new();
+    for f in index {
         let bytes = std::fs::read(part_dir.join(f["file"].as_str().unwrap())).unwrap();
-        let held: std::collections::BTreeMap<String, serde_json::Value> = serde_json::from_slice(&bytes).unwrap();
-        assert_eq!(f["entries"], held.len() as u64);
-        listed.extend(held);
+        let mut crc = flate2::Crc::new();
+        crc.update(&bytes);
+        assert_eq!((f["checksum"]["bytes"].as_u64(), f["checksum"]["crc32"].as_u64()), (Some(bytes.len() as u64), Some(crc.sum() as u64)));
+        let block: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        let parts = block["parts"].as_object().unwrap();
+        assert_eq!(f["entries"], (parts.len() + block["graph_files"].as_array().unwrap().len()) as u64);
+        for (k, v) in parts {
+            where_listed.insert(k.clone(), f["file"].as_str().unwrap().to_string());
+            listed.insert(k.clone(), v.clone());
+        }
+        graph_files.extend(block["graph_files"].as_array().unwrap().iter().cloned());
     }
-    for n in 0..6 {
+    graph_files.extend(side["graph_files"].as_array().cloned().unwrap_or_default());
+    assert_eq!(graph_files.iter().map(|f| f["file"].as_str().unwrap()).collect::<Vec<_>>(), ["_graphs-000001.json"]);
+    for n in 0..8 {
         let name = format!("part-{n:05}.parquet");
         let mut crc = flate2::Crc::new();
         crc.update(&std::fs::read(part_dir.join(&name)).unwrap());
         assert_eq!(listed[&name]["crc32"], crc.sum() as u64, "{name}");
     }
+    assert_eq!(listed.len(), 8);
     let good = read_all(&root).unwrap();
     let alone: usize = (0..8).map(|n| read_all(&part_dir.join(format!("part-{n:05}.parquet"))).unwrap().len()).sum();
     assert_eq!(good.len(), alone, "each part verified and read alone, their rows are the dataset's");
@@ -924,7 +966,7 @@ fn part_checksums_move_to_files_of_their_own_and_every_part_is_still_verified() 
     for damaged in [&bytes[..bytes.len() - 1], &flipped[..]] {
         std::fs::write(&part, damaged).unwrap();
         for err in [read_all(&root).unwrap_err().to_string(), read_all(&part).unwrap_err().to_string()] {
-            assert!(err.contains("part-00001.parquet") && err.contains("it was closed") && err.contains("_parts-00000.json"), "{err}");
+            assert!(err.contains("part-00001.parquet") && err.contains("it was closed") && err.contains(&where_listed["part-00001.parquet"]), "{err}");
         }
     }
     std::fs::write(&part, &bytes).unwrap();
@@ -932,12 +974,33 @@ fn part_checksums_move_to_files_of_their_own_and_every_part_is_still_verified() 
     std::fs::copy(&part, part_dir.join("part-00042.parquet")).unwrap();
     assert!(read_all(&root).unwrap_err().to_string().contains("not a part this recording wrote"));
     std::fs::remove_file(part_dir.join("part-00042.parquet")).unwrap();
-    // The checksum file damaged: an error naming it.
-    let sums = part_dir.join("_parts-00003.json");
+    // An index file damaged: an error naming it.
+    let sums = part_dir.join("_index-00001.json");
     let text = std::fs::read(&sums).unwrap();
     std::fs::write(&sums, &text[..text.len() - 2]).unwrap();
     let err = read_all(&root).unwrap_err().to_string();
-    assert!(err.contains("_parts-00003.json") && err.contains("damaged"), "{err}");
+    assert!(err.contains("_index-00001.json") && err.contains("damaged"), "{err}");
     std::fs::write(&sums, &text).unwrap();
     assert_eq!(read_all(&root).unwrap(), good);
+}
+
+/// A sidecar of a later recording format than this opscope reads is refused with the reason,
+/// CSV and dataset alike, rather than read with its new fields taken as absent.
+#[test]
+#[cfg(feature = "parquet")]
+fn a_sidecar_of_a_later_format_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("r.csv");
+    run_into(opscope::recording::open(&csv).unwrap()).unwrap();
+    let root = dir.path().join("d.parquet");
+    run_into(Box::new(opscope::recording::DatasetSink::create(&root, opscope::recording::PartLimits::DEFAULT).unwrap())).unwrap();
+    let partition = std::fs::read_dir(&root).unwrap().next().unwrap().unwrap().path();
+    for (recording, side) in [(csv.clone(), opscope::recording::sidecar_path(&csv)), (root.clone(), partition.join("_manifest.json"))] {
+        let mut doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&side).unwrap()).unwrap();
+        assert_eq!(doc["format"], opscope::recording::FORMAT);
+        doc["format"] = (opscope::recording::FORMAT + 1).into();
+        std::fs::write(&side, serde_json::to_vec(&doc).unwrap()).unwrap();
+        let err = opscope::recording::read_sidecar(&recording).unwrap_err().to_string();
+        assert!(err.contains("written by a later opscope") && err.contains(&format!("format {}", opscope::recording::FORMAT + 1)), "{err}");
+    }
 }

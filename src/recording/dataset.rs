@@ -9,7 +9,7 @@
 //!     part-00001.parquet
 //!     _part-00002.parquet.partial              (the open part; readers skip it)
 //!     _graphs-000001.json                      (manifests of compiles 1.., written once)
-//!     _parts-00000.json                        (checksums of parts 0..1023, written once)
+//!     _index-00000.json                        (earlier checksums and manifest files, once)
 //!     _manifest.json                           (the sidecar: parts, checksums, manifest files;
 //!                                               rewritten at every part close)
 //!   recording=run-1764500007-4250-1/           (another process, another host)
@@ -28,7 +28,7 @@ use crate::error::Error;
 use crate::manifest::Manifest;
 
 use super::checksum::Checksum;
-use super::format::{check_dataset_path, write_atomic, Block, Row, Sidecar, SidecarFile, FORMAT};
+use super::format::{check_dataset_path, write_atomic, Block, IndexBlock, Row, Sidecar, SidecarFile, FORMAT};
 use super::rowgroup::{ParquetFile, RowGroup};
 use super::read::RowRef;
 use super::sink::Sink;
@@ -120,24 +120,26 @@ pub struct DatasetSink {
     run_open: bool,
     /// This sink created its partition directory (see `partition`).
     partition_made: bool,
-    /// The length and CRC-32 of each part closed since the last `_parts-NNNNN.json`, by file
-    /// name, for the sidecar ([`Sidecar::parts`]); at most `checksums_per_file`.
+    /// The length and CRC-32 of each part closed since the last index file, by file name, for
+    /// the sidecar ([`Sidecar::parts`]).
     sums: std::collections::BTreeMap<String, Checksum>,
-    /// The part checksum files written ([`Sidecar::part_files`]).
-    part_files: Vec<SidecarFile>,
-    checksums_per_file: usize,
-    /// The manifest files written ([`Sidecar::graph_files`]): together they hold the first
-    /// `graphs_on_disk` manifests.
+    /// The manifest files written since the last index file ([`Sidecar::graph_files`]).
     graph_files: Vec<SidecarFile>,
+    /// Manifests written to files so far (the first `graphs_on_disk` of `manifests`).
     graphs_on_disk: usize,
+    /// The index files written ([`Sidecar::index_files`]).
+    index_files: Vec<SidecarFile>,
+    /// `sums` and `graph_files` move to an index file at this many entries together.
+    per_index_file: usize,
 }
 
-/// How many part checksums a partition's `_manifest.json` lists before they go to a file of
-/// their own (`_parts-NNNNN.json`, [`Sidecar::part_files`]), so that the sidecar rewritten at
-/// every part's close stays bounded (about 90 KB) however many parts a long recording closes:
-/// a million runs at 32 a part are 31 250 parts, whose checksums were 2.8 MB rewritten every 32
-/// runs. The files are listed in `_manifest.json`, one line each (31 of them then).
-pub const CHECKSUMS_PER_FILE: usize = 1024;
+/// How many entries (part checksums and manifest files together) a partition's `_manifest.json`
+/// lists before they move to an index file (`_index-NNNNN.json`, [`Sidecar::index_files`]), so
+/// that the sidecar rewritten at every part's close stays bounded (about 100 KB) however many
+/// parts a long recording closes: a million runs at 32 a part are 31 250 parts, whose
+/// checksums alone were 2.8 MB rewritten every 32 runs. The index files are listed in
+/// `_manifest.json`, one line each (31 then).
+pub const ENTRIES_PER_INDEX_FILE: usize = 1024;
 
 /// A run's rows are written as a row group every this many rows (and at the run's end), so the
 /// encoded pages the writer holds stay bounded whatever a run holds: 128 Ki rows, about 0.45 MB
@@ -169,17 +171,17 @@ impl DatasetSink {
             run_open: false,
             partition_made: false,
             sums: Default::default(),
-            part_files: Vec::new(),
-            checksums_per_file: CHECKSUMS_PER_FILE,
             graph_files: Vec::new(),
             graphs_on_disk: 0,
+            index_files: Vec::new(),
+            per_index_file: ENTRIES_PER_INDEX_FILE,
         })
     }
 
-    /// The same sink with `n` (>= 1) part checksums in `_manifest.json` before they go to a file
-    /// of their own (default [`CHECKSUMS_PER_FILE`]; a test's small number exercises the files).
-    pub fn checksums_per_file(mut self, n: usize) -> DatasetSink {
-        self.checksums_per_file = n.max(1);
+    /// The same sink with `n` (>= 1) entries in `_manifest.json` before they move to an index
+    /// file (default [`ENTRIES_PER_INDEX_FILE`]; a test's small number exercises the files).
+    pub fn entries_per_index_file(mut self, n: usize) -> DatasetSink {
+        self.per_index_file = n.max(1);
         self
     }
 
@@ -209,7 +211,9 @@ impl DatasetSink {
 
     fn write_err(&self, path: &Path, what: &str, e: impl std::fmt::Display) -> Error {
         let closed = self.next_part;
+        // An I/O error that names `path` already (`write_atomic`'s) is given by its cause alone.
         let e = e.to_string();
+        let e = e.strip_prefix(&format!("recording {}: ", path.display())).map(str::to_string).unwrap_or(e);
         let hint = super::format::space_hint(&e);
         Error::Write {
             path: path.to_path_buf(),
@@ -293,8 +297,9 @@ impl DatasetSink {
     }
 
     /// `_manifest.json` of the partition, when its manifests changed (or `always`), after the
-    /// manifests first seen since the last one in a file of their own ([`GraphFile`]): each
-    /// manifest is written once, and `_manifest.json` holds the part and file lists only.
+    /// manifests first seen since the last one in a file of their own ([`SidecarFile`]), and
+    /// the entries listed so far in an index file when they reached `per_index_file`: each
+    /// manifest and each entry is written once, and `_manifest.json` stays bounded.
     fn write_sidecar(&mut self, always: bool) -> Result<(), Error> {
         if !always && self.sidecar_written == Some(self.manifests.len()) {
             return Ok(());
@@ -311,14 +316,18 @@ impl DatasetSink {
             self.graph_files.push(SidecarFile { file: name, entries: new.len(), checksum: Checksum { bytes: json.len() as u64, crc32: crc32fast::hash(&json) } });
             self.graphs_on_disk = self.manifests.len();
         }
-        if self.sums.len() >= self.checksums_per_file {
-            let first = self.sums.keys().next().and_then(|n| n.strip_prefix("part-")).and_then(|n| n.strip_suffix(".parquet")).unwrap_or("00000");
-            let name = format!("_parts-{first}.json");
+        let entries = self.sums.len() + self.graph_files.len();
+        if entries >= self.per_index_file {
+            let name = format!("_index-{:05}.json", self.index_files.len());
             let path = dir.join(&name);
-            let json = serde_json::to_vec(&self.sums).map_err(|e| Error::Internal(format!("checksum JSON: {e}")))?;
-            write_atomic(&path, &json).map_err(|e| self.write_err(&path, "writing the part checksums", e))?;
-            self.part_files.push(SidecarFile { file: name, entries: self.sums.len(), checksum: Checksum { bytes: json.len() as u64, crc32: crc32fast::hash(&json) } });
-            self.sums.clear();
+            let block = IndexBlock { parts: std::mem::take(&mut self.sums), graph_files: std::mem::take(&mut self.graph_files) };
+            let json = serde_json::to_vec(&block).map_err(|e| Error::Internal(format!("index JSON: {e}")))?;
+            if let Err(e) = write_atomic(&path, &json) {
+                // Kept listed in `_manifest.json` for the next close to try again.
+                (self.sums, self.graph_files) = (block.parts, block.graph_files);
+                return Err(self.write_err(&path, "writing an index file", e));
+            }
+            self.index_files.push(SidecarFile { file: name, entries, checksum: Checksum { bytes: json.len() as u64, crc32: crc32fast::hash(&json) } });
         }
         let path = dir.join(PARTITION_SIDECAR);
         let json = serde_json::to_vec_pretty(&Sidecar {
@@ -330,7 +339,7 @@ impl DatasetSink {
             parts: self.sums.clone(),
             recording: self.id.clone(),
             graph_files: self.graph_files.clone(),
-            part_files: self.part_files.clone(),
+            index_files: self.index_files.clone(),
         })
             .map_err(|e| Error::Internal(format!("manifest JSON: {e}")))?;
         write_atomic(&path, &json).map_err(|e| self.write_err(&path, "writing the manifest sidecar", e))?;
@@ -415,8 +424,16 @@ pub struct Partition {
     pub parts: Vec<PathBuf>,
     /// Open parts (`*.partial`: being written, or left by a killed process), skipped.
     pub open: Vec<PathBuf>,
-    /// The partition's `_manifest.json`, if present.
+    /// The partition's `_manifest.json`, if present, with the entries of its index files and
+    /// the manifests of its manifest files read in.
     pub sidecar: Option<Sidecar>,
+    /// For each part whose checksum an index file lists: that file's name (the others are in
+    /// `_manifest.json`).
+    pub checksums_in: std::collections::BTreeMap<String, String>,
+    /// The first manifest file `_manifest.json` lists that is missing, if one is (a copy taken
+    /// while the recording was written holds a `_manifest.json` newer than its other files):
+    /// the manifests from it on are not read. An error only if the rows need them ([`read`]).
+    pub missing_graphs: Option<String>,
 }
 
 /// The partitions of the dataset at `root`, by path: every directory under it (names beginning
@@ -428,7 +445,7 @@ pub fn partitions(root: &Path) -> Result<Vec<Partition>, Error> {
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
         let io = |e| Error::Io { path: dir.clone(), error: e };
-        let mut p = Partition { dir: dir.clone(), parts: Vec::new(), open: Vec::new(), sidecar: None };
+        let mut p = Partition { dir: dir.clone(), parts: Vec::new(), open: Vec::new(), sidecar: None, checksums_in: Default::default(), missing_graphs: None };
         for entry in std::fs::read_dir(&dir).map_err(io)? {
             let path = entry.map_err(io)?.path();
             let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
@@ -450,7 +467,8 @@ pub fn partitions(root: &Path) -> Result<Vec<Partition>, Error> {
                 line: Some(e.line() as u64),
                 reason: super::damaged_sidecar(&e),
             })?;
-            read_sidecar_files(&dir, &mut sidecar)?;
+            super::format::check_format(&side, sidecar.format)?;
+            (p.checksums_in, p.missing_graphs) = read_sidecar_files(&dir, &mut sidecar)?;
             p.sidecar = Some(sidecar);
         }
         if !p.parts.is_empty() || !p.open.is_empty() || p.sidecar.is_some() {
@@ -465,20 +483,22 @@ pub fn partitions(root: &Path) -> Result<Vec<Partition>, Error> {
 
 /// The entries of a file `_manifest.json` lists ([`SidecarFile`]) in the partition `dir`,
 /// checked against its length and CRC-32 and its entry count; `what` names them in errors
-/// ("manifests", "part checksums").
+/// ("manifests", "entries").
 ///
-/// Errors: the file is missing, unreadable, damaged (checksum), not of the expected JSON form,
-/// or holds another count than listed (each named, with the fix).
+/// Errors: the file is missing or not a regular file, unreadable, damaged (checksum), not of
+/// the expected JSON form, or holds another count than listed (each named, with the fix).
 fn read_listed<T: serde::de::DeserializeOwned>(dir: &Path, f: &SidecarFile, what: &str, len: impl Fn(&T) -> usize) -> Result<T, Error> {
     let path = dir.join(&f.file);
     let bad = |reason: String| -> Error { RecordingError { path: path.clone(), line: None, reason }.into() };
-    let bytes = std::fs::read(&path).map_err(|e| {
-        bad(format!(
-            "the partition's {PARTITION_SIDECAR} lists this file of {} {what}, which cannot be read ({e}): restore it \
-             from a copy (it was written with the partition)",
-            f.entries
-        ))
-    })?;
+    if !path.is_file() {
+        return Err(bad(format!(
+            "the partition's {PARTITION_SIDECAR} lists this file of {} {what}, which {}: restore it from a copy (a \
+             copy taken while the recording was written may lack it: copy the dataset again once it has finished)",
+            f.entries,
+            if path.exists() { "is not a regular file" } else { "is missing" }
+        )));
+    }
+    let bytes = std::fs::read(&path).map_err(|e| bad(format!("the partition's {PARTITION_SIDECAR} lists this file of {} {what}, which cannot be read ({e})", f.entries)))?;
     let sum = Checksum { bytes: bytes.len() as u64, crc32: crc32fast::hash(&bytes) };
     if sum != f.checksum {
         return Err(bad(format!(
@@ -494,30 +514,72 @@ fn read_listed<T: serde::de::DeserializeOwned>(dir: &Path, f: &SidecarFile, what
     Ok(v)
 }
 
-/// Fill `sidecar.graphs` and `sidecar.parts` from the files it lists ([`Sidecar::graph_files`],
-/// [`Sidecar::part_files`]): manifests in compile order after any inline ones, and the earlier
-/// parts' checksums.
+/// Merge the index files `index_files` of the partition `dir` ([`Sidecar::index_files`]) before
+/// `parts` and `graph_files` (the entries `_manifest.json` lists itself); returns, for each part
+/// whose checksum an index file lists, that file's name.
 ///
-/// Errors: as [`read_listed`].
-fn read_sidecar_files(dir: &Path, sidecar: &mut Sidecar) -> Result<(), Error> {
+/// Errors: an index file out of sequence (`_index-00000.json`, `_index-00001.json`, ...), or as
+/// [`read_listed`].
+fn merge_index(
+    dir: &Path,
+    index_files: &[SidecarFile],
+    parts: &mut std::collections::BTreeMap<String, Checksum>,
+    graph_files: &mut Vec<SidecarFile>,
+) -> Result<std::collections::BTreeMap<String, String>, Error> {
+    let (mut all_parts, mut all_files, mut checksums_in) = (std::collections::BTreeMap::new(), Vec::new(), std::collections::BTreeMap::new());
+    for (k, f) in index_files.iter().enumerate() {
+        let want = format!("_index-{k:05}.json");
+        if f.file != want {
+            return Err(RecordingError {
+                path: dir.join(PARTITION_SIDECAR),
+                line: None,
+                reason: format!("lists index file {k} as '{}' where the recording wrote '{want}': edited by hand? restore it from a copy", f.file),
+            }
+            .into());
+        }
+        let block: IndexBlock = read_listed(dir, f, "entries", |b: &IndexBlock| b.parts.len() + b.graph_files.len())?;
+        checksums_in.extend(block.parts.keys().map(|n| (n.clone(), f.file.clone())));
+        all_parts.extend(block.parts);
+        all_files.extend(block.graph_files);
+    }
+    all_parts.append(parts);
+    all_files.append(graph_files);
+    (*parts, *graph_files) = (all_parts, all_files);
+    Ok(checksums_in)
+}
+
+/// Fill `sidecar.parts` and `sidecar.graph_files` from its index files and `sidecar.graphs` from
+/// its manifest files (in compile order, after any inline ones); returns where each part's
+/// checksum is listed ([`Partition::checksums_in`]) and the first missing manifest file
+/// ([`Partition::missing_graphs`]), from which on no manifest is read.
+///
+/// Errors: a manifest file out of sequence (each is named by the first compile it holds, so a
+/// file listed twice, out of order or under another name is found), or as [`merge_index`] and
+/// [`read_listed`] (a missing manifest file is not an error here).
+fn read_sidecar_files(dir: &Path, sidecar: &mut Sidecar) -> Result<(std::collections::BTreeMap<String, String>, Option<String>), Error> {
+    let checksums_in = merge_index(dir, &sidecar.index_files, &mut sidecar.parts, &mut sidecar.graph_files)?;
     for f in &sidecar.graph_files {
+        let want = format!("_graphs-{:06}.json", sidecar.graphs.len() + 1);
+        if f.file != want {
+            return Err(RecordingError {
+                path: dir.join(PARTITION_SIDECAR),
+                line: None,
+                reason: format!(
+                    "lists the manifest file '{}' where the recording's next one is '{want}' (compile {} on): a file listed \
+                     twice, out of order or renamed; restore the sidecar from a copy",
+                    f.file,
+                    sidecar.graphs.len() + 1
+                ),
+            }
+            .into());
+        }
+        if !dir.join(&f.file).exists() {
+            return Ok((checksums_in, Some(f.file.clone())));
+        }
         let graphs: Vec<std::sync::Arc<Manifest>> = read_listed(dir, f, "manifests", Vec::len)?;
         sidecar.graphs.extend(graphs);
     }
-    sidecar.parts.extend(part_checksums(dir, &sidecar.part_files)?);
-    Ok(())
-}
-
-/// The part checksums of the files `files` in the partition `dir` ([`Sidecar::part_files`]).
-///
-/// Errors: as [`read_listed`].
-fn part_checksums(dir: &Path, files: &[SidecarFile]) -> Result<std::collections::BTreeMap<String, Checksum>, Error> {
-    let mut all = std::collections::BTreeMap::new();
-    for f in files {
-        let sums: std::collections::BTreeMap<String, Checksum> = read_listed(dir, f, "part checksums", std::collections::BTreeMap::len)?;
-        all.extend(sums);
-    }
-    Ok(all)
+    Ok((checksums_in, None))
 }
 
 /// Compiles are numbered 1, 2, ... within each recording. Read as one table, a dataset numbers
@@ -573,7 +635,7 @@ pub(super) fn read(root: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Err
         for part in &p.parts {
             // The rows are read through the handle that was checked.
             let file = std::fs::File::open(part).map_err(|e| Error::Io { path: part.clone(), error: e })?;
-            verify_in(&file, part, p.sidecar.as_ref())?;
+            verify_in(&file, part, p.sidecar.as_ref().map(|s| &s.parts), &p.checksums_in)?;
             super::parquet::read_open(part, file, super::parquet::Origin::ClosedPart, &mut |mut r: RowRef<'_>| {
                 max = max.max(r.compile);
                 r.compile += offset;
@@ -585,9 +647,23 @@ pub(super) fn read(root: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Err
             return Err(RecordingError {
                 path: p.dir.join(PARTITION_SIDECAR),
                 line: None,
-                reason: format!("the rows name compile {max} but the sidecar lists {n} manifest(s): was the sidecar replaced? Delete it to number compiles from the rows"),
+                reason: match &p.missing_graphs {
+                    Some(file) => format!(
+                        "the rows name compile {max} but only {n} manifest(s) could be read: the manifest file {file} it \
+                         lists is missing (a copy taken while the recording was written? copy it again once the recording \
+                         has finished, or restore the file)"
+                    ),
+                    None => format!("the rows name compile {max} but the sidecar lists {n} manifest(s): was the sidecar replaced? Delete it to number compiles from the rows"),
+                },
             }
             .into());
+        }
+        if let Some(file) = &p.missing_graphs {
+            eprintln!(
+                "opscope: note: {} lists the manifest file {file}, which is missing (a copy taken while the recording was \
+                 written?); the parts present need only the {n} manifest(s) before it",
+                p.dir.join(PARTITION_SIDECAR).display()
+            );
         }
         offset += n;
     }
@@ -596,25 +672,25 @@ pub(super) fn read(root: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Err
 
 /// What a reader can do about a part that no longer matches its checksum.
 const PART_FIX: &str = "restore it from a copy, or move it out of the dataset to read the other parts (its runs are \
-                        then named as missing); for a part rewritten on purpose, remove `parts` and `part_files` from \
+                        then named as missing); for a part rewritten on purpose, remove `parts` and `index_files` from \
                         the partition's _manifest.json (its parts are then read unchecked)";
 
-/// Verify the closed part `file` (opened at `part`) against its entry in its partition's
-/// `sidecar` ([`Sidecar::parts`], with the checksum files already read in); a part without
-/// an entry (a dataset written before checksums, a sidecar lost) is not checked. The handle is
-/// left at its start. The error names the file that lists the checksum (`_manifest.json`, or
-/// the `_parts-NNNNN.json` whose range of part numbers holds the part's).
+/// Verify the closed part `file` (opened at `part`) against its entry in `parts` (its
+/// partition's [`Sidecar::parts`], index files merged in); a part without an entry (a dataset
+/// written before checksums, a sidecar lost) is not checked. The handle is left at its start.
+/// The error names the file that lists the checksum: `checksums_in`'s entry for the part
+/// ([`Partition::checksums_in`]), else `_manifest.json`.
 ///
 /// Errors: the part no longer matches ([`super::checksum::verify`]).
-fn verify_in(file: &std::fs::File, part: &Path, sidecar: Option<&Sidecar>) -> Result<(), Error> {
+fn verify_in(
+    file: &std::fs::File,
+    part: &Path,
+    parts: Option<&std::collections::BTreeMap<String, Checksum>>,
+    checksums_in: &std::collections::BTreeMap<String, String>,
+) -> Result<(), Error> {
     let name = part.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-    let Some((sidecar, want)) = sidecar.and_then(|s| Some((s, s.parts.get(&name)?))) else { return Ok(()) };
-    let number = |n: &str, prefix: &str, suffix: &str| -> Option<usize> { n.strip_prefix(prefix)?.strip_suffix(suffix)?.parse().ok() };
-    let source = number(&name, "part-", ".parquet")
-        .and_then(|n| {
-            sidecar.part_files.iter().find(|f| number(&f.file, "_parts-", ".json").is_some_and(|first| (first..first + f.entries).contains(&n)))
-        })
-        .map_or(PARTITION_SIDECAR, |f| f.file.as_str());
+    let Some(want) = parts.and_then(|s| s.get(&name)) else { return Ok(()) };
+    let source = checksums_in.get(&name).map_or(PARTITION_SIDECAR, String::as_str);
     super::checksum::verify_open(file, part, want, &part.with_file_name(source), PART_FIX)
 }
 
@@ -681,12 +757,10 @@ pub(super) fn verify_part(file: &std::fs::File, part: &Path) -> Result<(), Error
     let side = part.with_file_name(PARTITION_SIDECAR);
     let Ok(bytes) = std::fs::read(&side) else { return Ok(()) };
     match serde_json::from_slice::<super::format::Sums>(&bytes) {
-        Ok(sums) => {
+        Ok(mut sums) => {
             let dir = side.parent().unwrap_or(Path::new("."));
-            let mut parts = part_checksums(dir, &sums.part_files)?;
-            parts.extend(sums.parts);
-            let sidecar = Sidecar { format: FORMAT, graphs: Vec::new(), ends_on_run: false, closed_parts: None, checksum: None, parts, recording: None, graph_files: Vec::new(), part_files: sums.part_files };
-            verify_in(file, part, Some(&sidecar))
+            let checksums_in = merge_index(dir, &sums.index_files, &mut sums.parts, &mut Vec::new())?;
+            verify_in(file, part, Some(&sums.parts), &checksums_in)
         }
         Err(_) => Ok(()),
     }
@@ -746,5 +820,5 @@ pub(super) fn read_sidecar(root: &Path) -> Result<Option<Sidecar>, Error> {
         };
         offset += n;
     }
-    Ok(Some(Sidecar { format: FORMAT, graphs, ends_on_run: false, closed_parts: None, checksum: None, parts: Default::default(), recording: None, graph_files: Vec::new(), part_files: Vec::new() }))
+    Ok(Some(Sidecar { format: FORMAT, graphs, ends_on_run: false, closed_parts: None, checksum: None, parts: Default::default(), recording: None, graph_files: Vec::new(), index_files: Vec::new() }))
 }

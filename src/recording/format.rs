@@ -176,8 +176,11 @@ pub fn header() -> [&'static str; 15] {
     COLUMNS.map(|c| c.name)
 }
 
-/// Recording format version written in the sidecar.
-pub const FORMAT: u32 = 1;
+/// Recording format version written in the sidecar: 2 since a dataset partition's manifests
+/// and earlier part checksums are in files `_manifest.json` lists ([`Sidecar::graph_files`],
+/// [`Sidecar::index_files`]); 1 before. A reader refuses a sidecar of a later version (its
+/// fields would be read as absent) and reads every earlier one.
+pub const FORMAT: u32 = 2;
 
 /// The manifest sidecar written next to a recording (`<recording>.manifest.json`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -207,7 +210,7 @@ pub struct Sidecar {
     pub checksum: Option<super::checksum::Checksum>,
     /// In a dataset partition's `_manifest.json`: each closed part's checksum, by file name
     /// (`part-00000.parquet`), verified before the part is read; those of earlier parts are in
-    /// the files [`Sidecar::part_files`] lists (filled in here when a dataset is read). Absent
+    /// the files [`Sidecar::index_files`] lists (filled in here when a dataset is read). Absent
     /// in datasets written before it was added.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub parts: std::collections::BTreeMap<String, super::checksum::Checksum>,
@@ -217,34 +220,63 @@ pub struct Sidecar {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recording: Option<String>,
     /// In a dataset partition's `_manifest.json`: the files that hold its manifests, in compile
-    /// order (`graphs` is then empty in the file, and filled from them when a dataset is read,
-    /// [`super::partitions`]). Each is written once, with the compiles first seen since the one
+    /// order, after those in its [`Sidecar::index_files`] (`graphs` is then empty in the file,
+    /// and filled from them when a dataset is read, [`super::partitions`]). Each is written once, with the compiles first seen since the one
     /// before it, so a recording that compiles thousands of graphs writes each manifest once
     /// rather than all of them at every part's close (quadratic in the compiles). Absent in
     /// datasets written before it was added (their manifests are inline in `graphs`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub graph_files: Vec<SidecarFile>,
-    /// In a dataset partition's `_manifest.json`: the files that hold the checksums of its
-    /// earlier parts, in part order, each a JSON object of [`Sidecar::parts`]' form written once
-    /// when `parts` reached `recording::CHECKSUMS_PER_FILE` (1024) entries (and restarted empty):
-    /// `_manifest.json`, rewritten at every part's close, stays bounded however long the
-    /// recording runs. Filled into `parts` when a dataset is read. Absent before it was added.
+    /// In a dataset partition's `_manifest.json`: the index files (`_index-NNNNN.json`, NNNNN
+    /// = 0, 1, ...), each an [`IndexBlock`] of the earlier entries of `parts` and
+    /// `graph_files`, written once when the two lists reached `recording::ENTRIES_PER_INDEX_FILE`
+    /// (1024) entries together (and restarted empty): `_manifest.json`, rewritten at every part's
+    /// close, stays bounded however long the recording runs. Merged into `parts` and
+    /// `graph_files` when a dataset is read. Absent before it was added.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub part_files: Vec<SidecarFile>,
+    pub index_files: Vec<SidecarFile>,
+}
+
+/// One index file of a dataset partition (`_index-NNNNN.json`, [`Sidecar::index_files`]): the
+/// entries `_manifest.json` listed before they moved here.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexBlock {
+    /// Part checksums by file name, as [`Sidecar::parts`].
+    #[serde(default)]
+    pub parts: std::collections::BTreeMap<String, super::checksum::Checksum>,
+    /// Files of manifests, in compile order, as [`Sidecar::graph_files`].
+    #[serde(default)]
+    pub graph_files: Vec<SidecarFile>,
 }
 
 /// A file a dataset partition's `_manifest.json` lists, written once (synced, renamed into
 /// place) before the part that needs it is renamed into place: `_graphs-NNNNNN.json` (a JSON
 /// array of [`Manifest`]s; NNNNNN the first compile it holds, numbered from 1) or
-/// `_parts-NNNNN.json` (a JSON object of part checksums by file name; NNNNN the first part).
+/// `_index-NNNNN.json` (an [`IndexBlock`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SidecarFile {
     /// The file's name in the partition directory.
     pub file: String,
-    /// How many manifests, or part checksums, it holds.
+    /// How many manifests it holds, or entries (part checksums and manifest files together).
     pub entries: usize,
     /// Its length and CRC-32, verified when it is read.
     pub checksum: super::checksum::Checksum,
+}
+
+/// A sidecar of format `format` at `side` is one this version reads.
+///
+/// Errors: a later format than [`FORMAT`] (its new fields would be read as absent, and the
+/// recording misread).
+pub(super) fn check_format(side: &Path, format: u32) -> Result<(), Error> {
+    if format > FORMAT {
+        return Err(super::RecordingError {
+            path: side.to_path_buf(),
+            line: None,
+            reason: format!("written by a later opscope (recording format {format}; this one reads formats up to {FORMAT}): read it with that version or a later one"),
+        }
+        .into());
+    }
+    Ok(())
 }
 
 /// The checksums of a sidecar alone (the rest of its JSON is skipped unparsed): what a reader
@@ -257,10 +289,11 @@ pub(super) struct Sums {
     #[serde(default)]
     #[cfg_attr(not(feature = "parquet"), allow(dead_code))]
     pub parts: std::collections::BTreeMap<String, super::checksum::Checksum>,
-    /// The files holding a dataset partition's earlier part checksums ([`Sidecar::part_files`]).
+    /// A dataset partition's index files ([`Sidecar::index_files`]), for its earlier parts'
+    /// checksums.
     #[serde(default)]
     #[cfg_attr(not(feature = "parquet"), allow(dead_code))]
-    pub part_files: Vec<SidecarFile>,
+    pub index_files: Vec<SidecarFile>,
 }
 
 /// A recording opened for reading and checked, through the handle its rows are then read from,
@@ -533,7 +566,7 @@ pub(super) fn sidecar_json(
     ends_on_run: bool,
     checksum: Option<super::checksum::Checksum>,
 ) -> Result<Vec<u8>, Error> {
-    serde_json::to_vec_pretty(&Sidecar { format: FORMAT, graphs, ends_on_run, closed_parts: None, checksum, parts: Default::default(), recording: None, graph_files: Vec::new(), part_files: Vec::new() })
+    serde_json::to_vec_pretty(&Sidecar { format: FORMAT, graphs, ends_on_run, closed_parts: None, checksum, parts: Default::default(), recording: None, graph_files: Vec::new(), index_files: Vec::new() })
         .map_err(|e| Error::Internal(format!("manifest JSON: {e}")))
 }
 

@@ -26,13 +26,13 @@ use std::path::Path;
 pub use self::checksum::{checksum_of, verify, Checksum};
 pub use self::csv::CsvSink;
 #[cfg(feature = "parquet")]
-pub use self::dataset::{partitions, DatasetSink, PartLimits, Partition, CHECKSUMS_PER_FILE, ENV_PART_BYTES, ENV_PART_RUNS, PARTITION_SIDECAR, GROUP_ROWS};
+pub use self::dataset::{partitions, DatasetSink, PartLimits, Partition, ENTRIES_PER_INDEX_FILE, ENV_PART_BYTES, ENV_PART_RUNS, PARTITION_SIDECAR, GROUP_ROWS};
 #[cfg(feature = "parquet")]
 pub use self::parquet::{schema, ParquetSink, PAGE_ROWS};
 pub use crate::error::RecordingError;
 pub use format::{
     check_dataset_path, check_path, check_replaceable, holds_recording, partial_in_the_way, Block, column_index, header, is_dataset_path, new_run_id, partial_path, sidecar_path, write_atomic, write_sidecar, Column, ColumnType, Row,
-    Sidecar, SidecarFile, COLUMNS, FORMAT,
+    IndexBlock, Sidecar, SidecarFile, COLUMNS, FORMAT,
 };
 pub use read::{read_rows, RowRef};
 pub use sink::{capture_dir_of, MemorySink, Sink, Tee};
@@ -125,9 +125,9 @@ pub fn read_sidecar(recording: &Path) -> Result<Option<Sidecar>, Error> {
         return Ok(None);
     }
     let bytes = std::fs::read(&side).map_err(|e| Error::Io { path: side.clone(), error: e })?;
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|e| RecordingError { path: side, line: Some(e.line() as u64), reason: damaged_sidecar(&e) }.into())
+    let sidecar: Sidecar = serde_json::from_slice(&bytes).map_err(|e| RecordingError { path: side.clone(), line: Some(e.line() as u64), reason: damaged_sidecar(&e) })?;
+    format::check_format(&side, sidecar.format)?;
+    Ok(Some(sidecar))
 }
 
 /// The error reason for a manifest sidecar that does not parse: what it holds and the two

@@ -475,8 +475,8 @@ mod parquet_round_trip {
     }
 }
 
-/// The single-file Parquet sink writes a run larger than `GROUP_ROWS` rows as several row
-/// groups (so the pages it holds stay bounded), and every row still reads back, in order, through
+/// The single-file Parquet sink and a dataset's part write a run larger than `GROUP_ROWS` rows
+/// as several row groups (so the pages it holds stay bounded), and every row still reads back, in order, through
 /// the parquet crate directly: a run of 150 000 rows (blocks of 10 000 values, by the block and
 /// the row path) then a run of 3 rows make three row groups: 140 000 rows (the block that
 /// reached `GROUP_ROWS`), the run's last 10 000, and the small run's 3.
@@ -486,9 +486,17 @@ fn a_large_run_is_split_into_row_groups_and_reads_back_whole() {
     use std::sync::Arc;
     // A row group is written once a run's rows reach GROUP_ROWS (at a block's end).
     assert!(opscope::recording::GROUP_ROWS > 130_000 && opscope::recording::GROUP_ROWS <= 140_000);
+    // The single-file sink, then a dataset's part (its own spill, the same bound).
+    for dataset in [false, true] {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("big.parquet");
-    let mut sink = opscope::recording::ParquetSink::create(&path).unwrap();
+    let (mut sink, path): (Box<dyn Sink>, _) = if dataset {
+        let root = dir.path().join("big.parquet");
+        let sink = opscope::recording::DatasetSink::create(&root, opscope::recording::PartLimits { runs: 100, bytes: u64::MAX }).unwrap();
+        (Box::new(sink), root.join("recording=r").join("part-00000.parquet"))
+    } else {
+        let path = dir.path().join("big.parquet");
+        (Box::new(opscope::recording::ParquetSink::create(&path).unwrap()), path)
+    };
     let s = |x: &str| Arc::<str>::from(x);
     let (run_id, graph, pass, site, op, role, stat, shape) = (s("r"), s("g"), s("matmul"), s("matmul.0"), s("MatMul"), s("out"), s("elemsig"), s("[10000]"));
     let mut want = Vec::new();
@@ -523,7 +531,7 @@ fn a_large_run_is_split_into_row_groups_and_reads_back_whole() {
         .iter()
         .map(|g| g.num_rows())
         .collect::<Vec<_>>();
-    assert_eq!(meta, vec![140_000, 10_000, 3], "two row groups for the large run, one for the small");
+    assert_eq!(meta, vec![140_000, 10_000, 3], "two row groups for the large run, one for the small (dataset: {dataset})");
     // `idx` and `value` are written in data pages of PAGE_ROWS rows plus less than one write
     // batch of the crate (1024 rows), a row group's last page fewer (the bound on the writer's
     // page buffers), read from the file's offset index.
@@ -548,6 +556,7 @@ fn a_large_run_is_split_into_row_groups_and_reads_back_whole() {
     let got = parquet_rows_independently(&path);
     assert_eq!(got.len(), want.len());
     assert!(got == want, "every row reads back as written, in order");
+    }
 }
 
 /// A file holding the rows of two recordings (two CSV recordings concatenated; two recorders'

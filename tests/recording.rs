@@ -991,6 +991,14 @@ fn index_files_keep_the_sidecar_bounded_and_every_part_is_still_verified() {
     assert!(err.contains("_index-00001.json") && err.contains("damaged"), "{err}");
     std::fs::write(&sums, &text).unwrap();
     assert_eq!(read_all(&root).unwrap(), good);
+    // Directories named `_...` or `.…` are skipped, as Spark and pyarrow skip them: a part kept
+    // there (a backup, a job's temporary output) is not read as a second recording's.
+    for skipped in ["_backup", ".trash"] {
+        let aside = root.join(skipped).join("recording=old");
+        std::fs::create_dir_all(&aside).unwrap();
+        std::fs::copy(part_dir.join("part-00000.parquet"), aside.join("part-00000.parquet")).unwrap();
+    }
+    assert_eq!(read_all(&root).unwrap(), good);
 }
 
 /// A sidecar of a later recording format than this opscope reads is refused with the reason,

@@ -113,7 +113,6 @@ pub struct DatasetSink {
     /// The open run's rows (one row group, encoded as they come: see `rowgroup`).
     pending: RowGroup,
     manifests: Vec<std::sync::Arc<Manifest>>,
-    sidecar_written: Option<usize>,
     done: bool,
     /// Row groups of the open run were written already ([`GROUP_ROWS`]): the run still ends
     /// (counts towards the part's limits) at the next flush, even with no rows pending.
@@ -166,7 +165,6 @@ impl DatasetSink {
             open: None,
             pending: RowGroup::new().map_err(|e| Error::Internal(format!("parquet schema: {e}")))?,
             manifests: Vec::new(),
-            sidecar_written: None,
             done: false,
             run_open: false,
             partition_made: false,
@@ -284,7 +282,7 @@ impl DatasetSink {
         // Before the rename: a part is never readable without the manifests of its compiles
         // and its checksum. Its count of closed parts is the parts before this one (written
         // again after it at the end, or at the next part's close).
-        self.write_sidecar(true)?;
+        self.write_sidecar()?;
         let dir = part.tmp.parent().map(Path::to_path_buf).unwrap_or_default();
         let path = dir.join(name);
         std::fs::rename(&part.tmp, &path).map_err(|e| Error::Io { path: path.clone(), error: e })?;
@@ -296,14 +294,11 @@ impl DatasetSink {
         Ok(())
     }
 
-    /// `_manifest.json` of the partition, when its manifests changed (or `always`), after the
+    /// Write the partition's `_manifest.json` (at each part's close and at the end), after the
     /// manifests first seen since the last one in a file of their own ([`SidecarFile`]), and
     /// the entries listed so far in an index file when they reached `per_index_file`: each
     /// manifest and each entry is written once, and `_manifest.json` stays bounded.
-    fn write_sidecar(&mut self, always: bool) -> Result<(), Error> {
-        if !always && self.sidecar_written == Some(self.manifests.len()) {
-            return Ok(());
-        }
+    fn write_sidecar(&mut self) -> Result<(), Error> {
         let dir = self.partition()?;
         if self.manifests.len() > self.graphs_on_disk {
             // Named by the first compile it holds (written again, whole, under the same name
@@ -343,7 +338,6 @@ impl DatasetSink {
         })
             .map_err(|e| Error::Internal(format!("manifest JSON: {e}")))?;
         write_atomic(&path, &json).map_err(|e| self.write_err(&path, "writing the manifest sidecar", e))?;
-        self.sidecar_written = Some(self.manifests.len());
         Ok(())
     }
 
@@ -358,7 +352,7 @@ impl DatasetSink {
             self.open = Some(self.open_part()?);
         }
         self.close_part()?;
-        self.write_sidecar(true)?;
+        self.write_sidecar()?;
         self.done = true;
         Ok(())
     }

@@ -991,6 +991,21 @@ fn index_files_keep_the_sidecar_bounded_and_every_part_is_still_verified() {
     assert!(err.contains("_index-00001.json") && err.contains("damaged"), "{err}");
     std::fs::write(&sums, &text).unwrap();
     assert_eq!(read_all(&root).unwrap(), good);
+    // A copy taken while the recording ran may lack the index file written during the copy
+    // (its `_manifest.json` was copied after it): the sidecar lists the last index file's
+    // entries too, so the copy reads whole. An earlier index file missing is an error.
+    let last = part_dir.join("_index-00002.json");
+    let kept = std::fs::read(&last).unwrap();
+    std::fs::remove_file(&last).unwrap();
+    assert_eq!(read_all(&root).unwrap(), good);
+    assert_eq!(read_all(&part_dir.join("part-00007.parquet")).unwrap().len() > 0, true, "a part listed in the lost index reads alone");
+    std::fs::write(&last, &kept).unwrap();
+    let earlier = part_dir.join("_index-00001.json");
+    let kept = std::fs::read(&earlier).unwrap();
+    std::fs::remove_file(&earlier).unwrap();
+    let err = read_all(&root).unwrap_err().to_string();
+    assert!(err.contains("_index-00001.json") && err.contains("is missing"), "{err}");
+    std::fs::write(&earlier, &kept).unwrap();
     // Directories named `_...` or `.…` are skipped, as Spark and pyarrow skip them: a part kept
     // there (a backup, a job's temporary output) is not read as a second recording's.
     for skipped in ["_backup", ".trash"] {

@@ -128,17 +128,22 @@ pub struct DatasetSink {
     graphs_on_disk: usize,
     /// The index files written ([`Sidecar::index_files`]).
     index_files: Vec<SidecarFile>,
+    /// The entries of the last index file, still listed in `_manifest.json` too until the next
+    /// one: a copy of the dataset taken while the recording runs may hold a `_manifest.json`
+    /// newer than its directory listing, naming an index file the copy lacks.
+    last_block: IndexBlock,
     /// `sums` and `graph_files` move to an index file at this many entries together.
     per_index_file: usize,
 }
 
 /// How many entries (part checksums and manifest files together) a partition's `_manifest.json`
 /// lists before they move to an index file (`_index-NNNNN.json`, [`Sidecar::index_files`]), so
-/// that the sidecar rewritten at every part's close stays bounded (about 100 KB) however many
-/// parts a long recording closes: a million runs at 32 a part are 31 250 parts, whose
-/// checksums alone were 2.8 MB rewritten every 32 runs. The index files are listed in
-/// `_manifest.json`, one line each (31 then).
-pub const ENTRIES_PER_INDEX_FILE: usize = 1024;
+/// that the sidecar rewritten at every part's close stays bounded however many parts a long
+/// recording closes (a million runs at 32 a part are 31 250 parts, whose checksums alone were
+/// 2.8 MB rewritten every 32 runs). It lists the last index file's entries too, so at most
+/// twice this many: about 120 KB (118 KB measured at 1023 entries). The index files are listed
+/// in `_manifest.json`, one line each (61 at a million runs).
+pub const ENTRIES_PER_INDEX_FILE: usize = 512;
 
 /// A run's rows are written as a row group every this many rows (and at the run's end), so the
 /// encoded pages the writer holds stay bounded whatever a run holds: 128 Ki rows, about 0.45 MB
@@ -172,6 +177,7 @@ impl DatasetSink {
             graph_files: Vec::new(),
             graphs_on_disk: 0,
             index_files: Vec::new(),
+            last_block: IndexBlock::default(),
             per_index_file: ENTRIES_PER_INDEX_FILE,
         })
     }
@@ -323,7 +329,12 @@ impl DatasetSink {
                 return Err(self.write_err(&path, "writing an index file", e));
             }
             self.index_files.push(SidecarFile { file: name, entries, checksum: Checksum { bytes: json.len() as u64, crc32: crc32fast::hash(&json) } });
+            self.last_block = block;
         }
+        // The last index file's entries, then the newer ones.
+        let mut parts = self.last_block.parts.clone();
+        parts.extend(self.sums.iter().map(|(k, v)| (k.clone(), *v)));
+        let graph_files: Vec<SidecarFile> = self.last_block.graph_files.iter().chain(&self.graph_files).cloned().collect();
         let path = dir.join(PARTITION_SIDECAR);
         let json = serde_json::to_vec_pretty(&Sidecar {
             format: FORMAT,
@@ -331,9 +342,9 @@ impl DatasetSink {
             ends_on_run: false,
             closed_parts: Some(self.next_part),
             checksum: None,
-            parts: self.sums.clone(),
+            parts,
             recording: self.id.clone(),
-            graph_files: self.graph_files.clone(),
+            graph_files,
             index_files: self.index_files.clone(),
         })
             .map_err(|e| Error::Internal(format!("manifest JSON: {e}")))?;
@@ -509,11 +520,13 @@ fn read_listed<T: serde::de::DeserializeOwned>(dir: &Path, f: &SidecarFile, what
 }
 
 /// Merge the index files `index_files` of the partition `dir` ([`Sidecar::index_files`]) before
-/// `parts` and `graph_files` (the entries `_manifest.json` lists itself); returns, for each part
-/// whose checksum an index file lists, that file's name.
+/// `parts` and `graph_files` (the entries `_manifest.json` lists itself, which repeat the last
+/// index file's); returns, for each part whose checksum an index file lists, that file's name.
+/// The last index file may be missing (a copy taken while the recording ran may lack the index
+/// file written during the copy): `_manifest.json` lists its entries too.
 ///
-/// Errors: an index file out of sequence (`_index-00000.json`, `_index-00001.json`, ...), or as
-/// [`read_listed`].
+/// Errors: an index file out of sequence (`_index-00000.json`, `_index-00001.json`, ...), an
+/// index file other than the last missing, or as [`read_listed`].
 fn merge_index(
     dir: &Path,
     index_files: &[SidecarFile],
@@ -531,13 +544,33 @@ fn merge_index(
             }
             .into());
         }
+        if k + 1 == index_files.len() && !dir.join(&f.file).exists() {
+            continue;
+        }
         let block: IndexBlock = read_listed(dir, f, "entries", |b: &IndexBlock| b.parts.len() + b.graph_files.len())?;
         checksums_in.extend(block.parts.keys().map(|n| (n.clone(), f.file.clone())));
         all_parts.extend(block.parts);
         all_files.extend(block.graph_files);
     }
-    all_parts.append(parts);
-    all_files.append(graph_files);
+    // The sidecar's own entries: the last index file's again (checked equal), then newer ones.
+    for (name, sum) in std::mem::take(parts) {
+        match all_parts.insert(name.clone(), sum) {
+            Some(before) if before != sum => {
+                return Err(RecordingError {
+                    path: dir.join(PARTITION_SIDECAR),
+                    line: None,
+                    reason: format!("lists {name} with another checksum than its index file {}: edited by hand? restore it from a copy", checksums_in[&name]),
+                }
+                .into())
+            }
+            _ => {}
+        }
+    }
+    for f in std::mem::take(graph_files) {
+        if !all_files.iter().any(|g: &SidecarFile| g == &f) {
+            all_files.push(f);
+        }
+    }
     (*parts, *graph_files) = (all_parts, all_files);
     Ok(checksums_in)
 }
@@ -609,8 +642,8 @@ pub(super) fn read(root: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Err
     for p in &parts {
         if let Some(missing) = missing_parts(p) {
             eprintln!(
-                "opscope: warning: {} lacks {missing}: deleted or lost since it was written; its runs are not in what \
-                 is read (restore the part to read them)",
+                "opscope: warning: {} lacks {missing}: deleted or lost since it was written, or closed after a copy of \
+                 the dataset was taken; its runs are not in what is read (restore the part to read them)",
                 p.dir.display()
             );
         }
@@ -666,8 +699,9 @@ pub(super) fn read(root: &Path, f: &mut dyn FnMut(RowRef<'_>)) -> Result<(), Err
 
 /// What a reader can do about a part that no longer matches its checksum.
 const PART_FIX: &str = "restore it from a copy, or move it out of the dataset to read the other parts (its runs are \
-                        then named as missing); for a part rewritten on purpose, remove `parts` and `index_files` from \
-                        the partition's _manifest.json (its parts are then read unchecked)";
+                        then named as missing); a part rewritten on purpose cannot be checked: delete the partition's \
+                        _manifest.json to read its parts unchecked (compiles then numbered from the rows, without \
+                        their manifests)";
 
 /// Verify the closed part `file` (opened at `part`) against its entry in `parts` (its
 /// partition's [`Sidecar::parts`], index files merged in); a part without an entry (a dataset

@@ -230,8 +230,9 @@ pub struct Sidecar {
     /// In a dataset partition's `_manifest.json`: the index files (`_index-NNNNN.json`, NNNNN
     /// = 0, 1, ...), each an [`IndexBlock`] of the earlier entries of `parts` and
     /// `graph_files`, written once when the two lists reached `recording::ENTRIES_PER_INDEX_FILE`
-    /// (1024) entries together (and restarted empty): `_manifest.json`, rewritten at every part's
-    /// close, stays bounded however long the recording runs. Merged into `parts` and
+    /// (512) entries together (and restarted empty): `_manifest.json`, rewritten at every part's
+    /// close, stays bounded however long the recording runs (it lists the last index file's entries
+    /// too, for a copy taken while the recording ran). Merged into `parts` and
     /// `graph_files` when a dataset is read. Absent before it was added.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub index_files: Vec<SidecarFile>,

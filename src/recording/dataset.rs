@@ -102,8 +102,8 @@ struct OpenPart {
 /// `_part-NNNNN.parquet.partial` to `part-NNNNN.parquet`, directory fsync) when it reaches its
 /// [`PartLimits`], and the partition's `_manifest.json` is rewritten then, after the manifests
 /// of the compiles first seen since the last close are written to a file of their own
-/// ([`SidecarFile`]; each manifest is written once). Several recorders (processes, hosts) may write into one dataset: each writes its
-/// own `recording=<id>` partition.
+/// ([`SidecarFile`]; each manifest is written once). Several recorders (processes, hosts) may
+/// write into one dataset: each writes its own `recording=<id>` partition.
 pub struct DatasetSink {
     root: PathBuf,
     limits: PartLimits,
@@ -303,7 +303,8 @@ impl DatasetSink {
     /// Write the partition's `_manifest.json` (at each part's close and at the end), after the
     /// manifests first seen since the last one in a file of their own ([`SidecarFile`]), and
     /// the entries listed so far in an index file when they reached `per_index_file`: each
-    /// manifest and each entry is written once, and `_manifest.json` stays bounded.
+    /// manifest is written once, and `_manifest.json` (the newer entries and the last index
+    /// file's) stays bounded.
     fn write_sidecar(&mut self) -> Result<(), Error> {
         let dir = self.partition()?;
         if self.manifests.len() > self.graphs_on_disk {

@@ -202,16 +202,24 @@ fn an_output_that_is_an_input_or_not_ours_is_refused() {
     assert!(rep.status.success(), "our own report is replaced: {}", String::from_utf8_lossy(&rep.stderr));
 }
 
-/// `record` of the whole text eight times over, a sentence a run, started from `cmd` (the binary,
-/// or a shell that execs it), stderr piped: long enough (about 30 s idle) to be signalled
-/// mid-way also on a loaded machine, where the writer thread lags behind the runs (the text
-/// once took 3.7 s idle, and under load the process finished before its recording reached the
-/// bytes the tests wait for). The text is written beside `out`.
+/// `record` of the whole text, a sentence a run (long enough to be signalled mid-way), started
+/// from `cmd` (the binary, or a shell that execs it), stderr piped. The child starts with
+/// SIGINT, SIGTERM and SIGHUP at their default dispositions, whatever the test process
+/// inherited: `record` keeps a signal its caller ignored ignored (as `nohup` asks), and a test
+/// run in the background of a non-interactive shell (`.ci/run &`: SIGINT ignored) or under
+/// `nohup` (SIGHUP ignored) would otherwise see the record run to its end, unsignalled.
 fn spawn_long_record(mut cmd: Command, a: &opscope_lab::model::MiniLmAssets, out: &std::path::Path) -> std::process::Child {
-    let text = out.with_file_name(format!("{}.text", out.file_name().unwrap().to_string_lossy()));
-    let once = std::fs::read_to_string(&a.text).unwrap();
-    std::fs::write(&text, vec![once.trim_end(); 8].join("\n%\n") + "\n").unwrap();
-    cmd.args(["--onnx".as_ref(), a.onnx.as_os_str(), "--tokenizer".as_ref(), a.tokenizer.as_os_str(), "--text".as_ref(), text.as_os_str()])
+    use std::os::unix::process::CommandExt;
+    // SAFETY: `signal` is async-signal-safe, as `pre_exec` requires between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
+    cmd.args(a.cli_args())
         .args(["--batch", "1", "--seq", "16", "--out"])
         .arg(out)
         .stderr(std::process::Stdio::piped())

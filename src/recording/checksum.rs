@@ -29,6 +29,13 @@ pub struct Checksum {
     pub crc32: u32,
 }
 
+impl Checksum {
+    /// The checksum of `bytes` held in memory (a file about to be written, or read whole).
+    pub fn of(bytes: &[u8]) -> Checksum {
+        Checksum { bytes: bytes.len() as u64, crc32: crc32fast::hash(bytes) }
+    }
+}
+
 /// A writer that passes bytes to `inner` and sums what it accepted ([`Summing::checksum`]).
 pub(super) struct Summing<W> {
     inner: W,

@@ -315,7 +315,7 @@ impl DatasetSink {
             let new = &self.manifests[self.graphs_on_disk..];
             let json = serde_json::to_vec(new).map_err(|e| Error::Internal(format!("manifest JSON: {e}")))?;
             write_atomic(&path, &json).map_err(|e| self.write_err(&path, "writing the manifests", e))?;
-            self.graph_files.push(SidecarFile { file: name, entries: new.len(), checksum: Checksum { bytes: json.len() as u64, crc32: crc32fast::hash(&json) } });
+            self.graph_files.push(SidecarFile { file: name, entries: new.len(), checksum: Checksum::of(&json) });
             self.graphs_on_disk = self.manifests.len();
         }
         let entries = self.sums.len() + self.graph_files.len();
@@ -329,7 +329,7 @@ impl DatasetSink {
                 (self.sums, self.graph_files) = (block.parts, block.graph_files);
                 return Err(self.write_err(&path, "writing an index file", e));
             }
-            self.index_files.push(SidecarFile { file: name, entries, checksum: Checksum { bytes: json.len() as u64, crc32: crc32fast::hash(&json) } });
+            self.index_files.push(SidecarFile { file: name, entries, checksum: Checksum::of(&json) });
             self.last_block = block;
         }
         // The last index file's entries, then the newer ones.
@@ -505,7 +505,7 @@ fn read_listed<T: serde::de::DeserializeOwned>(dir: &Path, f: &SidecarFile, what
         )));
     }
     let bytes = std::fs::read(&path).map_err(|e| bad(format!("the partition's {PARTITION_SIDECAR} lists this file of {} {what}, which cannot be read ({e})", f.entries)))?;
-    let sum = Checksum { bytes: bytes.len() as u64, crc32: crc32fast::hash(&bytes) };
+    let sum = Checksum::of(&bytes);
     if sum != f.checksum {
         return Err(bad(format!(
             "damaged: {} bytes with CRC-32 {:08x}, where the partition's {PARTITION_SIDECAR} lists {} bytes with CRC-32 \

@@ -601,7 +601,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("r.csv");
         let old = b"the bytes that were checked".to_vec();
-        let sum = |b: &[u8]| Some(Checksum { bytes: b.len() as u64, crc32: crc32fast::hash(b) });
+        let sum = |b: &[u8]| Some(Checksum::of(b));
         std::fs::write(&path, &old).unwrap();
         std::fs::write(sidecar_path(&path), sidecar_json(vec![], true, sum(&old)).unwrap()).unwrap();
         let mut opened = open_checked(&path, "restore it", false).unwrap();
@@ -639,7 +639,7 @@ mod tests {
         let path = dir.path().join("r.csv");
         let (old, new) = (b"the recording before --force".to_vec(), b"the recording after  --force".to_vec());
         assert_eq!(old.len(), new.len());
-        let sum = |b: &[u8]| Some(Checksum { bytes: b.len() as u64, crc32: crc32fast::hash(b) });
+        let sum = |b: &[u8]| Some(Checksum::of(b));
         std::fs::write(&path, &new).unwrap();
         let side = sidecar_path(&path);
         let staged = dir.path().join("new.manifest.json");

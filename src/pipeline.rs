@@ -382,6 +382,16 @@ impl Pipeline {
     /// of what was appended (site, role, stat layout per appended output) and what was skipped.
     ///
     /// The graph's own outputs keep their count, order and node ids; tap outputs follow them.
+    /// The manifest's compile tag is 0, which a [`crate::record::Recorder`] refuses (it could not tell
+    /// this graph's outputs from another's): to record, use [`Pipeline::apply_tagged`] with a
+    /// tag from [`crate::record::Recorder::next_tag`], or let a scope or the environment mode compile.
+    ///
+    /// Errors: [`Error::Graph`] when a pass's options do not fit each other or the graph (a
+    /// `skip` block that does not exist, `sites=[..]` selecting one part of an op RLX's fusion
+    /// merged, `sparseattn` without `topk` or `window`, a `capture` budget it cannot read, a
+    /// `lowrank` energy no rank reaches) or two `sample` entries disagree; [`Error::Table`] when
+    /// `staticquant`'s calibration table is unreadable or lacks a site. Each message names the
+    /// fix.
     pub fn apply(&self, graph: &Graph) -> Result<(Graph, Manifest), Error> {
         self.apply_tagged(graph, None, 0)
     }
@@ -389,6 +399,8 @@ impl Pipeline {
     /// [`Pipeline::apply`] on `graph`, the fused form of `source` when given (site names are
     /// then recovered from `source`), with a compile tag written as the first value of every
     /// sketch, so that a recorder receiving outputs can tell which compiled graph produced them.
+    ///
+    /// Errors: as [`Pipeline::apply`].
     pub fn apply_tagged(&self, graph: &Graph, source: Option<&Graph>, tag: u32) -> Result<(Graph, Manifest), Error> {
         self.apply_on(graph, source, tag, rlx_runtime::Device::Cpu)
     }
@@ -397,6 +409,8 @@ impl Pipeline {
     /// sketch kernel ([`crate::sketch::lower::native_kernel`]: every device but the CPU), tensor
     /// and probe sketches are lowered into RLX primitive ops; statistics (or whole probes) with
     /// no lowering are listed in the manifest's `skipped` with the reason.
+    ///
+    /// Errors: as [`Pipeline::apply`].
     pub fn apply_on(
         &self,
         graph: &Graph,

@@ -9,6 +9,12 @@ use super::probe::stats;
 use super::PROBS;
 
 /// Top-k attention keeps >= 90% of the probability mass with k <= keys/4, averaged over heads.
+///
+/// Both lines are opscope's. Dropping mass `m` and renormalizing moves a query's output
+/// `sum_j p_j v_j` by at most `2 m max_j |v_j|`, so 90% kept bounds the change by a fifth of
+/// the largest value row; the `sparseattn` actuation measures the real change on the model.
+/// `k <= keys/4` asks for at least a 4x cut of the softmax and `P @ V` work, enough to pay for
+/// a sparse kernel's gather.
 pub const SPARSE_ATTENTION: Kind = Kind {
     name: "sparse_attention",
     doc: "top-k attention keeps >= 90% of the probability mass with k <= keys/4, averaged over heads: sparse / top-k attention (Gupta et al., Memory-efficient Transformers via Top-k Attention, 2021); 90% is opscope's line",
@@ -17,6 +23,11 @@ pub const SPARSE_ATTENTION: Kind = Kind {
 /// A head gives one key (the first, or the last non-padding one) >= 5x the uniform share and
 /// >= 0.2 of its mass. The uniform share is per query (1 / the keys its mask allows), from the
 /// probe's `sink_first_lift` / `sink_last_lift`.
+///
+/// Both lines are opscope's, and both are needed: the mass line alone would call every key of a
+/// sequence of 5 or fewer a sink (its uniform share is >= 0.2), the lift line alone a key with
+/// 5/1000 of the mass of a 1000-key sequence. 0.2 is a share whose eviction (StreamingLLM's
+/// failure case) visibly changes the head's output.
 pub const ATTENTION_SINK: Kind = Kind {
     name: "attention_sink",
     doc: "a head gives one key (the first, or the last non-padding one) >= 5x the uniform share and >= 0.2 of its mass: an attention sink that KV eviction and windowed attention must keep (Xiao et al., StreamingLLM, 2024; Clark et al. 2019 on BERT's [CLS]/[SEP]); 5x and 0.2 are opscope's lines",

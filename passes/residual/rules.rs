@@ -8,7 +8,13 @@ use crate::mine::{median, Kind, Rule, RuleRegistration, Series, SeriesKey, Verdi
 use super::probe::stats;
 use super::BLOCK;
 
-/// A residual block's influence 1 - cos(x, x + f(x)) is <= half the median block's.
+/// A residual block's influence 1 - cos(x, x + f(x)) is <= half the median block's, among at
+/// least 3 recorded blocks.
+///
+/// ShortGPT ranks blocks by this influence and removes the lowest; it sets no line. "Half the
+/// median" and "3 blocks" are opscope's: a block well below its peers, among enough peers for a
+/// median to mean something. A probe, not a verdict: the `skip` actuation measures what
+/// removing the block does to the model's outputs.
 pub const LAYER_SKIP_PROBE: Kind = Kind {
     name: "layer_skip_probe",
     doc: "a residual block's influence 1 - cos(x, x + f(x)) is <= half the median block's: a layer skip candidate (Men et al., ShortGPT, 2024, removes the lowest-influence layers). A probe: confirm with the skip actuation (on MiniLM-L3 the ranks did not agree, see README)",

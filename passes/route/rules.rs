@@ -8,6 +8,10 @@ use super::probe::stats;
 use super::{DISPATCH, ROUTER};
 
 /// An expert received no token while a uniform router would have sent it >= 10.
+///
+/// 10 is opscope's line: were the expert as likely as any other, its token count would be
+/// about Poisson with mean >= 10, which gives it no token with probability e^-10 (4.5e-5), so
+/// an empty expert is not chance; with fewer tokens recorded the rule stays silent.
 pub const DEAD_EXPERT: Kind = Kind {
     name: "dead_expert",
     doc: "an expert received no token over the recording while a uniform router would have sent it >= 10: prune it (expert pruning; Lu et al., Not All Experts are Equal, 2024)",

@@ -157,7 +157,14 @@ pub fn tapped_devices() -> Vec<rlx_runtime::Device> {
 
 /// Finish the environment recording (rename it into place, write the sidecar; with `online`
 /// in the pipeline, the online state to `<recording>.online.json`). Runs at exit; calling it
-/// earlier ends the recording.
+/// earlier ends the recording. Warnings (nothing recorded, an idle tap or actuation) go to
+/// stderr. `Ok` without doing anything when the environment mode is off or never started (a
+/// bad `RLX_OPSCOPE` stops the program at its first compile, exit status 2, with the parse
+/// error).
+///
+/// Errors: the recorder's first error (a write that failed, a run it refused: [`Error::Io`],
+/// [`Error::Write`], [`Error::Mismatch`], ...), then [`Error::Write`] when the online state
+/// cannot be written.
 pub fn finish() -> Result<(), Error> {
     match ENV.get() {
         Some(Ok(st)) => {

@@ -41,7 +41,11 @@ pub use series::{
 pub use time::{PayoffBasis, TimeShares, TimeSharesError, SUM_TOLERANCE};
 pub use tensor::{int8_estimate, kinds, outlier_channels, payoff_fraction, sqnr8_per_token, Int8Estimate, OUTLIER_CHANNEL_RATIO};
 
-/// Runs needed before across-run verdicts (stationary, drifting, exact repeat) are made.
+/// Runs needed before across-run verdicts (stationary, drifting, scale drift, exact repeat) are
+/// made. opscope's floor: the trends are least-squares lines over the runs, whose slope's t
+/// statistic has n - 2 degrees of freedom, so 3 runs would leave it one and 4 leave two; more
+/// runs give firmer verdicts. `tests/mine_nulls.rs` mines nulls of 4 runs each (Laplace,
+/// Student-t 5, a bimodal mix, ReLU at half density) and checks they draw no trend verdict.
 pub const MIN_STEPS: usize = 4;
 
 /// Runs per series and tensor shape that `opscope mine` reads by default ([`load_sampled`]):
@@ -81,6 +85,11 @@ impl Serialize for Kind {
 
 /// The health verdict: NaN or Inf values, or attention mass leaking to padding keys
 /// (pad_mass > 1e-3). Shared by the tensor rules and the attention probe's rules.
+///
+/// 1e-3 is opscope's line: a correct mask leaves padding keys about 1e-39 of the mass in RLX
+/// (exp of a -1e9 or `finfo.min` bias: subnormal or zero), so any mass a model's output would
+/// feel is a masking fault (RLX 0.2.19 soft-capping after
+/// the mask gives tenths; `tests/attn_reference.rs`).
 pub const HEALTH: Kind = Kind {
     name: "health",
     doc: "NaN or Inf values, or attention mass leaking to padding keys (pad_mass > 1e-3)",
@@ -196,8 +205,9 @@ pub struct Verdict {
     /// time shares do not list ([`mine_with`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub basis: Option<PayoffBasis>,
-    /// The fraction of the site's cost the kernel could remove ([`payoff_fraction`]; 0 for the
-    /// kinds that are warnings or probes): `payoff = share x fraction`. Not serialized.
+    /// The fraction of the site's cost the kernel could remove ([`payoff_fraction`], which
+    /// states each kind's weight; 0 for warnings and probes): `payoff = share x fraction`. Not
+    /// serialized.
     #[serde(skip)]
     pub fraction: f64,
 }

@@ -973,6 +973,9 @@ pub fn sidecar_note(recording: &Path) -> Result<Option<String>, Error> {
 /// Sites and roles a recording's manifest lists that have no rows: they never ran (or were
 /// skipped, with the manifest's reason). Reads `<recording>.manifest.json` (a dataset: each
 /// partition's `_manifest.json`); none without one ([`sidecar_note`] says so).
+///
+/// Errors: a sidecar that exists but cannot be read or parsed ([`Error::Io`],
+/// [`Error::Recording`]), as [`sidecar_note`].
 pub fn no_data(recording: &Path, series: &BTreeMap<SeriesKey, Series>) -> Result<Vec<String>, Error> {
     let Some(sidecar) = read_sidecar(recording)? else {
         return Ok(Vec::new());
@@ -1001,6 +1004,10 @@ pub fn no_data(recording: &Path, series: &BTreeMap<SeriesKey, Series>) -> Result
 }
 
 /// Sum over runs of `weight(run) * v[i]` / sum of weights, per index, for a vector statistic.
+///
+/// Returns as many values as the longest run's vector; a non-finite `v[i]` is left out of
+/// index `i`'s sums, and an index no run holds a finite value for is NaN. Runs without the
+/// statistic are skipped.
 pub fn weighted_vector(s: &Series, stat: Stat, weight: impl Fn(&StepStats) -> f64) -> Vec<f64> {
     let mut sum: Vec<f64> = Vec::new();
     let mut w: Vec<f64> = Vec::new();

@@ -15,11 +15,11 @@ pub mod kinds {
     pub const SPARSE_GEMM: Kind = Kind { name: "sparse_gemm", doc: "density <= 0.3 (Gale et al., Sparse GPU Kernels for Deep Learning, SC 2020: sparse kernels beat dense from ~70% sparsity)" };
     /// Half the values are zero: consistent with 2:4 structured sparsity, which sketches cannot
     /// confirm.
-    pub const TWO_FOUR_PROBE: Kind = Kind { name: "two_four_probe", doc: "0.45 <= density <= 0.55: consistent with 2:4 structured sparsity (Mishra et al. 2021, NVIDIA Ampere), which sketches cannot confirm; a probe counting non-zeros per group of 4 along K would" };
+    pub const TWO_FOUR_PROBE: Kind = Kind { name: "two_four_probe", doc: "0.45 <= density <= 0.55: consistent with 2:4 structured sparsity (Mishra et al. 2021, NVIDIA Ampere), which sketches cannot confirm; a probe counting non-zeros per group of 4 along K would (`opscope probe`). The band of +-0.05 around one half is opscope's: a 2:4 tensor is exactly 0.5 dense only when no kept value is itself 0, and a ReLU output's density scatters about 0.5" };
     /// A few channels carry outliers.
-    pub const CHANNEL_OUTLIERS: Kind = Kind { name: "channel_outliers", doc: "chan_outlier >= 4 and 0 < fraction of channels above 8x the median channel max|x| <= 4%: per-channel scaling or mixed precision (Dettmers et al., LLM.int8(), 2022; Xiao et al., SmoothQuant, 2023)" };
+    pub const CHANNEL_OUTLIERS: Kind = Kind { name: "channel_outliers", doc: "chan_outlier (the largest channel max|x| over the mean channel's) >= 4 and 0 < fraction of channels above 8x the median channel max|x| <= 4%: per-channel scaling or mixed precision (Dettmers et al., LLM.int8(), 2022; Xiao et al., SmoothQuant, 2023). 4 and 4% are opscope's lines: a few channels, not a broad spread; `opscope sweep --check` holds them between planted x30 channel outliers and Gaussian nulls over 48 seeds and 3 shapes" };
     /// Outliers scattered over elements.
-    pub const SCATTERED_OUTLIERS: Kind = Kind { name: "scattered_outliers", doc: "kurtosis >= 20 without channel structure: sparse outliers + low-bit dense (Dettmers et al., SpQR, 2023)" };
+    pub const SCATTERED_OUTLIERS: Kind = Kind { name: "scattered_outliers", doc: "kurtosis >= 20 (Gaussian 3) without channel structure, in a tensor of density > 0.6: sparse outliers + low-bit dense (Dettmers et al., SpQR, 2023). Zeros alone raise kurtosis (Gaussian non-zeros at density d give 3/d: 30 at 10%), so sparser tensors are left to the sparsity rules; 20 and 0.6 are opscope's lines, held by `opscope sweep --check` between planted x30 scattered outliers, 90% sparse and 2:4 tensors and Gaussian nulls" };
     /// Per-channel int8 pays over per-tensor.
     pub const PER_CHANNEL_INT8: Kind = Kind { name: "per_channel_int8", doc: "per-channel int8 SQNR >= 8 dB above per-tensor (noise model Δ²/12, Widrow & Kollár, Quantization Noise, 2008; 8 dB is opscope's line: a Gaussian null gains 2-4 dB)" };
     /// Per-token (row-wise, dynamic) int8 pays over per-tensor: the deployable W8A8 activation
@@ -28,27 +28,33 @@ pub mod kinds {
     /// Per-tensor int4 is enough.
     pub const INT4: Kind = Kind { name: "int4", doc: "per-tensor int4 SQNR >= 22 dB in every run and kurtosis <= 2.4 (Δ²/12 model; the ideal for a uniform distribution is 22.9 dB, a Gaussian gives 14.6-20 dB)" };
     /// Values on few levels: a LUT / codebook kernel.
-    pub const LUT: Kind = Kind { name: "lut", doc: ">= 2 empty bins between the 10% and 90% quantile bins: values on few levels, a LUT / codebook kernel (Han et al., Deep Compression, 2016)" };
+    pub const LUT: Kind = Kind { name: "lut", doc: ">= 2 empty bins between the 10% and 90% quantile bins of a histogram of >= 8 bins, in a tensor of density > 0.6 (a sparse tensor's zeros are one level that says nothing of the rest): values on few levels, a LUT / codebook kernel (Han et al., Deep Compression, 2016); 2 bins is opscope's line, held by `opscope sweep --check` between a planted 0.5 grid and Gaussian and uniform nulls" };
     /// Adjacent rows are close: delta compute.
-    pub const DELTA_COMPUTE: Kind = Kind { name: "delta_compute", doc: "adjacent-row difference energy <= 0.25 x the pairs' energy (1.0 for independent rows): delta compute (Neil et al., Delta Networks, ICML 2017)" };
+    pub const DELTA_COMPUTE: Kind = Kind { name: "delta_compute", doc: "adjacent-row difference energy <= 0.25 x the pairs' energy (1.0 for independent rows of zero mean): delta compute (Neil et al., Delta Networks, ICML 2017). 0.25 is opscope's line: the rows' differences then carry at most a quarter of their energy, so a delta kernel that skips small differences has most of its work to skip; `opscope sweep --check` holds it between planted coherent rows and Gaussian nulls, with its drifting sequences close above it (upper median 0.308)" };
     /// Calibrate once.
-    pub const STATIONARY: Kind = Kind { name: "stationary", doc: "per-run rms varies <= 5% and the mean does not trend: calibrate once (static quantization, as PyTorch observers and ONNX Runtime calibrators do)" };
+    pub const STATIONARY: Kind = Kind { name: "stationary", doc: "per-run rms varies <= 5% and the mean does not trend: calibrate once (static quantization, as PyTorch observers and ONNX Runtime calibrators do). 5% is opscope's line: a scale fixed from one run is then at most 5% too coarse for another (about 0.4 dB of int8 SQNR, 20 log10 1.05) or clips its top 5% of range" };
     /// The range moves: static scales clip or waste range.
-    pub const SCALE_DRIFT: Kind = Kind { name: "scale_drift", doc: "the absmax trend (slope t >= 3) changes by >= 1.5x over the recorded runs: a static (calibrated once) scale would clip or waste range; use dynamic or recalibrated scales" };
+    pub const SCALE_DRIFT: Kind = Kind { name: "scale_drift", doc: "the absmax trend (slope t >= 3) changes by >= 1.5x over the recorded runs: a static (calibrated once) scale would clip or waste range; use dynamic or recalibrated scales (static vs dynamic quantization, ONNX Runtime and TensorRT calibration). 1.5x (3.5 dB of int8 SQNR, 20 log10 1.5) and t >= 3 are opscope's lines: the maximum of a heavy-tailed tensor jumps from run to run, and Student-t 5 nulls drew 0.59x and 3.4x trends before the t line (`tests/mine_nulls.rs`)" };
     /// Scales must be dynamic.
-    pub const DRIFTING: Kind = Kind { name: "drifting", doc: "the mean moves by >= 0.5 rms over the runs: scales must be dynamic" };
+    pub const DRIFTING: Kind = Kind { name: "drifting", doc: "the mean moves by >= 0.5 rms over the runs (least-squares trend): scales must be dynamic (dynamic vs static quantization, PyTorch quantization docs). 0.5 rms is opscope's line: a shift that moves the bulk of the distribution by half its spread, beyond what a range calibrated on the early runs covers" };
     /// Identical in every run: memoize.
     pub const EXACT_REPEAT: Kind = Kind { name: "exact_repeat", doc: "elemsig and sumsq identical in every run: memoize" };
     /// Low rank suspected.
-    pub const LOW_RANK_PROBE: Kind = Kind { name: "low_rank_probe", doc: "row-energy CV >= 0.35 (a Gaussian gives sqrt(2/C)): low rank is suspected but not observable from sketches; a randomized range finder (Halko, Martinsson, Tropp 2011) would confirm it" };
+    pub const LOW_RANK_PROBE: Kind = Kind { name: "low_rank_probe", doc: "row-energy CV >= 0.35 (a Gaussian gives sqrt(2/C): 0.35 at C = 16, 0.09 at C = 256), in a tensor of density > 0.6 with kurtosis < 20 and neither channel outliers nor delta-compute rows (each of which spreads row energies by itself): low rank is suspected but not observable from sketches; a randomized range finder (Halko, Martinsson, Tropp 2011) would confirm it (`opscope probe`). 0.35 is opscope's line: twice a Gaussian null's CV at C = 64 and more at wider C, while at C <= 16 a Gaussian null reaches it, so a narrow tensor can draw this probe falsely; `opscope sweep --check` holds it between planted rank-4 tensors and Gaussian nulls at C = 64, 128 and 256" };
     /// Subnormal values: density counts them, and a CPU may compute slowly on them.
     pub const SUBNORMALS: Kind = Kind { name: "subnormals", doc: "a run's min or max is subnormal (0 < |x| < 2^-126, f32's smallest normal): the tensor holds values that `nnz` counts as non-zeros where a flush-to-zero kernel (FTZ/DAZ on x86, GPU fast math) reads 0, so its density is an upper bound of what such a kernel sees; a CPU kernel without FTZ/DAZ takes microcode assists on them (IEEE 754-2008 subnormals; Intel 64 and IA-32 Architectures Optimization Reference Manual)" };
     pub use super::super::HEALTH;
 }
 
-/// Fraction of a site's cost a kernel of this kind could remove (rough, for ranking only):
-/// sparse GEMM `1 - density`; int8 / int4 GEMM 0.5 / 0.75 of a f32 GEMM; memoization 1.0;
-/// delta compute 0.5; LUT 0.5; the others 0 (they are warnings or probes).
+/// Fraction of a site's cost a kernel of this kind could remove: opscope's ranking weights, not
+/// measurements (`opscope measure` and `ab` time a rewrite on the model). Sparse GEMM
+/// `1 - density` (the multiplies by zero skipped); int8 GEMM 0.5 of a f32 GEMM, also with
+/// channel or scattered outliers handled apart (LLM.int8()'s mixed-precision decomposition,
+/// SmoothQuant's migration): conservative against int8's 4x peak rate over f32 on VNNI or DP4A,
+/// as the quantize and dequantize steps and the outliers' f32 part remain; int4 0.75 (an eighth of
+/// f32's weight bytes: a memory-bound GEMV saves most of its time, less the dequantization); memoization 1.0 (the op is skipped);
+/// delta compute and LUT 0.5; a stationary site 0.1 (static scales replace a dynamic absmax
+/// pass over the tensor, small beside the GEMM); 0 for the others (warnings and probes).
 pub fn payoff_fraction(kind: Kind, density: f64) -> f64 {
     match kind {
         kinds::SPARSE_GEMM => 1.0 - density,

@@ -138,6 +138,9 @@ impl TimeShares {
     }
 
     /// Read `path` ([`TimeShares::from_json`]).
+    ///
+    /// Errors: [`TimeSharesError::Io`] when `path` cannot be read, else as
+    /// [`TimeShares::from_json`].
     pub fn load(path: &Path) -> Result<TimeShares, TimeSharesError> {
         let text = std::fs::read_to_string(path).map_err(|error| TimeSharesError::Io { path: path.to_path_buf(), error })?;
         TimeShares::from_json(&text, &path.display().to_string())

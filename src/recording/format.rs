@@ -17,8 +17,9 @@ use crate::manifest::Manifest;
 pub struct Row {
     /// Recording run id (one per recorder).
     pub run_id: Arc<str>,
-    /// Compile within the recording (the tag of its manifest): one graph compiled twice gives
-    /// two compiles, each with its own steps.
+    /// Compile within the recording (`Manifest::compile`: 1, 2, ... in the order the recording
+    /// first saw each compile; not the process-wide tag written into the sketches): one graph
+    /// compiled twice gives two compiles, each with its own steps.
     pub compile: u32,
     /// Run index of this compiled graph (0-based).
     pub step: u64,
@@ -44,7 +45,8 @@ pub struct Row {
     pub numel: Option<u64>,
     /// Shape of the tensor (`[2,16,384]`).
     pub shape: Arc<str>,
-    /// FLOPs of one execution of the site, empty if unknown.
+    /// FLOPs of one execution of the site, empty if unknown: a multiply-add counts 2 (a
+    /// matmul `[M, K] @ [K, N]` is `2 M K N`, `analysis::cost`).
     pub flops: Option<u64>,
 }
 
@@ -414,6 +416,11 @@ pub fn check_dataset_path(root: &Path) -> Result<(), Error> {
 /// Check that a recording can be written at `path` (a file, or for a Parquet dataset
 /// ([`is_dataset_path`]) a directory; its directory exists), without creating anything: for
 /// failing before a long job rather than after it.
+///
+/// Errors: [`Error::BadPath`] naming the problem and the fix: a CSV path that is a directory or
+/// not a regular file (a FIFO, socket or device), a directory that does not exist; for a
+/// dataset path, what [`check_dataset_path`] refuses (a file at the path, a missing parent
+/// directory).
 pub fn check_path(path: &Path) -> Result<(), Error> {
     if is_dataset_path(path) {
         return check_dataset_path(path);
@@ -517,7 +524,11 @@ pub fn partial_in_the_way(partial: &Path) -> String {
     }
 }
 
-/// Write `bytes` to `path` atomically (temporary name, fsync, rename).
+/// Write `bytes` to `path` atomically (temporary name `<path>.partial`, fsync, rename): a reader
+/// sees the old file or the whole new one.
+///
+/// Errors: [`Error::Io`] naming `path` when the temporary file cannot be written (a full disk,
+/// a file-size limit) or renamed; the `.partial` file is then left beside it, `path` unchanged.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
     let tmp = partial_path(path);
     write_synced(&tmp, bytes).map_err(|source| Error::Io { path: path.to_path_buf(), error: source })?;

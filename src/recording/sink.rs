@@ -14,6 +14,13 @@ use super::format::{Block, Row};
 /// `write_block`'s default expands the block and calls `write`, so a sink that implements only
 /// `write` gets every row (in slices that do not line up with outputs). Errors are returned, never swallowed: the
 /// recorder keeps the first and reports it when the scope ends.
+///
+/// Errors, for every method: what the destination refused, naming the file: [`Error::Io`] for
+/// a write, flush, sync or rename that failed (a full disk, a file-size limit), [`Error::Csv`]
+/// or [`Error::Write`] for an encoder that failed. The recorder keeps the first error and calls the
+/// sink no more (later runs are drained unwritten), neither `finish` nor `abandon`: the sink is
+/// dropped, so an implementation leaves what it wrote under its partial name, never renamed
+/// into place.
 pub trait Sink: Send {
     /// The id of the recording the rows belong to (the `run_id` column), told once before any
     /// other call by the recorder. A Parquet dataset names its partition after it

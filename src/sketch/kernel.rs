@@ -42,9 +42,12 @@
 
 use super::{tensor, HistRange, SketchSpec};
 
-/// Compute a sketch of `data` (row-major, geometry from `spec`) on the host.
+/// Compute a tensor sketch of `data` (row-major, of run-time shape `dims`) on the host.
 ///
-/// Returns exactly `spec.len()` values (a tensor spec's length is always known) laid out as
+/// Geometry comes from `dims`, as in [`compute_into`] (channels `C` = last dim, rows
+/// `R = data.len() / C`); `spec.rows` and `spec.chans` only size the vector statistics, and a
+/// vector statistic whose size disagrees with the data is NaN (not recorded). For a tensor spec
+/// returns exactly `spec.len()` values (a tensor spec's length is always known) laid out as
 /// [`SketchSpec::layout`]. Counts are f32 (exact below 2^24 elements). Accuracy: see the module
 /// documentation. This is the CPU kernel's body; it is public so other backends can stage
 /// through the host, not as a test reference (tests use independent code).
@@ -1110,9 +1113,14 @@ fn needs_sums(spec: &SketchSpec) -> bool {
 
 /// The kernel body: fill `out` (length `spec.len()`) from `data` of run-time shape `dims`.
 ///
-/// Geometry comes from `dims`: channels `C` = last dim, rows `R = numel / C`, and adjacent-row
-/// pairs for `adj_sumsq` run along the second-to-last dim, never across a leading index.
-/// Accuracy and what is written when a value does not fit f32: see the module documentation.
+/// Geometry comes from `dims`: channels `C` = last dim, rows `R = data.len() / C` (a remainder
+/// of fewer than `C` values is not read; callers pass `data` of `dims`' product), and
+/// adjacent-row pairs for `adj_sumsq` run along the second-to-last dim, never across a leading
+/// index. A vector statistic whose length in `spec` disagrees with `R` or `C` is written as NaN
+/// (undefined, not recorded). Accuracy and what is written when a value does not fit f32: see
+/// the module documentation.
+///
+/// Panics if `out` is shorter than `spec.len()`.
 pub fn compute_into(data: &[f32], dims: &[usize], spec: &SketchSpec, out: &mut [f32]) {
     compute_masked(data, dims, spec, None, out)
 }

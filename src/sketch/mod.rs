@@ -101,11 +101,12 @@ pub struct SketchSpec {
     /// Last-axis length `C` (1 for a scalar; 0 if symbolic, with the per-channel statistics
     /// dropped). Sets the length of `chan_maxabs`.
     pub chans: usize,
-    /// Rows `R = numel / C` (0 if symbolic, with `pos_sumsq` dropped). Sets the length of
-    /// `pos_sumsq`.
+    /// Rows `R = numel / C` (0 if symbolic, with `pos_sumsq` and `row_absmax` dropped). Sets the
+    /// length of `pos_sumsq` and `row_absmax`.
     pub rows: usize,
     /// Compile tag, written as output value 0 so a recorder can tell which compiled graph a
-    /// run's outputs came from. Statistics start at offset 1.
+    /// run's outputs came from (an f32: exact below 2^24; 0 means untagged, which a recorder
+    /// refuses; see `Recorder::next_tag`). Statistics start at offset 1.
     pub tag: u32,
     /// The tensor is a weight (param-invariant): the kernel memoizes its sketch by the exact
     /// content (a 128-bit XXH3 of the bytes, about 20x cheaper than sketching), so an unchanged
@@ -165,7 +166,7 @@ impl SketchSpec {
     /// Build the spec for a tensor of `shape`.
     ///
     /// A symbolic dim only drops the statistics whose output length depends on it: `pos_sumsq`
-    /// (one value per row) when a leading dim is symbolic, `chan_maxabs` and `chan_outlier` when
+    /// and `row_absmax` (one value per row) when a leading dim is symbolic, `chan_maxabs` and `chan_outlier` when
     /// the last dim is. Everything else has a fixed length and is computed from the shape the
     /// kernel receives at run time.
     ///
@@ -312,7 +313,10 @@ impl SketchSpec {
         serde_json::to_vec(self).expect("SketchSpec serializes")
     }
 
-    /// Decode from attribute bytes.
+    /// Decode from attribute bytes ([`SketchSpec::to_attrs`]'s JSON).
+    ///
+    /// Errors: the bytes are not a spec's JSON (the message names the sketch op and serde's
+    /// reason).
     pub fn from_attrs(attrs: &[u8]) -> Result<SketchSpec, String> {
         serde_json::from_slice(attrs).map_err(|e| format!("{SKETCH_OP}: bad attributes: {e}"))
     }

@@ -188,7 +188,8 @@ crate::stats! {
         ELEMSIG = "elemsig", Vector;
         /// max |x| per last-axis channel (`C` values).
         CHAN_MAXABS = "chan_maxabs", Vector;
-        /// max(chan_maxabs) / mean(chan_maxabs) (1 value).
+        /// max(chan_maxabs) / mean(chan_maxabs) (1 value, a unitless ratio; NaN, not recorded,
+        /// when every channel's max|x| is 0).
         CHAN_OUTLIER = "chan_outlier", One;
         /// Sum of x^2 per row, all leading axes flattened (`R = numel / C` values, units of
         /// x^2). Each as `sumsq`: within 1e-6 relative, left out where f32 cannot hold it.

@@ -360,10 +360,11 @@ fn padding_rows_leave_the_row_rules_to_the_recorded_rows() {
     };
     assert_eq!(r(1.9), vec!["delta_compute"]); // 0.2375
     assert_eq!(r(2.1), NONE); // 0.2625
-    // Row-energy CV over the recorded rows: 1 - x and 1 + x alternating, a padding row between.
+    // Row-energy CV over the recorded rows: 1 - x and 1 + x alternating, a padding row between
+    // (rows of 256 values: the fixed 0.35 line binds, the i.i.d. null's twice being 0.177).
     let cv = |x: f32| {
         let e: Vec<f32> = (0..8).map(|i| if i % 2 == 0 { 1.0 - x } else { 1.0 + x }).collect();
-        let rows = run_rows("mm", "lhs", "[8,4]", 0, &[("count", 24.0), ("kurtosis", 3.0)], &[("pos_sumsq", &e)]);
+        let rows = run_rows("mm", "lhs", "[8,256]", 0, &[("count", 6.0 * 256.0), ("kurtosis", 3.0)], &[("pos_sumsq", &e)]);
         kinds(&without(rows, "pos_sumsq", &[6, 7]))
     };
     assert_eq!(cv(0.36), vec!["low_rank_probe"]);
@@ -425,14 +426,32 @@ fn runs_of_two_compiles_keep_their_own_shape_and_flops_in_any_row_order() {
 }
 
 #[test]
-fn low_rank_probe_is_row_energy_cv_at_least_0_35() {
-    // Rows at 1 - x and 1 + x: mean 1, population standard deviation x, CV x.
+fn low_rank_probe_is_row_energy_cv_at_least_0_35_and_twice_the_iid_null() {
+    // Rows at 1 - x and 1 + x: mean 1, population standard deviation x, CV x; 8 rows of `c`
+    // values each.
     let rows = |x: f32| (0..8).map(|i| if i % 2 == 0 { 1.0 - x } else { 1.0 + x }).collect::<Vec<f32>>();
-    let r = |x: f32, kurt: f32| kinds(&run_rows("mm", "lhs", "[8,4]", 0, &[("count", 32.0), ("kurtosis", kurt)], &[("pos_sumsq", &rows(x))]));
+    let at = |c: usize, x: f32, kurt: f32| {
+        kinds(&run_rows("mm", "lhs", &format!("[8,{c}]"), 0, &[("count", 8.0 * c as f32), ("kurtosis", kurt)], &[("pos_sumsq", &rows(x))]))
+    };
+    // C = 256, Gaussian kurtosis: twice the null sqrt(2/256) is 0.177, so 0.35 is the line.
+    let r = |x: f32, kurt: f32| at(256, x, kurt);
     assert_eq!(r(0.36, 3.0), vec!["low_rank_probe"]);
     assert_eq!(r(0.34, 3.0), NONE);
     // Heavy tails explain uneven rows: scattered outliers, not low rank.
     assert_eq!(r(0.36, 20.0), vec!["scattered_outliers"]);
+    // Narrow rows: C = 16, kurtosis 3: the line is 2 sqrt(2/16) = 0.7071.
+    assert_eq!(at(16, 0.72, 3.0), vec!["low_rank_probe"]);
+    assert_eq!(at(16, 0.70, 3.0), NONE);
+    // Heavier tails: C = 64, kurtosis 9: 2 sqrt(8/64) = 0.7071 too; at kurtosis 3 the same CV is
+    // far above its line (0.354).
+    assert_eq!(at(64, 0.72, 9.0), vec!["low_rank_probe"]);
+    assert_eq!(at(64, 0.70, 9.0), NONE);
+    assert_eq!(at(64, 0.40, 3.0), vec!["low_rank_probe"]);
+    assert_eq!(at(64, 0.35, 3.0), NONE);
+    // The evidence names the line it was held to.
+    let v = opscope::mine::mine(&opscope::mine::series_from_rows(&run_rows("mm", "lhs", "[8,16]", 0, &[("count", 128.0), ("kurtosis", 3.0)], &[("pos_sumsq", &rows(0.8))])));
+    let line = v.iter().find(|v| v.kind.name == "low_rank_probe").and_then(|v| v.evidence.iter().find(|e| e.0 == "row_energy_cv_line").map(|e| e.1));
+    assert!(line.is_some_and(|l| (l - 2.0 * (2.0f64 / 16.0).sqrt()).abs() < 1e-12), "{v:?}");
 }
 
 #[test]

@@ -39,7 +39,7 @@ pub use series::{
     SeriesKey, StepStats,
 };
 pub use time::{PayoffBasis, TimeShares, TimeSharesError, SUM_TOLERANCE};
-pub use tensor::{int8_estimate, kinds, outlier_channels, payoff_fraction, sqnr8_per_token, Int8Estimate, OUTLIER_CHANNEL_RATIO};
+pub use tensor::{int8_estimate, kinds, outlier_channels, payoff_fraction, sqnr8_per_token, Int8Estimate, LOW_RANK_CV, LOW_RANK_NULL_MARGIN, OUTLIER_CHANNEL_RATIO};
 
 /// Runs needed before across-run verdicts (stationary, drifting, scale drift, exact repeat) are
 /// made. opscope's floor: the trends are least-squares lines over the runs, whose slope's t

@@ -74,6 +74,9 @@ pub struct RowSummary {
     pub adj_ratio: Option<f64>,
     /// Coefficient of variation of the per-row energies (`pos_sumsq`).
     pub row_cv: Option<f64>,
+    /// Values per recorded row, `C = count / recorded rows` (the row energies' length, which
+    /// sets their CV under the i.i.d. null: see [`super::kinds::LOW_RANK_PROBE`]).
+    pub row_len: Option<f64>,
     /// XXH3-64 over each per-row statistic's name, length and value bits.
     pub hash: u64,
 }

@@ -40,7 +40,7 @@ pub mod kinds {
     /// Identical in every run: memoize.
     pub const EXACT_REPEAT: Kind = Kind { name: "exact_repeat", doc: "elemsig and sumsq identical in every run: memoize" };
     /// Low rank suspected.
-    pub const LOW_RANK_PROBE: Kind = Kind { name: "low_rank_probe", doc: "row-energy CV >= 0.35 (a Gaussian gives sqrt(2/C): 0.35 at C = 16, 0.09 at C = 256), in a tensor of density > 0.6 with kurtosis < 20 and neither channel outliers nor delta-compute rows (each of which spreads row energies by itself): low rank is suspected but not observable from sketches; a randomized range finder (Halko, Martinsson, Tropp 2011) would confirm it (`opscope probe`). 0.35 is opscope's line: twice a Gaussian null's CV at C = 64 and more at wider C, while at C <= 16 a Gaussian null reaches it, so a narrow tensor can draw this probe falsely; `opscope sweep --check` holds it between planted rank-4 tensors and Gaussian nulls at C = 64, 128 and 256" };
+    pub const LOW_RANK_PROBE: Kind = Kind { name: "low_rank_probe", doc: "row-energy CV >= max(0.35, 2 sqrt((kurtosis - 1) / C)), in a tensor of density > 0.6 with kurtosis < 20 and neither channel outliers nor delta-compute rows (each of which spreads row energies by itself): low rank is suspected but not observable from sketches; a randomized range finder (Halko, Martinsson, Tropp 2011) would confirm it (`opscope probe`). A row of C i.i.d. zero-mean values of kurtosis k has energy CV sqrt((k - 1) / C) (a Gaussian's chi-squared: sqrt(2/C), 0.35 at C = 16, 0.09 at C = 256); the line is twice that null, with the run's kurtosis and row length, and never under 0.35 (opscope's lines: 0.35 alone read half of the Gaussian nulls at C = 16 and Student-t 5 nulls at C = 64 as low rank, `tests/mine_nulls.rs`). `opscope sweep --check` holds it between planted rank-4 tensors and Gaussian nulls at C = 64, 128 and 256" };
     /// Subnormal values: density counts them, and a CPU may compute slowly on them.
     pub const SUBNORMALS: Kind = Kind { name: "subnormals", doc: "a run's min or max is subnormal (0 < |x| < 2^-126, f32's smallest normal): the tensor holds values that `nnz` counts as non-zeros where a flush-to-zero kernel (FTZ/DAZ on x86, GPU fast math) reads 0, so its density is an upper bound of what such a kernel sees; a CPU kernel without FTZ/DAZ takes microcode assists on them (IEEE 754-2008 subnormals; Intel 64 and IA-32 Architectures Optimization Reference Manual)" };
     pub use super::super::HEALTH;
@@ -66,6 +66,13 @@ pub fn payoff_fraction(kind: Kind, density: f64) -> f64 {
         _ => 0.0,
     }
 }
+
+/// The low-rank probe's fixed row-energy CV line (opscope's; see [`kinds::LOW_RANK_PROBE`]).
+pub const LOW_RANK_CV: f64 = 0.35;
+
+/// The low-rank probe's margin over the i.i.d. null CV `sqrt((kurtosis - 1) / C)`: the line is
+/// at least this many times it (see [`kinds::LOW_RANK_PROBE`]).
+pub const LOW_RANK_NULL_MARGIN: f64 = 2.0;
 
 /// A channel is an outlier channel when its max|x| exceeds this many times the median
 /// channel's max|x|. Outlier features in the sense of Dettmers et al., LLM.int8() (2022) and
@@ -113,6 +120,8 @@ struct Metrics {
     adj_ratio: Option<f64>,
     /// Coefficient of variation of the per-row energies.
     row_cv: Option<f64>,
+    /// The row-energy CV of i.i.d. rows with this run's kurtosis: sqrt((kurtosis - 1) / C).
+    row_cv_null: Option<f64>,
     mean: Option<f64>,
     rms: Option<f64>,
 }
@@ -154,6 +163,10 @@ fn metrics(run: &StepStats, shape: &[usize]) -> Metrics {
         None => row_metrics(run, shape),
     };
     (m.sqnr8_token, m.adj_ratio, m.row_cv) = (rows.sqnr8_token, rows.adj_ratio, rows.row_cv);
+    m.row_cv_null = match (m.kurtosis, rows.row_len) {
+        (Some(k), Some(c)) if c > 0.0 && k.is_finite() => Some(((k - 1.0).max(0.0) / c).sqrt()),
+        _ => None,
+    };
     if let Some(h) = run.vector(tensor::HIST).filter(|h| h.len() >= 8) {
         // The bins holding the central 80% of the values: a continuous distribution fills
         // them, values on a few levels leave gaps between them.
@@ -229,6 +242,7 @@ pub(crate) fn row_metrics(run: &StepStats, shape: &[usize]) -> RowSummary {
         if rows.len() >= 2 && mean > 0.0 {
             let var = rows.iter().map(|&x| (x - mean).powi(2)).sum::<f64>() / n;
             out.row_cv = Some(var.sqrt() / mean);
+            out.row_len = Some(count / n);
         }
     }
     out
@@ -414,6 +428,9 @@ fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>)
         let holes = med(|m| m.central_holes);
         let adj = med(|m| m.adj_ratio);
         let row_cv = med(|m| m.row_cv);
+        // The low-rank line: 0.35, or twice the i.i.d. null of the recorded kurtosis and row
+        // length where that is higher (narrow rows, heavy tails).
+        let row_cv_line = med(|m| m.row_cv_null).map_or(LOW_RANK_CV, |n| (LOW_RANK_NULL_MARGIN * n).max(LOW_RANK_CV));
         let share = site_flops.get(&(*pass_idx, site.as_str())).copied().unwrap_or(0.0) / total_flops.get(pass_idx).copied().unwrap_or(0.0).max(1.0);
         let mut push = |kind: Kind, evidence: Vec<(&str, Option<f64>)>, rule: &'static str, source: &'static str| {
             out.push(Verdict {
@@ -537,11 +554,11 @@ fn tensor_verdicts(series: &BTreeMap<SeriesKey, Series>, out: &mut Vec<Verdict>)
                 "Neil et al., Delta Networks for Optimized Recurrent Network Computation (ICML 2017)",
             );
         }
-        if !channel && !coherent && d > 0.6 && kurt.is_some_and(|k| k < 20.0) && row_cv.is_some_and(|c| c >= 0.35) {
+        if !channel && !coherent && d > 0.6 && kurt.is_some_and(|k| k < 20.0) && row_cv.is_some_and(|c| c >= row_cv_line) {
             push(
                 kinds::LOW_RANK_PROBE,
-                vec![("row_energy_cv", row_cv)],
-                "row-energy CV >= 0.35 (a Gaussian gives sqrt(2/C)); rank is not observable from sketches: confirm with a randomized range finder",
+                vec![("row_energy_cv", row_cv), ("row_energy_cv_line", Some(row_cv_line))],
+                "row-energy CV >= max(0.35, 2 sqrt((kurtosis - 1) / C)) (i.i.d. rows of C values give sqrt((kurtosis - 1) / C), a Gaussian sqrt(2/C)); rank is not observable from sketches: confirm with a randomized range finder",
                 "Halko, Martinsson, Tropp, Finding structure with randomness (2011)",
             );
         }

@@ -398,9 +398,14 @@ impl Recorder {
     }
 
     /// The extra outputs of one run of the graph `manifest` describes: the sketches, then the
-    /// whole tensors of a `capture` pass. A run that was not sampled (`sample{every=N}`: every
-    /// sketch output carries the negated compile tag) is counted as a step and writes no row
-    /// and no captured tensor.
+    /// whole tensors of a `capture` pass. `outputs` holds exactly the graph's outputs past its
+    /// own (`manifest.user_outputs` onward), in the manifest's order: each sketch's vector of
+    /// `spec.len()` values with the compile tag at index 0, then each captured tensor. A run
+    /// that was not sampled (`sample{every=N}`: every sketch output carries the negated compile
+    /// tag) is counted as a step and writes no row and no captured tensor. A run that does not
+    /// match the manifest (another count, a vector of another length, another tag) writes
+    /// nothing, nor does any run after it: the recorder keeps [`Error::Mismatch`] and returns
+    /// it from [`Recorder::finish`].
     pub fn record(&self, manifest: &Arc<Manifest>, outputs: Vec<Vec<f32>>) {
         let firsts = firsts(&outputs);
         self.record_with(manifest, &firsts, move || outputs)

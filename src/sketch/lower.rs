@@ -84,7 +84,10 @@ pub fn unlowerable(spec: &SketchSpec, shape: &Shape) -> Option<String> {
 /// Under `cache_param_invariant` a weight's lowered sketch is hoisted and records the kernel's
 /// values under `run`, as the native op does (tested).
 ///
-/// Requires [`unlowerable`] to be `None`.
+/// Requires [`unlowerable`] to be `None`. The mask is an F32 node of static shape.
+///
+/// Panics (a bug in the caller, which `Rewrite::tap_inputs` rules out) when `x` or the mask has
+/// a symbolic dim, or a mask of neither `R` nor `B x S` values is given for `x` of rank < 4.
 pub fn lower(g: &mut Graph, x: NodeId, mask: Option<NodeId>, spec: &SketchSpec) -> Lowered {
     let dims = super::static_dims(g.shape(x)).expect("lower: static dims (checked by unlowerable)");
     let c = dims.last().copied().unwrap_or(1).max(1);

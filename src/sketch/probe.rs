@@ -123,7 +123,9 @@ pub trait TypedProbe: Serialize + DeserializeOwned + Sync + 'static {
     fn stats(&self) -> &'static [Stat];
     /// Values statistic `s` occupies.
     fn stat_len(&self, s: Stat) -> usize;
-    /// Compute the statistics from the op's inputs.
+    /// Compute the statistics from the op's inputs: one `(stat, values)` per statistic the spec
+    /// selected, in its order, each `values` of exactly [`TypedProbe::stat_len`] values (the
+    /// sketch op lays them out at the spec's offsets).
     ///
     /// Errors: an input count or size that does not match the geometry.
     fn execute(&self, inputs: &[CpuTensorRef<'_>]) -> Result<Vec<(Stat, Vec<f32>)>, String>;

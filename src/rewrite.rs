@@ -983,4 +983,68 @@ mod tests {
         assert_eq!(got.node(NodeId(4)).name.as_deref(), Some("c"), "c moved to slot 4");
         assert_eq!(got.node(NodeId(5)).inputs, vec![NodeId(3), NodeId(1)], "b reads a and k at their new ids");
     }
+
+    /// `apply_mapped`'s map (what `opscope parity` matches nodes by) sends every node of the
+    /// caller's graph to the node of the rewritten graph holding the same op, reading the
+    /// images of its inputs: for a tap (nodes reordered) and for an actuation that inserts nodes
+    /// before the matmuls (the graph rebuilt).
+    #[test]
+    fn apply_mapped_maps_each_node_to_its_image() {
+        crate::sketch::register_kernels();
+        let s = |d: &[usize]| Shape::new(d, DType::F32);
+        let mut g = Graph::new("g");
+        let x = g.input("x", s(&[4, 8]));
+        let w1 = g.param("w1", s(&[8, 8]));
+        let w2 = g.param("w2", s(&[8, 8]));
+        let a = g.matmul(x, w1, s(&[4, 8]));
+        let b = g.matmul(a, w2, s(&[4, 8]));
+        g.set_outputs(vec![b]);
+        for text in ["matmul", "fakequant,matmul"] {
+            let p = crate::Pipeline::parse(text).unwrap();
+            let (out, _, map) = p.apply_mapped(&g, None, 1, rlx_runtime::Device::Cpu).unwrap();
+            assert_eq!(map.len(), g.len(), "{text}");
+            for n in g.nodes() {
+                let img = map[n.id.0 as usize].unwrap_or_else(|| panic!("{text}: node {} has no image", n.id.0));
+                assert_eq!(format!("{:?}", out.node(img).op), format!("{:?}", n.op), "{text}: node {}", n.id.0);
+                if text == "matmul" {
+                    let inputs: Vec<NodeId> = n.inputs.iter().map(|i| map[i.0 as usize].unwrap()).collect();
+                    assert_eq!(out.node(img).inputs, inputs, "{text}: node {}", n.id.0);
+                }
+            }
+            assert_eq!(out.outputs[0], map[b.0 as usize].unwrap(), "{text}: the caller's output");
+        }
+    }
+
+    /// One tensor read by two sites is sketched once (the second use shares the first's
+    /// output); a statistic the lowered sketch leaves out is listed as skipped under each use's
+    /// own site and role, not twice under the first's.
+    #[test]
+    fn a_shared_lowered_sketch_lists_its_missing_statistics_under_every_use() {
+        crate::sketch::register_kernels();
+        let s = |d: &[usize]| Shape::new(d, DType::F32);
+        let mut g = Graph::new("g");
+        let x = g.input("x", s(&[4, 8]));
+        let (w1, w2) = (g.param("w1", s(&[8, 8])), g.param("w2", s(&[8, 8])));
+        let a = g.matmul(x, w1, s(&[4, 8]));
+        let b = g.matmul(x, w2, s(&[4, 8]));
+        // x also as the rhs of an activation x activation product.
+        let y = g.input("y", s(&[4, 4]));
+        let c = g.matmul(y, x, s(&[4, 8]));
+        g.set_outputs(vec![a, b, c]);
+        let p = crate::Pipeline::parse("matmul{roles=[lhs,rhs],lower=true}").unwrap();
+        let (_, m) = p.apply_tagged(&g, None, 1).unwrap();
+        // x's sketch: the one the first matmul's lhs uses (one output for all three uses).
+        let shared = m.outputs.iter().find(|o| o.uses.iter().any(|u| u.role == Role::LHS && u.site == m.outputs[0].uses[0].site)).expect("x is sketched");
+        assert_eq!(m.outputs.iter().filter(|o| o.tensor == shared.tensor).count(), 1, "x is sketched once: {:?}", m.outputs);
+        let uses: Vec<(&str, &Role)> = shared.uses.iter().map(|u| (u.site.as_str(), &u.role)).collect();
+        assert_eq!(uses.len(), 3, "{uses:?}");
+        let hist: Vec<(&str, &Role)> = m
+            .skipped
+            .iter()
+            .filter(|k| k.stat.as_deref() == Some("hist") && uses.iter().any(|u| u.0 == k.site))
+            .filter_map(|k| Some((k.site.as_str(), k.role.as_ref()?)))
+            .filter(|k| uses.contains(k))
+            .collect();
+        assert_eq!(hist, uses, "{:?}", m.skipped);
+    }
 }

@@ -951,8 +951,8 @@ mod tests {
     }
 
     /// The in-place reorder gives the graph the copying one builds: the same nodes in the same
-    /// order with the same ids, inputs, names and origins, the same outputs, output names and
-    /// variables, and the same map old -> new.
+    /// order with the same ids, inputs, names and origins, the same outputs, output names,
+    /// variables and symbolic attributes, and the same map old -> new.
     #[test]
     fn permute_in_place_matches_emit() {
         let s = Shape::new(&[4, 4], DType::F32);
@@ -967,6 +967,8 @@ mod tests {
         g.set_outputs(vec![b, c, a]);
         g.set_output_names(vec![(0, "b".into()), (2, "a_out".into())]);
         g.set_vars(vec![(k, 2)]);
+        // An attribute of c that is a symbol's size (a decode step's cache position).
+        g.set_sym_attrs(vec![rlx_ir::dynamic::SymAttr { node: c, path: vec!["pos".into()], sym: 0, scale: 1, offset: 0 }]);
         // Inputs first, then c before b: a topological order other than the identity.
         let order = [x, k, w, a, c, b];
         let (want, want_map) = emit(&g, &order);
@@ -980,6 +982,8 @@ mod tests {
         assert_eq!(got.outputs, want.outputs);
         assert_eq!(got.output_names(), want.output_names());
         assert_eq!(got.vars(), want.vars());
+        assert_eq!(got.sym_attrs(), want.sym_attrs());
+        assert_eq!(got.sym_attrs()[0].node, NodeId(4), "c's symbolic attribute follows it");
         assert_eq!(got.node(NodeId(4)).name.as_deref(), Some("c"), "c moved to slot 4");
         assert_eq!(got.node(NodeId(5)).inputs, vec![NodeId(3), NodeId(1)], "b reads a and k at their new ids");
     }

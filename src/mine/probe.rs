@@ -18,7 +18,7 @@ pub mod kinds {
     /// Some group of 4 along K holds fewer than 2 zeros.
     pub const TWO_FOUR_REFUTED: Kind = Kind { name: "two_four_refuted", doc: "some group of 4 along K holds < 2 zeros: the density near 1/2 is not 2:4 structure; a 2:4 kernel would have to prune (the probe's pruned-GEMM SQNR says at what error)" };
     /// The 99%-energy rank is small enough that a factored GEMM does at most half the work.
-    pub const LOW_RANK_CONFIRMED: Kind = Kind { name: "low_rank_confirmed", doc: "in every captured run the rank r keeping 99% of the energy (Eckart-Young) satisfies r (rows + cols) <= rows cols / 2: a rank-r factorization does at most half the multiply-adds of the dense GEMM" };
+    pub const LOW_RANK_CONFIRMED: Kind = Kind { name: "low_rank_confirmed", doc: "in every captured run the rank r keeping 99% of the energy (Eckart-Young) satisfies r (rows + cols) <= rows cols / 2: a rank-r factorization does at most half the multiply-adds of the dense GEMM. 99% of the energy (relative Frobenius error 10%, sqrt(0.01)) and half the work are opscope's lines; Eckart-Young makes the truncation the best rank-r approximation, not the level; the `lowrank` actuation measures the model's accuracy at a chosen rank" };
     /// The 99%-energy rank is too large for a factorization to pay.
     pub const LOW_RANK_REFUTED: Kind = Kind { name: "low_rank_refuted", doc: "in some captured run the rank keeping 99% of the energy exceeds rows cols / (2 (rows + cols)): the varying row energies are not low rank that a factored GEMM could exploit" };
 }

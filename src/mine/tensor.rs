@@ -26,7 +26,7 @@ pub mod kinds {
     /// scheme.
     pub const PER_TOKEN_INT8: Kind = Kind { name: "per_token_int8", doc: "an activation's per-token int8 SQNR >= 8 dB above per-tensor (noise model Δ²/12 per row, Widrow & Kollár 2008; per-token dynamic scales as in LLM.int8()'s vector-wise quantization, Dettmers et al. 2022, and ZeroQuant, Yao et al. 2022); the scale factors out of the GEMM's K sum, so a W8A8 kernel can apply it" };
     /// Per-tensor int4 is enough.
-    pub const INT4: Kind = Kind { name: "int4", doc: "per-tensor int4 SQNR >= 22 dB in every run and kurtosis <= 2.4 (Δ²/12 model; the ideal for a uniform distribution is 22.9 dB, a Gaussian gives 14.6-20 dB)" };
+    pub const INT4: Kind = Kind { name: "int4", doc: "per-tensor int4 SQNR >= 22 dB in every run and kurtosis <= 2.4 (Δ²/12 model; the ideal for a uniform distribution is 22.9 dB, a Gaussian gives 14.6-20 dB). 22 dB and 2.4 are opscope's lines: within 1 dB of the uniform ideal, with tails lighter than a Gaussian's (uniform 1.8, Gaussian 3), so a Gaussian never passes" };
     /// Values on few levels: a LUT / codebook kernel.
     pub const LUT: Kind = Kind { name: "lut", doc: ">= 2 empty bins between the 10% and 90% quantile bins of a histogram of >= 8 bins, in a tensor of density > 0.6 (a sparse tensor's zeros are one level that says nothing of the rest): values on few levels, a LUT / codebook kernel (Han et al., Deep Compression, 2016); 2 bins is opscope's line, held by `opscope sweep --check` between a planted 0.5 grid and Gaussian and uniform nulls" };
     /// Adjacent rows are close: delta compute.

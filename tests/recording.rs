@@ -713,6 +713,47 @@ fn a_csv_recording_damaged_after_it_was_closed_is_an_error() {
     assert!(err.contains("changed since it was closed"), "through a link: {err}");
 }
 
+/// Without a checksum to catch it first (a sidecar that lists none), a damaged part reaches the
+/// `parquet` decoder, which panics on some damaged pages: every single-bit change of every byte
+/// of a part reads as rows or as an error naming the file, never as a panic out of the reader.
+#[test]
+#[cfg(feature = "parquet")]
+fn every_flipped_bit_of_an_unchecked_parquet_part_is_rows_or_an_error_never_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("d.parquet");
+    let sink = opscope::recording::DatasetSink::create(&root, opscope::recording::PartLimits { runs: 1, bytes: u64::MAX }).unwrap();
+    run_into(Box::new(sink)).unwrap();
+    let part_dir = std::fs::read_dir(&root).unwrap().next().unwrap().unwrap().path();
+    let part = part_dir.join("part-00000.parquet");
+    let side = part_dir.join("_manifest.json");
+    let mut doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&side).unwrap()).unwrap();
+    doc.as_object_mut().unwrap().remove("parts");
+    std::fs::write(&side, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let bytes = std::fs::read(&part).unwrap();
+    let (mut errors, mut decoder) = (0, 0);
+    let mut panicked = Vec::new();
+    for at in 0..bytes.len() {
+        for bit in [0x01u8, 0x80] {
+            let mut d = bytes.clone();
+            d[at] ^= bit;
+            std::fs::write(&part, &d).unwrap();
+            match std::panic::catch_unwind(|| read_all(&part)) {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    let e = e.to_string();
+                    assert!(e.contains("part-00000.parquet"), "byte {at} ^ {bit:#x}: the error names the file: {e}");
+                    errors += 1;
+                    decoder += e.contains("decoder failed") as usize;
+                }
+                Err(_) => panicked.push((at, bit)),
+            }
+        }
+    }
+    assert!(panicked.is_empty(), "{} of {} flips panicked out of the reader: {:?}", panicked.len(), 2 * bytes.len(), &panicked[..panicked.len().min(10)]);
+    assert!(errors > 0, "some flip is an error");
+    eprintln!("{} bytes: {errors} flips read as errors, {decoder} of them the decoder's panic caught", bytes.len());
+}
+
 /// The same for a closed part of a Parquet dataset, whose pages carry no CRC (the `parquet`
 /// crate does not write one): a flipped byte that the decoder reads as other values is an
 /// error naming the part, read in the dataset or alone; moved out of the dataset, the other

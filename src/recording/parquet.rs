@@ -325,11 +325,22 @@ pub(super) fn read_open(path: &Path, file: File, origin: Origin, f: &mut dyn FnM
     use arrow_array::Array;
     let bad = |reason: String| RecordingError { path: path.to_path_buf(), line: None, reason };
     check_footer(path, &file, origin)?;
-    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
-        .and_then(|b| b.with_batch_size(1 << 16).build())
-        .map_err(|e| bad(format!("not a readable Parquet recording: {e}")))?;
+    // The `parquet` crate panics on some damaged data (a flipped byte in a page) instead of
+    // returning an error; a file without a checksum to catch the damage first reaches it. The
+    // decoder's calls are caught and reported as the damage they are; `f` is not inside them.
+    let decoder_failed = || {
+        bad("the Parquet decoder failed on this file's data (it panicked): the file is damaged, a changed or cut byte its \
+             sidecar has no checksum to find; restore it from a copy, or move it out of the recording to read the rest"
+            .to_string())
+    };
+    let reader = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).and_then(|b| b.with_batch_size(1 << 16).build())
+    }))
+    .map_err(|_| decoder_failed())?
+    .map_err(|e| bad(format!("not a readable Parquet recording: {e}")))?;
+    let mut reader = reader;
     let mut first_run: Option<String> = None;
-    for batch in reader {
+    while let Some(batch) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reader.next())).map_err(|_| decoder_failed())? {
         let batch = batch.map_err(|e| bad(format!("reading: {e}")))?;
         let column = |name: &str| batch.column_by_name(name).ok_or_else(|| bad(format!("no '{name}' column: not an opscope recording")));
         // `c` cast to `to`; nulls only where `nullable` (a failed safe cast is a null too).
@@ -360,7 +371,16 @@ pub(super) fn read_open(path: &Path, file: File, origin: Origin, f: &mut dyn FnM
             if let DataType::Dictionary(k, v) = c.data_type() {
                 if **k == DataType::Int32 && **v == DataType::Utf8 && c.null_count() == 0 {
                     let d = c.as_dictionary::<Int32Type>();
-                    return Ok(Text::Dict(d.keys().values().to_vec(), d.values().as_string::<i32>().clone()));
+                    let (keys, values) = (d.keys().values().to_vec(), d.values().as_string::<i32>().clone());
+                    // `Text::get` indexes the values by key: a damaged file's key out of range is
+                    // an error here, not a panic there.
+                    if let Some(k) = keys.iter().find(|&&k| k < 0 || k as usize >= values.len()) {
+                        return Err(bad(format!(
+                            "column '{name}' has a dictionary key {k} outside its {} values: the file is damaged; restore it from a copy",
+                            values.len()
+                        )));
+                    }
+                    return Ok(Text::Dict(keys, values));
                 }
             }
             Ok(Text::Plain(cast(name, DataType::Utf8, false)?.as_string::<i32>().clone()))

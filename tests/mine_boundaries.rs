@@ -437,8 +437,18 @@ fn low_rank_probe_is_row_energy_cv_at_least_0_35_and_twice_the_iid_null() {
     let r = |x: f32, kurt: f32| at(256, x, kurt);
     assert_eq!(r(0.36, 3.0), vec!["low_rank_probe"]);
     assert_eq!(r(0.34, 3.0), NONE);
-    // Heavy tails explain uneven rows: scattered outliers, not low rank.
+    // Heavy tails explain uneven rows: scattered outliers, not low rank (a CV above the line
+    // kurtosis 20 gives, 2 sqrt(19/256) = 0.545; kurtosis exactly 20 is not under 20).
     assert_eq!(r(0.36, 20.0), vec!["scattered_outliers"]);
+    assert_eq!(r(0.6, 20.0), vec!["scattered_outliers"]);
+    assert_eq!(r(0.6, 19.9), vec!["low_rank_probe"]);
+    // Density must exceed 0.6 (zeros spread row energies by themselves): 768 of 1280 values
+    // non-zero is 0.6 exactly.
+    let dense = |nnz: f32| {
+        kinds(&run_rows("mm", "lhs", "[8,160]", 0, &[("count", 1280.0), ("nnz", nnz), ("kurtosis", 3.0)], &[("pos_sumsq", &rows(0.36))]))
+    };
+    assert_eq!(dense(768.0), NONE);
+    assert_eq!(dense(769.0), vec!["low_rank_probe"]);
     // Narrow rows: C = 16, kurtosis 3: the line is 2 sqrt(2/16) = 0.7071.
     assert_eq!(at(16, 0.72, 3.0), vec!["low_rank_probe"]);
     assert_eq!(at(16, 0.70, 3.0), NONE);

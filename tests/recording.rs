@@ -713,19 +713,26 @@ fn a_csv_recording_damaged_after_it_was_closed_is_an_error() {
     assert!(err.contains("changed since it was closed"), "through a link: {err}");
 }
 
+/// A Parquet dataset of `run_into`'s two runs, one part a run: the temporary directory (kept
+/// alive by the caller), the dataset root and its one partition directory.
+#[cfg(feature = "parquet")]
+fn one_run_parts() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("d.parquet");
+    let sink = opscope::recording::DatasetSink::create(&root, opscope::recording::PartLimits { runs: 1, bytes: u64::MAX }).unwrap();
+    run_into(Box::new(sink)).unwrap();
+    let part_dir = std::fs::read_dir(&root).unwrap().next().unwrap().unwrap().path();
+    (dir, root, part_dir)
+}
+
 /// Without a checksum to catch it first (a sidecar that lists none), a damaged part reaches the
 /// `parquet` decoder, which panics on some damaged pages: every single-bit change of every byte
 /// of a part reads as rows or as an error naming the file, never as a panic out of the reader.
 #[test]
 #[cfg(feature = "parquet")]
 fn every_flipped_bit_of_an_unchecked_parquet_part_is_rows_or_an_error_never_a_panic() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("d.parquet");
-    let sink = opscope::recording::DatasetSink::create(&root, opscope::recording::PartLimits { runs: 1, bytes: u64::MAX }).unwrap();
-    run_into(Box::new(sink)).unwrap();
-    let part_dir = std::fs::read_dir(&root).unwrap().next().unwrap().unwrap().path();
-    let part = part_dir.join("part-00000.parquet");
-    let side = part_dir.join("_manifest.json");
+    let (_dir, _root, part_dir) = one_run_parts();
+    let (part, side) = (part_dir.join("part-00000.parquet"), part_dir.join("_manifest.json"));
     let mut doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&side).unwrap()).unwrap();
     doc.as_object_mut().unwrap().remove("parts");
     std::fs::write(&side, serde_json::to_vec(&doc).unwrap()).unwrap();
@@ -761,13 +768,8 @@ fn every_flipped_bit_of_an_unchecked_parquet_part_is_rows_or_an_error_never_a_pa
 #[test]
 #[cfg(feature = "parquet")]
 fn a_parquet_part_damaged_after_it_was_closed_is_an_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("d.parquet");
-    let sink = opscope::recording::DatasetSink::create(&root, opscope::recording::PartLimits { runs: 1, bytes: u64::MAX }).unwrap();
-    run_into(Box::new(sink)).unwrap();
-    let part_dir = std::fs::read_dir(&root).unwrap().next().unwrap().unwrap().path();
-    let part = part_dir.join("part-00000.parquet");
-    let side = part_dir.join("_manifest.json");
+    let (dir, root, part_dir) = one_run_parts();
+    let (part, side) = (part_dir.join("part-00000.parquet"), part_dir.join("_manifest.json"));
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&side).unwrap()).unwrap();
     let bytes = std::fs::read(&part).unwrap();
     let mut crc = flate2::Crc::new();

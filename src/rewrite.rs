@@ -825,11 +825,18 @@ fn permute(mut g: Graph, order: &[NodeId]) -> (Graph, Vec<u32>) {
         }
     }
     g.outputs = g.outputs.iter().map(|&o| renumber(o)).collect();
-    let vars = g.vars().iter().map(|&(i, o)| (renumber(i), o)).collect();
+    let (vars, attrs) = node_refs(&g, |i| Some(renumber(i)));
     g.set_vars(vars);
-    let attrs = g.sym_attrs().iter().map(|a| rlx_ir::dynamic::SymAttr { node: renumber(a.node), ..a.clone() }).collect();
     g.set_sym_attrs(attrs);
     (g, to_new)
+}
+
+/// `g`'s variables and symbolic attributes with their nodes renumbered by `map`; an entry
+/// whose node `map` drops (`None`) is dropped with it.
+fn node_refs(g: &Graph, map: impl Fn(NodeId) -> Option<NodeId>) -> (Vec<(NodeId, usize)>, Vec<rlx_ir::dynamic::SymAttr>) {
+    let vars = g.vars().iter().filter_map(|&(i, o)| Some((map(i)?, o))).collect();
+    let attrs = g.sym_attrs().iter().filter_map(|a| Some(rlx_ir::dynamic::SymAttr { node: map(a.node)?, ..a.clone() })).collect();
+    (vars, attrs)
 }
 
 /// Nodes reachable from the first `user_outputs` outputs (inputs and parameters always count).
@@ -909,13 +916,9 @@ fn emit(g: &Graph, order: &[NodeId]) -> (Graph, Vec<u32>) {
     }
     out.set_outputs(g.outputs.iter().map(|&o| get(&map, o).expect("emit: an output not emitted")).collect());
     out.set_output_names(g.output_names().to_vec());
-    out.set_vars(g.vars().iter().filter_map(|(i, o)| Some((get(&map, *i)?, *o))).collect());
-    out.set_sym_attrs(
-        g.sym_attrs()
-            .iter()
-            .filter_map(|a| Some(rlx_ir::dynamic::SymAttr { node: get(&map, a.node)?, ..a.clone() }))
-            .collect(),
-    );
+    let (vars, attrs) = node_refs(g, |i| get(&map, i));
+    out.set_vars(vars);
+    out.set_sym_attrs(attrs);
     out.set_sym_defs(g.sym_defs().to_vec());
     (out, map)
 }

@@ -333,12 +333,11 @@ pub(super) fn read_open(path: &Path, file: File, origin: Origin, f: &mut dyn FnM
              sidecar has no checksum to find; restore it from a copy, or move it out of the recording to read the rest"
             .to_string())
     };
-    let reader = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    let mut reader = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).and_then(|b| b.with_batch_size(1 << 16).build())
     }))
     .map_err(|_| decoder_failed())?
     .map_err(|e| bad(format!("not a readable Parquet recording: {e}")))?;
-    let mut reader = reader;
     let mut first_run: Option<String> = None;
     while let Some(batch) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reader.next())).map_err(|_| decoder_failed())? {
         let batch = batch.map_err(|e| bad(format!("reading: {e}")))?;
